@@ -135,7 +135,10 @@ impl GgmlType {
     /// Parse a name case-insensitively (`Q4_K`, `q4_k`, `bf16`).
     pub fn from_name(s: &str) -> Option<GgmlType> {
         let l = s.to_ascii_lowercase();
-        GgmlType::ALL.iter().copied().find(|t| t.name().to_ascii_lowercase() == l)
+        GgmlType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().to_ascii_lowercase() == l)
     }
 
     /// Whether this is a block-quantized type.
