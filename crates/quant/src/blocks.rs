@@ -145,7 +145,9 @@ assert_size!(BlockQ8K, 292);
 /// number of blocks or the pointer is not aligned for `T`.
 pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
     let sz = std::mem::size_of::<T>();
-    if bytes.len() % sz != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(sz)
+        || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+    {
         return None;
     }
     // SAFETY: every `Block` type is repr(C) of plain integers/f16 (any bit pattern is valid);
@@ -156,7 +158,9 @@ pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
 /// Mutable counterpart of [`cast_blocks`].
 pub fn cast_blocks_mut<T: Block>(bytes: &mut [u8]) -> Option<&mut [T]> {
     let sz = std::mem::size_of::<T>();
-    if bytes.len() % sz != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(sz)
+        || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+    {
         return None;
     }
     // SAFETY: as in `cast_blocks`; the borrow is unique.

@@ -1,0 +1,362 @@
+//! Scalar reference kernels: activation quantization and one dot product per weight type.
+//!
+//! These define the results every SIMD path must reproduce. Activation quantizers follow ggml's
+//! x86 code exactly (so quantized activations are bit-identical to ggml's on AVX2 machines):
+//! `Q8_0`/`Q8_1` scale by `127 / amax` and round half to even; `Q8_1` stores
+//! `s = f16(d * sum(q))` with the unrounded f32 `d`; `Q8_K` follows `quantize_row_q8_K_ref`.
+//!
+//! Dot products do the integer work exactly and combine blocks in f32 in block order. Inputs are
+//! byte slices holding whole blocks (callers check lengths); blocks are copied out with
+//! unaligned reads, so no alignment is required.
+
+use crate::blocks::*;
+use half::f16;
+
+/// Copy the blocks out of `bytes` (a whole number of `T`s).
+#[inline(always)]
+fn blocks<T: Block>(bytes: &[u8]) -> impl Iterator<Item = T> + '_ {
+    bytes.chunks_exact(std::mem::size_of::<T>()).map(|c| {
+        // SAFETY: `chunks_exact` yields exactly `size_of::<T>()` bytes; `Block` types are plain
+        // data valid for every bit pattern; `read_unaligned` has no alignment requirement.
+        unsafe { std::ptr::read_unaligned(c.as_ptr() as *const T) }
+    })
+}
+
+/// Store `b` into `dst` (exactly one block long).
+#[inline(always)]
+fn put<T: Block>(b: &T, dst: &mut [u8]) {
+    dst.copy_from_slice(blocks_as_bytes(std::slice::from_ref(b)));
+}
+
+/// Largest absolute value (0 for an empty slice; NaNs are skipped).
+#[inline]
+fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// Quantize `x` (a multiple of 32 long) into `Q8_0` blocks in `y` (34 bytes per block).
+pub fn quantize_row_q8_0(x: &[f32], y: &mut [u8]) {
+    for (xb, yb) in x.chunks_exact(QK).zip(y.chunks_exact_mut(34)) {
+        let am = amax(xb);
+        let d = am / 127.0;
+        let id = if am != 0.0 { 127.0 / am } else { 0.0 };
+        let mut b = BlockQ8_0 {
+            d: f16::from_f32(d),
+            qs: [0; QK],
+        };
+        for (q, v) in b.qs.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+        put(&b, yb);
+    }
+}
+
+/// Quantize `x` (a multiple of 32 long) into `Q8_1` blocks in `y` (36 bytes per block).
+pub fn quantize_row_q8_1(x: &[f32], y: &mut [u8]) {
+    for (xb, yb) in x.chunks_exact(QK).zip(y.chunks_exact_mut(36)) {
+        let am = amax(xb);
+        let d = am / 127.0;
+        let id = if am != 0.0 { 127.0 / am } else { 0.0 };
+        let mut b = BlockQ8_1 {
+            d: f16::from_f32(d),
+            s: f16::ZERO,
+            qs: [0; QK],
+        };
+        let mut sum = 0i32;
+        for (q, v) in b.qs.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8;
+            sum += *q as i32;
+        }
+        b.s = f16::from_f32(d * sum as f32);
+        put(&b, yb);
+    }
+}
+
+/// Quantize `x` (a multiple of 256 long) into `Q8_K` blocks in `y` (292 bytes per block).
+pub fn quantize_row_q8_k(x: &[f32], y: &mut [u8]) {
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(292)) {
+        let mut b = BlockQ8K {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        };
+        // The signed value of the first element of largest magnitude: its sign makes it map to
+        // exactly -127.
+        let mut am = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            if v.abs() > am {
+                am = v.abs();
+                max = v;
+            }
+        }
+        if am != 0.0 {
+            let iscale = -127.0 / max;
+            for (q, v) in b.qs.iter_mut().zip(xb) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (s, qs) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+                *s = qs.iter().map(|&q| q as i16).sum();
+            }
+            b.d = 1.0 / iscale;
+        }
+        put(&b, yb);
+    }
+}
+
+/// Copy f32 activations into their byte form (little-endian, native on every supported target).
+pub fn quantize_row_f32(x: &[f32], y: &mut [u8]) {
+    for (v, d) in x.iter().zip(y.chunks_exact_mut(4)) {
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+#[inline(always)]
+fn i8_dot(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// Unpack the 32 4-bit values of a legacy block: low nibbles are elements 0..16, high 16..32.
+#[inline(always)]
+fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
+    let mut q = [0i8; 32];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0f) as i8;
+        q[j + 16] = (qs[j] >> 4) as i8;
+    }
+    q
+}
+
+/// Add the fifth bits (`qh` bit j belongs to element j) to 4-bit values.
+#[inline(always)]
+fn add_high_bits(q: &mut [i8; 32], qh: [u8; 4]) {
+    let h = u32::from_le_bytes(qh);
+    for (j, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> j) & 1) << 4) as i8;
+    }
+}
+
+/// `Q4_0` weights · `Q8_0` activations.
+pub fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(a)) {
+        let mut q = nibbles(&x.qs);
+        q.iter_mut().for_each(|v| *v -= 8);
+        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+    }
+    sum
+}
+
+/// `Q4_1` weights · `Q8_1` activations.
+pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(a)) {
+        let q = nibbles(&x.qs);
+        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32())
+            + x.m.to_f32() * y.s.to_f32();
+    }
+    sum
+}
+
+/// `Q5_0` weights · `Q8_0` activations.
+pub fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(a)) {
+        let mut q = nibbles(&x.qs);
+        add_high_bits(&mut q, x.qh);
+        q.iter_mut().for_each(|v| *v -= 16);
+        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+    }
+    sum
+}
+
+/// `Q5_1` weights · `Q8_1` activations.
+pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(a)) {
+        let mut q = nibbles(&x.qs);
+        add_high_bits(&mut q, x.qh);
+        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32())
+            + x.m.to_f32() * y.s.to_f32();
+    }
+    sum
+}
+
+/// `Q8_0` weights · `Q8_0` activations.
+pub fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(a)) {
+        sum += i8_dot(&x.qs, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+    }
+    sum
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K`/`Q5_K` block.
+#[inline(always)]
+pub fn k4_scale_min(j: usize, s: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The 16 signed scales (6-bit, offset by 32) of a `Q3_K` block.
+#[inline(always)]
+pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for k in 0..4 {
+        let hi = s[8 + k];
+        out[k] = ((s[k] & 0x0f) | ((hi & 3) << 4)) as i8 - 32;
+        out[4 + k] = ((s[4 + k] & 0x0f) | (((hi >> 2) & 3) << 4)) as i8 - 32;
+        out[8 + k] = ((s[k] >> 4) | (((hi >> 4) & 3) << 4)) as i8 - 32;
+        out[12 + k] = ((s[4 + k] >> 4) | (((hi >> 6) & 3) << 4)) as i8 - 32;
+    }
+    out
+}
+
+/// `Q2_K` weights · `Q8_K` activations.
+pub fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let mut isum = 0i32;
+        let mut msum = 0i32;
+        for (sb, (&sc, &bs)) in x.scales.iter().zip(&y.bsums).enumerate() {
+            // Element e = 128h + 32s + l sits in bits 2s of qs[32h + l]; sub-block sb = e / 16.
+            let (h, s, l0) = (sb / 8, (sb % 8) / 2, (sb % 2) * 16);
+            let mut d = 0i32;
+            for l in l0..l0 + 16 {
+                let q = (x.qs[32 * h + l] >> (2 * s)) & 3;
+                d += q as i32 * y.qs[sb * 16 + l - l0] as i32;
+            }
+            isum += (sc & 0x0f) as i32 * d;
+            msum += (sc >> 4) as i32 * bs as i32;
+        }
+        let dall = y.d * x.d.to_f32();
+        let dmin = y.d * x.dmin.to_f32();
+        sum += dall * isum as f32 - dmin * msum as f32;
+    }
+    sum
+}
+
+/// `Q3_K` weights · `Q8_K` activations.
+pub fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ3K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let sc = q3k_scales(&x.scales);
+        let mut isum = 0i32;
+        for (e, &yq) in y.qs.iter().enumerate() {
+            // Element e = 128h + 32s + l: 2 bits at 2s of qs[32h + l], high bit 4h + s of hmask[l].
+            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+            let lo = (x.qs[32 * h + l] >> (2 * s)) & 3;
+            let hi = (x.hmask[l] >> (4 * h + s)) & 1;
+            let q = lo as i32 - if hi != 0 { 0 } else { 4 };
+            isum += sc[e / 16] as i32 * q * yq as i32;
+        }
+        sum += x.d.to_f32() * y.d * isum as f32;
+    }
+    sum
+}
+
+/// `Q4_K` weights · `Q8_K` activations.
+pub fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ4K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let mut isum = 0i32;
+        let mut msum = 0i32;
+        for j in 0..8 {
+            let (sc, m) = k4_scale_min(j, &x.scales);
+            // Sub-block j = 2c + half: nibble `half` of qs[32c .. 32c + 32].
+            let (c, half) = (j / 2, j % 2);
+            let mut d = 0i32;
+            for l in 0..32 {
+                let q = (x.qs[32 * c + l] >> (4 * half)) & 0x0f;
+                d += q as i32 * y.qs[32 * j + l] as i32;
+            }
+            isum += sc as i32 * d;
+            msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+        }
+        sum += x.d.to_f32() * y.d * isum as f32 - x.dmin.to_f32() * y.d * msum as f32;
+    }
+    sum
+}
+
+/// `Q5_K` weights · `Q8_K` activations.
+pub fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ5K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let mut isum = 0i32;
+        let mut msum = 0i32;
+        for j in 0..8 {
+            let (sc, m) = k4_scale_min(j, &x.scales);
+            let (c, half) = (j / 2, j % 2);
+            let mut d = 0i32;
+            for l in 0..32 {
+                let lo = (x.qs[32 * c + l] >> (4 * half)) & 0x0f;
+                let hi = (x.qh[l] >> j) & 1;
+                d += (lo | (hi << 4)) as i32 * y.qs[32 * j + l] as i32;
+            }
+            isum += sc as i32 * d;
+            msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+        }
+        sum += x.d.to_f32() * y.d * isum as f32 - x.dmin.to_f32() * y.d * msum as f32;
+    }
+    sum
+}
+
+/// `Q6_K` weights · `Q8_K` activations.
+pub fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in blocks::<BlockQ6K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let mut isum = 0i32;
+        for (e, &yq) in y.qs.iter().enumerate() {
+            // Element e = 128h + 32s + l: its low 4 bits are nibble s>>1 of ql[64h + 32(s&1) + l]
+            // (s = 0: ql[l] low, 1: ql[l+32] low, 2: ql[l] high, 3: ql[l+32] high), its high 2
+            // bits sit at 2s of qh[32h + l].
+            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+            let lq = x.ql[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1));
+            let hq = (x.qh[32 * h + l] >> (2 * s)) & 3;
+            let q = ((lq & 0x0f) | (hq << 4)) as i32 - 32;
+            isum += x.scales[e / 16] as i32 * q * yq as i32;
+        }
+        sum += x.d.to_f32() * y.d * isum as f32;
+    }
+    sum
+}
+
+/// Read little-endian f32s.
+#[inline(always)]
+fn f32s(b: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// Read little-endian 16-bit words.
+#[inline(always)]
+fn u16s(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))
+}
+
+/// `F32` weights · f32 activations.
+pub fn dot_f32w(w: &[u8], a: &[u8]) -> f32 {
+    f32s(w).zip(f32s(a)).map(|(x, y)| x * y).sum()
+}
+
+/// `F16` weights · f32 activations.
+pub fn dot_f16w(w: &[u8], a: &[u8]) -> f32 {
+    u16s(w)
+        .zip(f32s(a))
+        .map(|(x, y)| f16::from_bits(x).to_f32() * y)
+        .sum()
+}
+
+/// `BF16` weights · f32 activations.
+pub fn dot_bf16w(w: &[u8], a: &[u8]) -> f32 {
+    u16s(w)
+        .zip(f32s(a))
+        .map(|(x, y)| f32::from_bits((x as u32) << 16) * y)
+        .sum()
+}
