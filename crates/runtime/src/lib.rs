@@ -1,1 +1,9 @@
-//! runtime
+//! The runtime: the backend contract, KV block bookkeeping, sampling, actors and the coordinator.
+
+pub mod backend;
+pub mod kv;
+
+pub use backend::{
+    Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqChunk, SeqId, StepBatch, StepOutput,
+    Support, Want,
+};

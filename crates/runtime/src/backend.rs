@@ -1,0 +1,157 @@
+//! The contract between the runtime and a compute backend.
+//!
+//! A backend lives on its actor's thread only: it needs no `Send`/`Sync` and takes no locks. The
+//! runtime hands it batches of sequence chunks (prefill chunks and single decode tokens of many
+//! sequences at once) and gets logits back.
+
+use std::fmt;
+
+/// Identifies one sequence (one request's context) inside a backend.
+pub type SeqId = u64;
+
+/// What a backend is and what it can hold.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    /// Stable short name used in routing rules, headers and metrics: `cpu`, `cuda:0`.
+    pub name: String,
+    /// Human-readable device description (CPU model and ISA, GPU name and memory).
+    pub device: String,
+    /// Most tokens one `step` accepts across all chunks.
+    pub max_batch_tokens: usize,
+    /// Most sequences one `step` accepts.
+    pub max_batch_seqs: usize,
+    /// Most tokens one sequence may hold (prompt + generated).
+    pub max_seq_tokens: usize,
+    /// Tokens per KV block.
+    pub kv_block_tokens: usize,
+}
+
+/// An operation of a model's forward pass, as `audit` and `support` see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpDesc {
+    /// Op name: `matmul`, `rms_norm`, `rope`, `attention`, `swiglu`, `get_rows`, ...
+    pub op: String,
+    /// Tensor (weight) type the op reads, when it reads one.
+    pub ty: Option<gguf::GgmlType>,
+    /// Shape of the weight or activation, ggml order.
+    pub shape: Vec<u64>,
+}
+
+/// Whether a backend runs an op natively.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Support {
+    /// Runs on the backend's own device.
+    Native,
+    /// Runs elsewhere (normally the CPU) inside this backend's plan.
+    Fallback { to: String, why: String },
+}
+
+/// Which logits a chunk wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Only the last token's logits (normal generation).
+    Last,
+    /// Every token's logits (teacher forcing, perplexity).
+    All,
+    /// No logits (a prefill chunk that is not the prompt's last).
+    None,
+}
+
+/// One sequence's share of a step: `tokens` at positions `start_pos..start_pos + tokens.len()`.
+#[derive(Clone, Debug)]
+pub struct SeqChunk {
+    pub seq: SeqId,
+    pub tokens: Vec<u32>,
+    pub start_pos: usize,
+    pub want: Want,
+}
+
+/// One step's work.
+#[derive(Clone, Debug, Default)]
+pub struct StepBatch {
+    pub chunks: Vec<SeqChunk>,
+}
+
+impl StepBatch {
+    /// Total tokens across chunks.
+    pub fn n_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.tokens.len()).sum()
+    }
+}
+
+/// Logits of one step: rows in chunk order; a chunk with `Want::Last` contributes one row,
+/// `Want::All` one row per token, `Want::None` none.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    pub n_vocab: usize,
+    pub logits: Vec<f32>,
+}
+
+impl StepOutput {
+    /// Row `i` of the logits.
+    pub fn row(&self, i: usize) -> Option<&[f32]> {
+        let a = i.checked_mul(self.n_vocab)?;
+        self.logits.get(a..a.checked_add(self.n_vocab)?)
+    }
+    /// Number of rows.
+    pub fn n_rows(&self) -> usize {
+        self.logits.len().checked_div(self.n_vocab).unwrap_or(0)
+    }
+}
+
+/// KV cache capacity and use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvStats {
+    pub block_tokens: usize,
+    pub blocks_total: usize,
+    pub blocks_used: usize,
+}
+
+impl KvStats {
+    /// Free blocks.
+    pub fn blocks_free(&self) -> usize {
+        self.blocks_total.saturating_sub(self.blocks_used)
+    }
+}
+
+/// What can go wrong in a step.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("KV cache full: sequence {seq} needs {needed} more blocks, {free} free")]
+    KvFull { seq: SeqId, needed: usize, free: usize },
+    #[error("sequence {seq}: position {pos} is beyond the context of {max} tokens")]
+    ContextOverflow { seq: SeqId, pos: usize, max: usize },
+    #[error("sequence {seq}: chunk starts at {got} but the cache holds {have} tokens")]
+    PositionMismatch { seq: SeqId, got: usize, have: usize },
+    #[error("token id {id} at index {index} of sequence {seq} is outside the vocabulary of {n_vocab}")]
+    InvalidToken { seq: SeqId, index: usize, id: u32, n_vocab: usize },
+    #[error("batch of {got} {what} exceeds the backend limit of {max}")]
+    BatchTooLarge { what: &'static str, got: usize, max: usize },
+    #[error("model not supported by backend {backend}: {why}")]
+    Unsupported { backend: String, why: String },
+    #[error("device error on {backend}: {msg}")]
+    Device { backend: String, msg: String },
+}
+
+/// A compute backend, owned by exactly one actor thread.
+pub trait Backend {
+    /// Name, device, limits.
+    fn info(&self) -> &BackendInfo;
+    /// Can this backend run `op` natively?
+    fn support(&self, op: &OpDesc) -> Support;
+    /// Run one step: append each chunk's tokens to its sequence's KV cache and return logits.
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, BackendError>;
+    /// Free a sequence's KV blocks (unknown ids are ignored).
+    fn release(&mut self, seq: SeqId);
+    /// KV capacity and use.
+    fn kv(&self) -> KvStats;
+}
+
+impl fmt::Display for Support {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Support::Native => f.write_str("native"),
+            Support::Fallback { to, why } => write!(f, "fallback to {to}: {why}"),
+        }
+    }
+}
