@@ -98,6 +98,10 @@ pub enum GgufError {
         what: &'static str,
     },
 
+    /// A key of length zero (llama.cpp rejects these too).
+    #[error("kv[{index}]: empty key at byte {offset}")]
+    EmptyKey { index: u64, offset: u64 },
+
     /// A key that appears twice.
     #[error("duplicate key '{key}' at byte {offset}")]
     DuplicateKey { key: String, offset: u64 },
@@ -119,10 +123,12 @@ pub enum GgufError {
         alignment: u64,
     },
 
-    /// Two tensors share bytes. `start`/`end` are the absolute byte range of `tensor`.
-    #[error("tensor '{tensor}' (bytes {start}..{end}) overlaps tensor '{other}' (bytes {other_start}..{other_end})")]
+    /// Two tensors share bytes. `offset` is where `tensor`'s info stores its data offset; `start` and
+    /// `end` are absolute byte positions.
+    #[error("tensor '{tensor}' (data offset field at byte {offset}) occupies bytes {start}..{end}, overlapping tensor '{other}' at bytes {other_start}..{other_end}")]
     TensorOverlap {
         tensor: String,
+        offset: u64,
         start: u64,
         end: u64,
         other: String,
@@ -130,12 +136,14 @@ pub enum GgufError {
         other_end: u64,
     },
 
-    /// A tensor's data lies (partly) beyond the end of the file.
-    #[error("tensor '{tensor}': data at bytes {start}..{end} lies beyond the end of the file ({file_size} bytes)")]
+    /// A tensor's data lies (partly) beyond the end of the file. `offset` is where its info stores its
+    /// data offset; `start`/`end` are absolute byte positions (as u128: they may exceed u64).
+    #[error("tensor '{tensor}' (data offset field at byte {offset}): data at bytes {start}..{end} lies beyond the end of the file ({file_size} bytes)")]
     TensorOutOfBounds {
         tensor: String,
-        start: u64,
-        end: u64,
+        offset: u64,
+        start: u128,
+        end: u128,
         file_size: u64,
     },
 
@@ -210,6 +218,7 @@ pub enum ErrorKind {
     NestingTooDeep,
     TooManyDims,
     ElementCountOverflow,
+    EmptyKey,
     DuplicateKey,
     DuplicateTensor,
     BadAlignment,
@@ -227,7 +236,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for parsing manifests.
-    pub const ALL: [ErrorKind; 25] = [
+    pub const ALL: [ErrorKind; 26] = [
         ErrorKind::Io,
         ErrorKind::Truncated,
         ErrorKind::BadMagic,
@@ -240,6 +249,7 @@ impl ErrorKind {
         ErrorKind::NestingTooDeep,
         ErrorKind::TooManyDims,
         ErrorKind::ElementCountOverflow,
+        ErrorKind::EmptyKey,
         ErrorKind::DuplicateKey,
         ErrorKind::DuplicateTensor,
         ErrorKind::BadAlignment,
@@ -271,6 +281,7 @@ impl ErrorKind {
             NestingTooDeep => "nesting_too_deep",
             TooManyDims => "too_many_dims",
             ElementCountOverflow => "element_count_overflow",
+            EmptyKey => "empty_key",
             DuplicateKey => "duplicate_key",
             DuplicateTensor => "duplicate_tensor",
             BadAlignment => "bad_alignment",
@@ -316,6 +327,7 @@ impl GgufError {
             E::NestingTooDeep { .. } => ErrorKind::NestingTooDeep,
             E::TooManyDims { .. } => ErrorKind::TooManyDims,
             E::ElementCountOverflow { .. } => ErrorKind::ElementCountOverflow,
+            E::EmptyKey { .. } => ErrorKind::EmptyKey,
             E::DuplicateKey { .. } => ErrorKind::DuplicateKey,
             E::DuplicateTensor { .. } => ErrorKind::DuplicateTensor,
             E::BadAlignment { .. } => ErrorKind::BadAlignment,
@@ -347,12 +359,14 @@ impl GgufError {
             | E::NestingTooDeep { offset, .. }
             | E::TooManyDims { offset, .. }
             | E::ElementCountOverflow { offset, .. }
+            | E::EmptyKey { offset, .. }
             | E::DuplicateKey { offset, .. }
             | E::DuplicateTensor { offset, .. }
             | E::BadAlignment { offset, .. }
             | E::MisalignedTensor { offset, .. }
+            | E::TensorOverlap { offset, .. }
+            | E::TensorOutOfBounds { offset, .. }
             | E::TensorShapeMismatch { offset, .. } => Some(*offset),
-            E::TensorOverlap { start, .. } | E::TensorOutOfBounds { start, .. } => Some(*start),
             _ => None,
         }
     }

@@ -21,7 +21,8 @@ pub mod writer;
 
 pub use error::{ErrorKind, GgufError};
 pub use reader::{
-    GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
+    GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_MAX_NAME, MAX_ARRAY_DEPTH,
+    MAX_DIMS,
 };
 pub use types::GgmlType;
 pub use value::{Array, Metadata, Value, ValueType};

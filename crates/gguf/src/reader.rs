@@ -19,6 +19,9 @@ pub const MAX_DIMS: usize = 4;
 /// How deeply arrays may nest. GGUF allows arrays of arrays; a bound keeps a hostile file from
 /// exhausting the stack through recursion.
 pub const MAX_ARRAY_DEPTH: usize = 16;
+/// Tensor names must be shorter than this many bytes for llama.cpp (`GGML_MAX_NAME`) to load the
+/// file. The reader accepts longer names; the writer refuses them.
+pub const GGML_MAX_NAME: usize = 64;
 /// The key holding the data alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";
 
@@ -563,6 +566,12 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
     for i in 0..n_kv {
         let key_at = c.pos();
         let key = c.string(&|| format!("kv[{i}].key"))?;
+        if key.is_empty() {
+            return Err(GgufError::EmptyKey {
+                index: i as u64,
+                offset: key_at,
+            });
+        }
         if metadata.contains_key(&key) {
             return Err(GgufError::DuplicateKey {
                 key,
@@ -597,6 +606,8 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
     })?;
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors);
     let mut names: HashMap<String, ()> = HashMap::with_capacity(n_tensors);
+    // Where each tensor's offset field lies, for errors found after the table is read.
+    let mut offset_fields: Vec<u64> = Vec::with_capacity(n_tensors);
     for i in 0..n_tensors {
         let name_at = c.pos();
         let name = c.string(&|| format!("tensor_info[{i}].name"))?;
@@ -664,6 +675,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
             });
         }
         names.insert(name.clone(), ());
+        offset_fields.push(off_at);
         tensors.push(TensorInfo {
             name,
             dims,
@@ -677,22 +689,24 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
     // the bounds check below catches a data section that starts past the end.
     let data_offset = align_up(c.pos(), alignment).unwrap_or(u64::MAX);
 
+    let field_at = |i: usize| offset_fields.get(i).copied().unwrap_or(0);
     let mut ranges: Vec<(u64, u64, usize)> = Vec::with_capacity(tensors.len());
     for (i, t) in tensors.iter().enumerate() {
         let n_bytes = tensor_n_bytes(&t.dims, t.ty).unwrap_or(u64::MAX);
-        let start = data_offset.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(n_bytes));
-        match (start, end) {
-            (Some(s), Some(e)) if e <= file_size => ranges.push((s, e, i)),
-            _ => {
-                return Err(GgufError::TensorOutOfBounds {
-                    tensor: t.name.clone(),
-                    start: start.unwrap_or(u64::MAX),
-                    end: end.unwrap_or(u64::MAX),
-                    file_size,
-                })
-            }
+        // u128 cannot overflow here: each term is below 2^64.
+        let start = u128::from(data_offset) + u128::from(t.offset);
+        let end = start + u128::from(n_bytes);
+        if end > u128::from(file_size) {
+            return Err(GgufError::TensorOutOfBounds {
+                tensor: t.name.clone(),
+                offset: field_at(i),
+                start,
+                end,
+                file_size,
+            });
         }
+        // Both fit in u64 now, being at most the file size.
+        ranges.push((start as u64, end as u64, i));
     }
     ranges.sort_unstable();
     let mut furthest: Option<(u64, u64, usize)> = None;
@@ -705,6 +719,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
                 let name = |k: usize| tensors.get(k).map(|t| t.name.clone()).unwrap_or_default();
                 return Err(GgufError::TensorOverlap {
                     tensor: name(i),
+                    offset: field_at(i),
                     start: s,
                     end: e,
                     other: name(pi),

@@ -6,7 +6,7 @@
 
 use crate::error::GgufError;
 use crate::reader::{
-    align_up, check_shape, ShapeError, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT,
+    align_up, check_shape, ShapeError, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_MAX_NAME,
     MAX_ARRAY_DEPTH,
 };
 use crate::types::GgmlType;
@@ -150,6 +150,15 @@ fn layout(
     let mut sizes = Vec::with_capacity(tensors.len());
     let mut seen = HashSet::with_capacity(tensors.len());
     for t in tensors {
+        if t.name.len() >= GGML_MAX_NAME {
+            return Err(GgufError::InvalidWrite {
+                reason: format!(
+                    "tensor name '{}' is {} bytes; llama.cpp needs names shorter than {GGML_MAX_NAME}",
+                    t.name,
+                    t.name.len()
+                ),
+            });
+        }
         if !seen.insert(t.name.as_str()) {
             return Err(GgufError::InvalidWrite {
                 reason: format!("duplicate tensor name '{}'", t.name),
@@ -164,6 +173,11 @@ fn layout(
     out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
     out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
     for (k, v) in metadata.iter() {
+        if k.is_empty() {
+            return Err(GgufError::InvalidWrite {
+                reason: "empty metadata key".into(),
+            });
+        }
         put_str(&mut out, k);
         out.extend_from_slice(&v.value_type().id().to_le_bytes());
         put_value(&mut out, v, k)?;
