@@ -1,6 +1,7 @@
 //! Quantized block formats: dequantize, quantize, and CPU dot-product kernels.
 pub mod blocks;
 pub mod dequant;
+pub mod dot;
 pub mod error;
 pub mod float16;
 pub mod kquants;

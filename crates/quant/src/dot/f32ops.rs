@@ -166,7 +166,7 @@ fn dispatch_exp(isa: Isa, x: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     // exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2/2, exp(r) by its degree-7 Taylor
@@ -195,11 +195,13 @@ mod x86 {
     fn exp8(x: __m256) -> __m256 {
         let big = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(X_MAX));
         let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(X_MIN));
-        let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(X_MAX)), _mm256_set1_ps(X_MIN));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            xc,
-            _mm256_set1_ps(LOG2E),
-        ));
+        let xc = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(X_MAX)),
+            _mm256_set1_ps(X_MIN),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)),
+        );
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
         let mut p = _mm256_set1_ps(C[7]);
@@ -210,7 +212,10 @@ mod x86 {
         // p < 1 and the product is split to stay finite.
         let ni = _mm256_cvtps_epi32(n);
         let half_n = _mm256_srai_epi32::<1>(ni);
-        let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(half_n, _mm256_set1_epi32(127))));
+        let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            half_n,
+            _mm256_set1_epi32(127),
+        )));
         let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
             _mm256_sub_epi32(ni, half_n),
             _mm256_set1_epi32(127),
@@ -225,7 +230,10 @@ mod x86 {
     fn exp16(x: __m512) -> __m512 {
         let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(X_MAX));
         let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(X_MIN));
-        let xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(X_MAX)), _mm512_set1_ps(X_MIN));
+        let xc = _mm512_max_ps(
+            _mm512_min_ps(x, _mm512_set1_ps(X_MAX)),
+            _mm512_set1_ps(X_MIN),
+        );
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)),
         );
@@ -301,15 +309,20 @@ mod x86 {
             while i + 32 <= n {
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let j = i + 8 * k;
-                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(j)), _mm256_loadu_ps(b.add(j)), *acc);
+                    *acc =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(a.add(j)), _mm256_loadu_ps(b.add(j)), *acc);
                 }
                 i += 32;
             }
             while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]);
+                acc[0] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]);
                 i += 8;
             }
-            let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+            let mut s = hsum256(_mm256_add_ps(
+                _mm256_add_ps(acc[0], acc[1]),
+                _mm256_add_ps(acc[2], acc[3]),
+            ));
             while i < n {
                 s += *a.add(i) * *b.add(i);
                 i += 1;
@@ -329,12 +342,14 @@ mod x86 {
             while i + 64 <= n {
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let j = i + 16 * k;
-                    *acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(j)), _mm512_loadu_ps(b.add(j)), *acc);
+                    *acc =
+                        _mm512_fmadd_ps(_mm512_loadu_ps(a.add(j)), _mm512_loadu_ps(b.add(j)), *acc);
                 }
                 i += 64;
             }
             while i + 16 <= n {
-                acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc[0]);
+                acc[0] =
+                    _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc[0]);
                 i += 16;
             }
             if i < n {
@@ -345,7 +360,10 @@ mod x86 {
                     acc[1],
                 );
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+            _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(acc[0], acc[1]),
+                _mm512_add_ps(acc[2], acc[3]),
+            ))
         }
     }
 
@@ -370,7 +388,10 @@ mod x86 {
                 acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), h, acc[0]);
                 i += 8;
             }
-            let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+            let mut s = hsum256(_mm256_add_ps(
+                _mm256_add_ps(acc[0], acc[1]),
+                _mm256_add_ps(acc[2], acc[3]),
+            ));
             while i < n {
                 s += *a.add(i) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*b.add(i) as i32)));
                 i += 1;
@@ -405,7 +426,10 @@ mod x86 {
                 let h = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b.add(i) as *const i16));
                 acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.add(i)), h, acc[1]);
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+            _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(acc[0], acc[1]),
+                _mm512_add_ps(acc[2], acc[3]),
+            ))
         }
     }
 

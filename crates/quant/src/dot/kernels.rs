@@ -24,6 +24,7 @@ pub(crate) struct Tile {
     pub toks: usize,
 }
 
+#[allow(dead_code)] // used by the AVX-512 tiles (in progress)
 impl Tile {
     /// The one-row tile of row `r` (`r < rows`).
     #[inline(always)]
@@ -64,6 +65,7 @@ pub(crate) struct Kernel {
 /// Expand a tile function generic over `<const R: usize, const T: usize>` into one taking any
 /// `rows <= MR` and `toks in 1..=NT`: full-height tiles use `f::<MR, t>`, shorter ones run row
 /// by row with `f::<1, t>`.
+#[allow(unused_macros)]
 macro_rules! tile_dispatch {
     ($tile:expr, $f:ident, $mr:literal, [$($nt:literal),+]) => {{
         let t: &$crate::dot::kernels::Tile = $tile;
@@ -83,6 +85,7 @@ macro_rules! tile_dispatch {
         }
     }};
 }
+#[allow(unused_imports)]
 pub(crate) use tile_dispatch;
 
 /// Run a scalar row-dot over every `(row, token)` of a tile.
@@ -146,11 +149,7 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
         Q6K => s_q6_k,
         _ => return None,
     };
-    Some(Kernel {
-        mr: 1,
-        nt: 1,
-        tile,
-    })
+    Some(Kernel { mr: 1, nt: 1, tile })
 }
 
 /// The kernel for weight type `ty` on `isa`, or `None` if the type has no kernel. The caller

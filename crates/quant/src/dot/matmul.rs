@@ -115,9 +115,9 @@ pub fn matmul_with_isa(
         });
     }
     let wrb = row_bytes(weight_ty, cols)?;
-    let wlen = wrb
-        .checked_mul(rows)
-        .ok_or(DotError::Overflow { what: "weight matrix size" })?;
+    let wlen = wrb.checked_mul(rows).ok_or(DotError::Overflow {
+        what: "weight matrix size",
+    })?;
     if w.len() != wlen {
         return Err(DotError::Length {
             what: "weights (bytes)",
@@ -126,9 +126,9 @@ pub fn matmul_with_isa(
         });
     }
     let n_tokens = acts.n_tokens();
-    let olen = n_tokens
-        .checked_mul(rows)
-        .ok_or(DotError::Overflow { what: "output size" })?;
+    let olen = n_tokens.checked_mul(rows).ok_or(DotError::Overflow {
+        what: "output size",
+    })?;
     if out.len() != olen {
         return Err(DotError::Length {
             what: "output (f32)",
@@ -153,6 +153,8 @@ pub fn matmul_with_isa(
     };
     let arb = acts.row_bytes();
     let run_chunk = |c: usize| {
+        // Capture `p` whole (it is Sync), not its raw-pointer fields one by one.
+        let p: Ptrs = p;
         let (r0, r1, t0, t1) = plan.chunk(c);
         let mut t = t0;
         while t < t1 {
@@ -208,7 +210,14 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(k: &Kernel, rows: usize, n_tokens: usize, wrb: usize, threads: usize, cols: usize) -> Plan {
+    fn new(
+        k: &Kernel,
+        rows: usize,
+        n_tokens: usize,
+        wrb: usize,
+        threads: usize,
+        cols: usize,
+    ) -> Plan {
         let macs = rows.saturating_mul(cols).saturating_mul(n_tokens);
         let tc = if n_tokens <= TOKENS_PER_CHUNK {
             n_tokens
@@ -226,7 +235,11 @@ impl Plan {
         let max_rc = (CHUNK_WEIGHT_BYTES / wrb.max(1)).max(1);
         let rc = rc.min(max_rc).max(1);
         // Whole tiles per chunk where possible.
-        let rc = if rc >= k.mr { rc.div_ceil(k.mr) * k.mr } else { rc };
+        let rc = if rc >= k.mr {
+            rc.div_ceil(k.mr) * k.mr
+        } else {
+            rc
+        };
         let row_chunks = rows.div_ceil(rc);
         Plan {
             serial: macs < SERIAL_MACS,

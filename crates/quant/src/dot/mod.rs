@@ -28,7 +28,7 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
-pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, softmax_inplace};
+pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{matmul, matmul_f32, matmul_with_isa};
 pub use pool::Pool;
 
@@ -202,7 +202,7 @@ pub fn supports(weight_ty: GgmlType) -> bool {
 /// Bytes of one row of `cols` elements of `ty`, after checking `cols` is a whole number of blocks.
 pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, DotError> {
     let bs = ty.block_size();
-    if cols % bs != 0 {
+    if !cols.is_multiple_of(bs) {
         return Err(DotError::NotBlockMultiple {
             ty,
             cols,

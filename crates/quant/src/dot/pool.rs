@@ -231,7 +231,7 @@ fn wait_for_job(sh: &Shared, seen: usize) -> usize {
             return g;
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 == 0 && start.elapsed() >= sh.spin {
+        if spins.is_multiple_of(256) && start.elapsed() >= sh.spin {
             break;
         }
         std::hint::spin_loop();

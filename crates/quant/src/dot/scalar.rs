@@ -152,8 +152,8 @@ pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
     for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(a)) {
         let q = nibbles(&x.qs);
-        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32())
-            + x.m.to_f32() * y.s.to_f32();
+        sum +=
+            i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32()) + x.m.to_f32() * y.s.to_f32();
     }
     sum
 }
@@ -176,8 +176,8 @@ pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(a)) {
         let mut q = nibbles(&x.qs);
         add_high_bits(&mut q, x.qh);
-        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32())
-            + x.m.to_f32() * y.s.to_f32();
+        sum +=
+            i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32()) + x.m.to_f32() * y.s.to_f32();
     }
     sum
 }

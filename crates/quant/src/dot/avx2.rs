@@ -1,0 +1,699 @@
+//! AVX2 + FMA + F16C kernels: activation quantizers (also used by the AVX-512 level: they are
+//! bandwidth-trivial) and one row-by-token dot product per weight type, in the style of ggml's
+//! x86 code: unpack a block to bytes, `maddubs` against the activation bytes, scale in f32.
+//!
+//! Every function here is `unsafe` with `#[target_feature]`: callers guarantee the features
+//! (checked by [`super::Isa::available`]) and the pointer contract of [`Tile`].
+
+use std::arch::x86_64::*;
+
+use gguf::GgmlType;
+
+use super::f32ops::x86 as f32x86;
+use super::kernels::{Kernel, Tile, TileFn};
+use super::scalar::{k4_scale_min, q3k_scales};
+
+// ---- small helpers --------------------------------------------------------------------------
+
+/// Read an f16 at `p` (any alignment) as f32.
+///
+/// # Safety
+/// `p` valid for 2 bytes; F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: caller's contract.
+    let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// # Safety
+/// `p` valid for 4 bytes.
+#[inline(always)]
+pub(crate) unsafe fn rd_f32(p: *const u8) -> f32 {
+    // SAFETY: caller's contract.
+    unsafe { std::ptr::read_unaligned(p as *const f32) }
+}
+
+/// # Safety
+/// `p` valid for 32 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn ld256(p: *const u8) -> __m256i {
+    // SAFETY: caller's contract; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// # Safety
+/// `p` valid for 16 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn ld128(p: *const u8) -> __m128i {
+    // SAFETY: caller's contract.
+    unsafe { _mm_loadu_si128(p as *const __m128i) }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// 32 nibbles of a legacy block as bytes: low nibbles (elements 0..16) then high (16..32).
+///
+/// # Safety
+/// `p` valid for 16 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    // SAFETY: caller's contract.
+    let q = unsafe { ld128(p) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// Byte j = 0xFF where bit j of the little-endian u32 at `p` is set, else 0.
+///
+/// # Safety
+/// `p` valid for 4 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bits32(p: *const u8) -> __m256i {
+    // SAFETY: caller's contract.
+    let v = unsafe { std::ptr::read_unaligned(p as *const u32) } as i32;
+    // Byte j takes byte j/8 of the word, then keeps bit j%8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(v),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+/// Shift every 16-bit lane right by `n` (a run-time count: AVX2 has no per-lane 16-bit shifts).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn srl16(v: __m256i, n: i16) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+}
+
+/// Shift every 16-bit lane left by `n`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sll16(v: __m256i, n: i16) -> __m256i {
+    _mm256_sll_epi16(v, _mm_cvtsi32_si128(n as i32))
+}
+
+/// Pairwise products of unsigned bytes `u` and signed bytes `s`, summed to 8 i32 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn dot_us8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Signed × signed bytes summed to 8 i32 lanes: `|x| * (y * sign(x))` keeps `maddubs` usable.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn dot_ss8(x: __m256i, y: __m256i) -> __m256i {
+    dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Shuffle mask that broadcasts 16-bit element `lo` over the low 128-bit lane and `hi` over the
+/// high lane (of a register holding the same 8 i16 in both lanes).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn i16_pick(lo: usize, hi: usize) -> __m256i {
+    let w = |k: usize| (((2 * k + 1) << 8) | (2 * k)) as i16;
+    _mm256_set_m128i(_mm_set1_epi16(w(hi)), _mm_set1_epi16(w(lo)))
+}
+
+// ---- activation quantizers ------------------------------------------------------------------
+
+/// Quantize one row; `y` is exactly one activation row of `act_ty` for `x`.
+pub(crate) fn quantize_row(act_ty: GgmlType, x: &[f32], y: &mut [u8]) {
+    // SAFETY: AVX2 is available (callers only take this path when `Isa::Avx2` or `Isa::Avx512`
+    // is); each quantizer reads `x.len()` floats and writes `y`'s matching block count, and the
+    // chunk iterators below hand it exactly that.
+    unsafe {
+        match act_ty {
+            GgmlType::Q8_0 => {
+                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(34)) {
+                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), false);
+                }
+            }
+            GgmlType::Q8_1 => {
+                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(36)) {
+                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), true);
+                }
+            }
+            GgmlType::Q8K => {
+                for (xb, yb) in x.chunks_exact(256).zip(y.chunks_exact_mut(292)) {
+                    q8k_block(xb.as_ptr(), yb.as_mut_ptr());
+                }
+            }
+            _ => super::scalar::quantize_row_f32(x, y),
+        }
+    }
+}
+
+/// Pack 4×8 i32 (elements in order) into 32 i8 (values fit without saturation).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pack_i32x32(i0: __m256i, i1: __m256i, i2: __m256i, i3: __m256i) -> __m256i {
+    // packs works per 128-bit lane; the permute restores element order.
+    let a = _mm256_packs_epi32(i0, i1);
+    let b = _mm256_packs_epi32(i2, i3);
+    let c = _mm256_packs_epi16(a, b);
+    _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// One `Q8_0` block (or `Q8_1` with `with_sum`) from 32 floats.
+///
+/// # Safety
+/// `x` valid for 32 floats, `y` for 34 (36 with `with_sum`) bytes; AVX2/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_block(x: *const f32, y: *mut u8, with_sum: bool) {
+    // SAFETY: caller's contract for all loads and stores.
+    unsafe {
+        let v = [
+            _mm256_loadu_ps(x),
+            _mm256_loadu_ps(x.add(8)),
+            _mm256_loadu_ps(x.add(16)),
+            _mm256_loadu_ps(x.add(24)),
+        ];
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_andnot_ps(sign, v[0]);
+        for vi in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let am = _mm_cvtss_f32(m4);
+        let d = am / 127.0;
+        let id = _mm256_set1_ps(if am != 0.0 { 127.0 / am } else { 0.0 });
+        let q = v.map(|vi| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(vi, id)))
+        });
+        let dh =
+            _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d))) as u16;
+        std::ptr::write_unaligned(y as *mut u16, dh);
+        let qs = if with_sum {
+            let sum = hsum_i32(_mm256_add_epi32(
+                _mm256_add_epi32(q[0], q[1]),
+                _mm256_add_epi32(q[2], q[3]),
+            ));
+            let s = d * sum as f32;
+            let sh =
+                _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(s)))
+                    as u16;
+            std::ptr::write_unaligned(y.add(2) as *mut u16, sh);
+            y.add(4)
+        } else {
+            y.add(2)
+        };
+        _mm256_storeu_si256(qs as *mut __m256i, pack_i32x32(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/// One `Q8_K` block from 256 floats.
+///
+/// # Safety
+/// `x` valid for 256 floats, `y` for 292 bytes; AVX2 available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_block(x: *const f32, y: *mut u8) {
+    // SAFETY: caller's contract for all loads and stores.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for i in 0..32 {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.add(8 * i))));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let am = _mm_cvtss_f32(m4);
+        if am == 0.0 {
+            // As the scalar reference: an all-zero block.
+            std::ptr::write_bytes(y, 0, 292);
+            return;
+        }
+        // The first element whose magnitude is the maximum, with its sign (as the reference).
+        let amv = _mm256_set1_ps(am);
+        let mut max = am;
+        for i in 0..32 {
+            let e = _mm256_cmp_ps::<_CMP_EQ_OQ>(
+                _mm256_andnot_ps(sign, _mm256_loadu_ps(x.add(8 * i))),
+                amv,
+            );
+            let mask = _mm256_movemask_ps(e);
+            if mask != 0 {
+                max = *x.add(8 * i + mask.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let is = _mm256_set1_ps(iscale);
+        let cap = _mm256_set1_epi32(127);
+        let qs = y.add(4);
+        let bsums = y.add(260);
+        for g in 0..8 {
+            let q: [__m256i; 4] = std::array::from_fn(|k| {
+                let v = _mm256_loadu_ps(x.add(32 * g + 8 * k));
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm256_mul_ps(is, v),
+                );
+                _mm256_min_epi32(_mm256_cvtps_epi32(r), cap)
+            });
+            _mm256_storeu_si256(
+                qs.add(32 * g) as *mut __m256i,
+                pack_i32x32(q[0], q[1], q[2], q[3]),
+            );
+            let s0 = hsum_i32(_mm256_add_epi32(q[0], q[1])) as i16;
+            let s1 = hsum_i32(_mm256_add_epi32(q[2], q[3])) as i16;
+            std::ptr::write_unaligned(bsums.add(4 * g) as *mut i16, s0);
+            std::ptr::write_unaligned(bsums.add(4 * g + 2) as *mut i16, s1);
+        }
+        std::ptr::write_unaligned(y as *mut f32, 1.0 / iscale);
+    }
+}
+
+// ---- dot products: one weight row · one activation row ----------------------------------------
+
+/// # Safety
+/// `w`: `nb` Q4_0 blocks; `a`: `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(18 * i), a.add(34 * i));
+            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let qx = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
+            let p = _mm256_cvtepi32_ps(dot_ss8(qx, ld256(y.add(2))));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// # Safety
+/// `w`: `nb` Q4_1 blocks; `a`: `nb` Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(20 * i), a.add(36 * i));
+            summs += h2f(x.add(2)) * h2f(y.add(2));
+            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let p = _mm256_cvtepi32_ps(dot_us8(nibbles32(x.add(4)), ld256(y.add(4))));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+    }
+    hsum_f32(acc) + summs
+}
+
+/// # Safety
+/// `w`: `nb` Q5_0 blocks; `a`: `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(22 * i), a.add(34 * i));
+            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            // Without the fifth bit the value is q - 16: OR-ing 0xF0 into a nibble makes
+            // exactly that signed byte.
+            let hi = _mm256_andnot_si256(bits32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            let qx = _mm256_or_si256(nibbles32(x.add(6)), hi);
+            let p = _mm256_cvtepi32_ps(dot_ss8(qx, ld256(y.add(2))));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// # Safety
+/// `w`: `nb` Q5_1 blocks; `a`: `nb` Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(24 * i), a.add(36 * i));
+            summs += h2f(x.add(2)) * h2f(y.add(2));
+            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
+            let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
+            let p = _mm256_cvtepi32_ps(dot_us8(qx, ld256(y.add(4))));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+    }
+    hsum_f32(acc) + summs
+}
+
+/// # Safety
+/// `w`, `a`: `nb` Q8_0 blocks each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(34 * i), a.add(34 * i));
+            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let p = _mm256_cvtepi32_ps(dot_ss8(ld256(x.add(2)), ld256(y.add(2))));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// # Safety
+/// `w`: `nb` Q2_K blocks; `a`: `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m3 = _mm256_set1_epi8(3);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(84 * i), a.add(292 * i));
+            let yd = rd_f32(y);
+            let dall = yd * h2f(x.add(80));
+            let dmin = -yd * h2f(x.add(82));
+            let sm = ld128(x);
+            let mins =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), _mm_set1_epi8(0x0f)));
+            let prod = _mm256_madd_epi16(mins, ld256(y.add(260)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+            let sc = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0f)));
+            let halves = [
+                _mm256_permute2x128_si256::<0x00>(sc, sc),
+                _mm256_permute2x128_si256::<0x11>(sc, sc),
+            ];
+            let mut sumi = _mm256_setzero_si256();
+            for (h, scales) in halves.iter().enumerate() {
+                let bits = ld256(x.add(16 + 32 * h));
+                for s in 0..4 {
+                    let q = _mm256_and_si256(srl16(bits, 2 * s as i16), m3);
+                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// # Safety
+/// `w`: `nb` Q3_K blocks; `a`: `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm256_set1_epi8(4);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(110 * i), a.add(292 * i));
+            let d = rd_f32(y) * h2f(x.add(108));
+            let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
+            let sc8 = q3k_scales(&packed);
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr() as *const __m128i));
+            // Values are stored as q + 4 in 0..8 (low 2 bits, plus 4 when the hmask bit is
+            // set); the offset comes back as 4 * sum(scale * bsum).
+            let corr = _mm256_slli_epi32::<2>(_mm256_madd_epi16(sc, ld256(y.add(260))));
+            let halves = [
+                _mm256_permute2x128_si256::<0x00>(sc, sc),
+                _mm256_permute2x128_si256::<0x11>(sc, sc),
+            ];
+            let hbits = ld256(x);
+            let mut sumi = _mm256_setzero_si256();
+            for (h, scales) in halves.iter().enumerate() {
+                let bits = ld256(x.add(32 + 32 * h));
+                for s in 0..4 {
+                    let lo = _mm256_and_si256(srl16(bits, 2 * s as i16), m3);
+                    // Bit 4h+s of each hmask byte, moved to bit 2.
+                    let b = (4 * h + s) as i16;
+                    let hb = if b >= 2 {
+                        srl16(hbits, b - 2)
+                    } else {
+                        sll16(hbits, 2 - b)
+                    };
+                    let q = _mm256_or_si256(lo, _mm256_and_si256(hb, m4));
+                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
+                }
+            }
+            let sumi = _mm256_sub_epi32(sumi, corr);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// Scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its 12 packed bytes.
+#[inline(always)]
+pub(crate) fn k4_unpack(s: &[u8; 12]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for j in 0..8 {
+        let (sc, m) = k4_scale_min(j, s);
+        out[j] = sc;
+        out[8 + j] = m;
+    }
+    out
+}
+
+/// # Safety
+/// `w`: `nb` Q4_K (or Q5_K with `HIGH`) blocks; `a`: `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_q45_k<const HIGH: bool>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let bsize = if HIGH { 176 } else { 144 };
+    let qoff = if HIGH { 48 } else { 16 };
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    let m4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(bsize * i), a.add(292 * i));
+            let yd = rd_f32(y);
+            let d = yd * h2f(x);
+            let dmin = -yd * h2f(x.add(2));
+            let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+            let sm = k4_unpack(&packed);
+            let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+            let bs = ld256(y.add(260));
+            // Sums per 32-element sub-block, paired with the 8 mins.
+            let bs32 = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), bs32);
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+            let scales = _mm256_permute2x128_si256::<0x00>(ms, ms);
+            let hbits = if HIGH {
+                ld256(x.add(16))
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let bits = ld256(x.add(qoff + 32 * j));
+                let mut ql = _mm256_and_si256(bits, m4);
+                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                if HIGH {
+                    // Bits 2j and 2j+1 of each qh byte become +16.
+                    let b0 = _mm256_and_si256(srl16(hbits, 2 * j as i16), _mm256_set1_epi8(1));
+                    let b1 = _mm256_and_si256(srl16(hbits, 2 * j as i16 + 1), _mm256_set1_epi8(1));
+                    ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(b0));
+                    qh = _mm256_or_si256(qh, _mm256_slli_epi16::<4>(b1));
+                }
+                let pl = _mm256_maddubs_epi16(ql, ld256(y.add(4 + 64 * j)));
+                let ph = _mm256_maddubs_epi16(qh, ld256(y.add(4 + 64 * j + 32)));
+                let sl = _mm256_shuffle_epi8(scales, i16_pick(2 * j, 2 * j));
+                let sh = _mm256_shuffle_epi8(scales, i16_pick(2 * j + 1, 2 * j + 1));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sl, pl));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sh, ph));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum_f32(acc) + _mm_cvtss_f32(m)
+}
+
+/// # Safety
+/// `w`: `nb` Q6_K blocks; `a`: `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(210 * i), a.add(292 * i));
+            let d = rd_f32(y) * h2f(x.add(208));
+            let sc = _mm256_cvtepi8_epi16(ld128(x.add(192)));
+            // Values are stored as q + 32 in 0..64; the offset returns as 32 * sum(sc * bsum).
+            let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, ld256(y.add(260))));
+            let halves = [
+                _mm256_permute2x128_si256::<0x00>(sc, sc),
+                _mm256_permute2x128_si256::<0x11>(sc, sc),
+            ];
+            let mut sumi = _mm256_setzero_si256();
+            for (h, scales) in halves.iter().enumerate() {
+                let l0 = ld256(x.add(64 * h));
+                let l1 = ld256(x.add(64 * h + 32));
+                let hb = ld256(x.add(128 + 32 * h));
+                let lows = [
+                    _mm256_and_si256(l0, m4),
+                    _mm256_and_si256(l1, m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                ];
+                for (s, lo) in lows.iter().enumerate() {
+                    let hi = _mm256_and_si256(srl16(hb, 2 * s as i16), m3);
+                    let q = _mm256_or_si256(*lo, _mm256_slli_epi16::<4>(hi));
+                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
+                }
+            }
+            let sumi = _mm256_sub_epi32(sumi, corr);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum_f32(acc)
+}
+
+/// # Safety
+/// `w`: `n` f32; `a`: `n` f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32w(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: forwarded.
+    unsafe { f32x86::dot_f32_256(w as *const f32, a as *const f32, n) }
+}
+
+/// # Safety
+/// `w`: `n` f16; `a`: `n` f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16w(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: forwarded.
+    unsafe { f32x86::dot_f32_f16_256(a as *const f32, w as *const u16, n) }
+}
+
+/// # Safety
+/// `w`: `n` bf16; `a`: `n` f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16w(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut i = 0;
+    // SAFETY: every access is below `n`.
+    unsafe {
+        while i + 16 <= n {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let j = i + 8 * k;
+                let h = _mm256_cvtepu16_epi32(ld128(w.add(2 * j)));
+                let wf = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h));
+                *acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps((a as *const f32).add(j)), *acc);
+            }
+            i += 16;
+        }
+        let mut s = hsum_f32(_mm256_add_ps(acc[0], acc[1]));
+        while i < n {
+            let wb = std::ptr::read_unaligned(w.add(2 * i) as *const u16);
+            s += f32::from_bits((wb as u32) << 16) * rd_f32(a.add(4 * i));
+            i += 1;
+        }
+        s
+    }
+}
+
+// ---- tiles ------------------------------------------------------------------------------------
+
+macro_rules! row_tile {
+    ($name:ident, $dot:expr) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX2/FMA/F16C available.
+        unsafe fn $name(t: &Tile) {
+            for r in 0..t.rows {
+                for k in 0..t.toks {
+                    // SAFETY: the tile contract covers row r, token k and output (k, r).
+                    unsafe {
+                        *t.out.add(k * t.out_stride + r) =
+                            $dot(t.nb, t.w.add(r * t.w_stride), t.a.add(k * t.a_stride));
+                    }
+                }
+            }
+        }
+    };
+}
+row_tile!(t_f32, dot_f32w);
+row_tile!(t_f16, dot_f16w);
+row_tile!(t_bf16, dot_bf16w);
+row_tile!(t_q4_0, dot_q4_0);
+row_tile!(t_q4_1, dot_q4_1);
+row_tile!(t_q5_0, dot_q5_0);
+row_tile!(t_q5_1, dot_q5_1);
+row_tile!(t_q8_0, dot_q8_0);
+row_tile!(t_q2_k, dot_q2_k);
+row_tile!(t_q3_k, dot_q3_k);
+row_tile!(t_q4_k, dot_q45_k::<false>);
+row_tile!(t_q5_k, dot_q45_k::<true>);
+row_tile!(t_q6_k, dot_q6_k);
+
+/// The AVX2 kernel for `ty`.
+pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    use GgmlType::*;
+    let tile: TileFn = match ty {
+        F32 => t_f32,
+        F16 => t_f16,
+        BF16 => t_bf16,
+        Q4_0 => t_q4_0,
+        Q4_1 => t_q4_1,
+        Q5_0 => t_q5_0,
+        Q5_1 => t_q5_1,
+        Q8_0 => t_q8_0,
+        Q2K => t_q2_k,
+        Q3K => t_q3_k,
+        Q4K => t_q4_k,
+        Q5K => t_q5_k,
+        Q6K => t_q6_k,
+        _ => return None,
+    };
+    Some(Kernel { mr: 4, nt: 4, tile })
+}

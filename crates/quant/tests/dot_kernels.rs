@@ -1,0 +1,598 @@
+//! Agreement tests for the dot-product kernels: every SIMD level against the scalar reference on
+//! fresh seeded random data, and the scalar reference against "dequantize, then dot in f64".
+//!
+//! Tolerances (stated once, used everywhere):
+//! - activation quantization: bit-identical across levels;
+//! - SIMD vs scalar dot: `|simd - scalar| <= 2e-6 * M + 1e-30`, with `M = sum |w_i * a_i|` over the
+//!   dequantized operands (the integer work is exact; only f32 additions are reordered, and an f32
+//!   sum of K terms reordered moves by at most about K_blocks * 2^-24 * M);
+//! - scalar dot vs dequantized f64 dot: `|scalar - ref| <= 2e-6 * M + 1e-30` likewise (the
+//!   reference combines exactly the same values in f64);
+//! - f32 helpers: `1e-6 * M` for dots, `1e-6 * |y|` per element for axpy, 2 ulp (relative 2.4e-7)
+//!   for exp.
+
+use gguf::GgmlType;
+use half::f16;
+use quant::dot::{self, f32ops, ActBuf, DotError, Isa, Pool};
+
+/// splitmix64: small, seedable, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f32 {
+        let u1 = (self.uniform() as f64).max(1e-12);
+        let u2 = self.uniform() as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+    /// Activation-like values: normal with a per-row scale and occasional large outliers.
+    fn acts(&mut self, n: usize) -> Vec<f32> {
+        let scale = 0.1 + 3.0 * self.uniform();
+        (0..n)
+            .map(|_| {
+                let v = self.normal() * scale;
+                if self.uniform() < 0.01 {
+                    v * 20.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+    /// Weight-like values: normal, std 0.02..0.1.
+    fn weights(&mut self, n: usize) -> Vec<f32> {
+        let scale = 0.02 + 0.08 * self.uniform();
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// The SIMD levels this machine has; prints the ones it lacks.
+fn simd_levels() -> Vec<Isa> {
+    let mut v = Vec::new();
+    for isa in [Isa::Avx2, Isa::Avx512, Isa::Neon] {
+        if isa.available() {
+            v.push(isa);
+        } else {
+            println!("skipping {}: not available on this CPU", isa.name());
+        }
+    }
+    v
+}
+
+/// A weight row of `cols` elements: quantized from random f32 (`random_bytes = false`) or raw
+/// random bytes with every f16 scale field replaced by a finite random scale.
+fn weight_row(rng: &mut Rng, ty: GgmlType, cols: usize, random_bytes: bool) -> Vec<u8> {
+    if !random_bytes {
+        let x = rng.weights(cols);
+        return quant::quantize_to_vec(ty, &x).expect("quantize weights");
+    }
+    let n = dot::row_bytes(ty, cols).expect("row bytes");
+    let mut b = rng.bytes(n);
+    let bs = ty.type_size();
+    // Offsets of the f16 scale fields in each block.
+    let scale_fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        GgmlType::F16 => &[0],
+        _ => &[],
+    };
+    match ty {
+        GgmlType::F32 => {
+            for c in b.chunks_exact_mut(4) {
+                c.copy_from_slice(&(rng.normal() * 0.05).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for c in b.chunks_exact_mut(2) {
+                let v = quant::float16::f32_to_bf16(rng.normal() * 0.05);
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        _ => {
+            for blk in b.chunks_exact_mut(bs) {
+                for &off in scale_fields {
+                    let v = f16::from_f32((rng.uniform() - 0.3) * 0.01).to_bits();
+                    blk[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                if ty == GgmlType::F16 {
+                    let v = f16::from_f32(rng.normal() * 0.05).to_bits();
+                    blk.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    b
+}
+
+/// Dequantize a weight or activation row to f64.
+fn deq(ty: GgmlType, bytes: &[u8], cols: usize) -> Vec<f64> {
+    let v = quant::dequantize_to_vec(ty, bytes, cols).expect("dequantize");
+    v.into_iter().map(|x| x as f64).collect()
+}
+
+fn quantized_acts(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize, isa: Isa) -> ActBuf {
+    let mut b = ActBuf::new();
+    dot::quantize_acts_with_isa(ty, x, n_tokens, cols, &mut b, isa).expect("quantize acts");
+    b
+}
+
+#[test]
+fn dot_act_quantization_is_bit_identical_across_levels() {
+    let mut rng = Rng(0x5eed_0001);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::F16] {
+        for &cols in &[256usize, 512, 2048] {
+            let n_tokens = 3;
+            let mut x = rng.acts(n_tokens * cols);
+            // An exact tie in magnitude with opposite signs, and an all-zero block.
+            x[5] = 7.5;
+            x[9] = -7.5;
+            x[cols..cols + 256].fill(0.0);
+            let reference = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
+            for isa in simd_levels() {
+                let got = quantized_acts(ty, &x, n_tokens, cols, isa);
+                assert_eq!(got.act_type(), reference.act_type());
+                assert!(
+                    got.bytes() == reference.bytes(),
+                    "{ty} acts, cols {cols}: {} quantization differs from scalar",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_act_quantization_matches_reference_quantizer() {
+    // Independent check of the scalar activation quantizers: dequantizing them gives back x
+    // within half a quantization step.
+    let mut rng = Rng(0x5eed_0002);
+    let cols = 1024;
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q6K] {
+        let x = rng.acts(cols);
+        let b = quantized_acts(ty, &x, 1, cols, Isa::Scalar);
+        let at = b.act_type();
+        let back = deq(at, b.bytes(), cols);
+        let bs = at.block_size();
+        for (blk, (xs, ys)) in x.chunks(bs).zip(back.chunks(bs)).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+            // Q8_0/Q8_1 store d in f16 (relative rounding 2^-11 on every value), Q8_K in f32.
+            let step = amax / 127.0;
+            for (i, (&a, &b)) in xs.iter().zip(ys).enumerate() {
+                let tol = 0.5 * step + amax * 1e-3 + 1e-30;
+                assert!(
+                    (a as f64 - b).abs() <= tol,
+                    "{at} block {blk} elem {i}: x {a} back {b} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
+/// Magnitude M = sum |w_i a_i| over dequantized operands, and the exact f64 dot.
+fn reference_dot(ty: GgmlType, w: &[u8], acts: &[u8], cols: usize) -> (f64, f64) {
+    let at = dot::act_type(ty).unwrap();
+    let wd = deq(ty, w, cols);
+    let ad = deq(at, acts, cols);
+    let mut m = 0f64;
+    let mut s = 0f64;
+    for (x, y) in wd.iter().zip(&ad) {
+        m += (x * y).abs();
+        s += x * y;
+    }
+    (m, s)
+}
+
+#[test]
+fn dot_simd_matches_scalar_for_every_type() {
+    let mut rng = Rng(0x5eed_0003);
+    let levels = simd_levels();
+    let mut worst: Vec<(GgmlType, f64)> = Vec::new();
+    for ty in WEIGHT_TYPES {
+        let mut type_worst = 0f64;
+        for random_bytes in [false, true] {
+            for &cols in &[256usize, 768, 2048, 4352] {
+                let w = weight_row(&mut rng, ty, cols, random_bytes);
+                let x = rng.acts(cols);
+                let a = quantized_acts(ty, &x, 1, cols, Isa::Scalar);
+                let (m, _) = reference_dot(ty, &w, a.bytes(), cols);
+                let s = dot::vec_dot(ty, &w, a.bytes(), cols, Isa::Scalar).unwrap() as f64;
+                for &isa in &levels {
+                    let v = dot::vec_dot(ty, &w, a.bytes(), cols, isa).unwrap() as f64;
+                    let tol = 2e-6 * m + 1e-30;
+                    type_worst = type_worst.max((v - s).abs() / m.max(1e-30));
+                    assert!(
+                        (v - s).abs() <= tol,
+                        "{ty} cols {cols} random_bytes {random_bytes}: {} {v} vs scalar {s} (M {m}, tol {tol})",
+                        isa.name()
+                    );
+                }
+            }
+        }
+        worst.push((ty, type_worst));
+    }
+    for (ty, w) in worst {
+        println!("{ty}: worst |simd - scalar| / M = {w:.2e}");
+    }
+}
+
+/// Q4_1/Q5_1 dots use the activation block's stored `s = f16(d * sum(q))`, whose f16 rounding
+/// (relative 2^-11) dequantization does not see: the bound `sum_b |m_b| |s_b| 2^-11`.
+fn q8_1_sum_rounding(ty: GgmlType, w: &[u8], acts: &[u8]) -> f64 {
+    if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        return 0.0;
+    }
+    let f = |b: &[u8]| {
+        f16::from_bits(u16::from_le_bytes([b[2], b[3]]))
+            .to_f64()
+            .abs()
+    };
+    w.chunks_exact(ty.type_size())
+        .zip(acts.chunks_exact(36))
+        .map(|(wb, ab)| f(wb) * f(ab) * (2f64).powi(-11))
+        .sum()
+}
+
+#[test]
+fn dot_scalar_matches_dequantized_reference() {
+    let mut rng = Rng(0x5eed_0004);
+    for ty in WEIGHT_TYPES {
+        for random_bytes in [false, true] {
+            for &cols in &[256usize, 1280] {
+                let w = weight_row(&mut rng, ty, cols, random_bytes);
+                let x = rng.acts(cols);
+                let a = quantized_acts(ty, &x, 1, cols, Isa::Scalar);
+                let (m, r) = reference_dot(ty, &w, a.bytes(), cols);
+                let s = dot::vec_dot(ty, &w, a.bytes(), cols, Isa::Scalar).unwrap() as f64;
+                let tol = 2e-6 * m + q8_1_sum_rounding(ty, &w, a.bytes()) + 1e-30;
+                assert!(
+                    (s - r).abs() <= tol,
+                    "{ty} cols {cols} random_bytes {random_bytes}: scalar {s} vs dequantized {r} (M {m})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_quantized_product_tracks_f32_product() {
+    // End-to-end sanity: quantized weights times quantized activations stay close to the f32
+    // product of the dequantized weights with the unquantized activations (the activation
+    // quantization error is the only difference: 8 bits, so well under 2% of M).
+    let mut rng = Rng(0x5eed_0005);
+    let cols = 2048;
+    for ty in WEIGHT_TYPES {
+        let w = weight_row(&mut rng, ty, cols, false);
+        let x = rng.acts(cols);
+        let wd = deq(ty, &w, cols);
+        let exact: f64 = wd.iter().zip(&x).map(|(a, b)| a * *b as f64).sum();
+        let m: f64 = wd.iter().zip(&x).map(|(a, b)| (a * *b as f64).abs()).sum();
+        let a = quantized_acts(ty, &x, 1, cols, dot::best_isa());
+        let got = dot::vec_dot(ty, &w, a.bytes(), cols, dot::best_isa()).unwrap() as f64;
+        assert!(
+            (got - exact).abs() <= 0.02 * m,
+            "{ty}: {got} vs f32 product {exact} (M {m})"
+        );
+    }
+}
+
+#[test]
+fn dot_matmul_matches_vec_dot_on_every_level() {
+    let mut rng = Rng(0x5eed_0006);
+    let mut levels = vec![Isa::Scalar];
+    levels.extend(simd_levels());
+    let pools = [Pool::new(1).unwrap(), Pool::new(3).unwrap()];
+    // Shapes with ragged row/token counts, and one large enough to be split into chunks.
+    let shapes = [
+        (1usize, 256usize, 1usize),
+        (7, 512, 1),
+        (13, 256, 5),
+        (70, 768, 9),
+        (300, 512, 70),
+    ];
+    for ty in WEIGHT_TYPES {
+        for &(rows, cols, n_tokens) in &shapes {
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                .collect();
+            let x = rng.acts(n_tokens * cols);
+            let rb = dot::row_bytes(ty, cols).unwrap();
+            for &isa in &levels {
+                let acts = quantized_acts(ty, &x, n_tokens, cols, isa);
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; rows * n_tokens];
+                    dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut out, pool, isa).unwrap();
+                    for t in 0..n_tokens {
+                        let arow = acts.row(t).unwrap();
+                        for r in 0..rows {
+                            let wrow = &w[r * rb..(r + 1) * rb];
+                            let want = dot::vec_dot(ty, wrow, arow, cols, isa).unwrap();
+                            let (m, _) = reference_dot(ty, wrow, arow, cols);
+                            let got = out[t * rows + r];
+                            assert!(
+                                ((got - want) as f64).abs() <= 2e-6 * m + 1e-30,
+                                "{ty} {rows}x{cols}x{n_tokens} {} threads {}: out[{t}][{r}] {got} vs vec_dot {want}",
+                                isa.name(),
+                                pool.n_threads()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_matmul_f32_equals_quantize_then_matmul() {
+    let mut rng = Rng(0x5eed_0007);
+    let pool = Pool::new(2).unwrap();
+    let (rows, cols, n) = (33, 512, 3);
+    for ty in [GgmlType::Q4_1, GgmlType::Q6K, GgmlType::F16] {
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+            .collect();
+        let x = rng.acts(n * cols);
+        let mut a = ActBuf::new();
+        dot::quantize_acts(ty, &x, n, cols, &mut a).unwrap();
+        let mut o1 = vec![0f32; rows * n];
+        let mut o2 = vec![0f32; rows * n];
+        dot::matmul(ty, &w, rows, cols, &a, &mut o1, &pool).unwrap();
+        dot::matmul_f32(ty, &w, rows, cols, &x, n, &mut o2, &pool).unwrap();
+        assert_eq!(o1, o2, "{ty}");
+    }
+}
+
+#[test]
+fn dot_errors_name_the_problem() {
+    let pool = Pool::new(1).unwrap();
+    let mut a = ActBuf::new();
+    assert_eq!(
+        dot::quantize_acts(GgmlType::Q4K, &[0.0; 100], 1, 100, &mut a),
+        Err(DotError::NotBlockMultiple {
+            ty: GgmlType::Q4K,
+            cols: 100,
+            block_size: 256
+        })
+    );
+    assert_eq!(
+        dot::quantize_acts(GgmlType::Q4_0, &[0.0; 63], 2, 32, &mut a),
+        Err(DotError::Length {
+            what: "activations x (f32)",
+            expected: 64,
+            got: 63
+        })
+    );
+    assert!(matches!(
+        dot::quantize_acts(GgmlType::I32, &[0.0; 32], 1, 32, &mut a),
+        Err(DotError::Unsupported { ty: GgmlType::I32 })
+    ));
+    dot::quantize_acts(GgmlType::Q4_0, &[1.0; 64], 2, 32, &mut a).unwrap();
+    let w = vec![0u8; 18 * 3];
+    let mut out = vec![0f32; 6];
+    // Q8_0 acts are right for Q8_0 weights, but not for Q4_1 (which needs Q8_1).
+    assert_eq!(
+        dot::matmul(GgmlType::Q4_1, &[0u8; 60], 3, 32, &a, &mut out, &pool),
+        Err(DotError::ActType {
+            weight_ty: GgmlType::Q4_1,
+            expected: GgmlType::Q8_1,
+            got: GgmlType::Q8_0
+        })
+    );
+    assert_eq!(
+        dot::matmul(GgmlType::Q4_0, &w[..50], 3, 32, &a, &mut out, &pool),
+        Err(DotError::Length {
+            what: "weights (bytes)",
+            expected: 54,
+            got: 50
+        })
+    );
+    assert_eq!(
+        dot::matmul(GgmlType::Q4_0, &w, 3, 32, &a, &mut out[..5], &pool),
+        Err(DotError::Length {
+            what: "output (f32)",
+            expected: 6,
+            got: 5
+        })
+    );
+    assert_eq!(
+        dot::matmul(GgmlType::Q4_0, &[0u8; 36], 1, 64, &a, &mut out[..2], &pool),
+        Err(DotError::Cols {
+            weight_ty: GgmlType::Q4_0,
+            expected: 64,
+            got: 32
+        })
+    );
+    assert!(dot::matmul(GgmlType::Q4_0, &w, 3, 32, &a, &mut out, &pool).is_ok());
+    for isa in Isa::ALL {
+        if !isa.available() {
+            assert_eq!(
+                dot::vec_dot(GgmlType::Q4_0, &w[..18], &[0u8; 34], 32, isa),
+                Err(DotError::IsaUnavailable { isa })
+            );
+        }
+    }
+}
+
+#[test]
+fn dot_f32_helpers_match_scalar() {
+    let mut rng = Rng(0x5eed_0008);
+    let mut levels = vec![Isa::Scalar];
+    levels.extend(simd_levels());
+    for &n in &[1usize, 7, 8, 15, 16, 17, 63, 64, 65, 100, 576, 1000] {
+        let a = rng.acts(n);
+        let b = rng.acts(n);
+        let h: Vec<f16> = rng.acts(n).into_iter().map(f16::from_f32).collect();
+        let exact_ff: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let m_ff: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64 * *y as f64).abs())
+            .sum();
+        let exact_fh: f64 = a.iter().zip(&h).map(|(x, y)| *x as f64 * y.to_f64()).sum();
+        let m_fh: f64 = a
+            .iter()
+            .zip(&h)
+            .map(|(x, y)| (*x as f64 * y.to_f64()).abs())
+            .sum();
+        for &isa in &levels {
+            let d = f32ops::dot_f32_isa(isa, &a, &b).unwrap() as f64;
+            assert!(
+                (d - exact_ff).abs() <= 1e-6 * m_ff + 1e-30,
+                "dot_f32 {} n {n}",
+                isa.name()
+            );
+            let d = f32ops::dot_f32_f16_isa(isa, &a, &h).unwrap() as f64;
+            assert!(
+                (d - exact_fh).abs() <= 1e-6 * m_fh + 1e-30,
+                "dot_f32_f16 {} n {n}",
+                isa.name()
+            );
+            let alpha = rng.normal();
+            let mut y = b.clone();
+            f32ops::axpy_f16_isa(isa, &mut y, alpha, &h).unwrap();
+            for i in 0..n {
+                let want = b[i] as f64 + alpha as f64 * h[i].to_f64();
+                let mag = b[i].abs() as f64 + (alpha as f64 * h[i].to_f64()).abs();
+                assert!(
+                    (y[i] as f64 - want).abs() <= 1e-6 * mag + 1e-30,
+                    "axpy_f16 {} n {n} i {i}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_exp_matches_std_exp() {
+    let mut rng = Rng(0x5eed_0009);
+    let mut x: Vec<f32> = (0..5000).map(|_| (rng.uniform() - 0.5) * 180.0).collect();
+    x.extend([
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        88.7,
+        88.8,
+        -87.3,
+        -87.4,
+        -200.0,
+        200.0,
+        f32::NEG_INFINITY,
+    ]);
+    for isa in simd_levels() {
+        let mut y = x.clone();
+        f32ops::exp_inplace_isa(isa, &mut y).unwrap();
+        for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
+            let want = xi.exp();
+            let ok = if want.is_infinite() {
+                yi == want
+            } else if want < 1e-37 {
+                (0.0..=1e-37).contains(&yi)
+            } else {
+                ((yi - want) / want).abs() <= 2.4e-7
+            };
+            assert!(
+                ok,
+                "{} exp({xi}) = {yi}, want {want} (index {i})",
+                isa.name()
+            );
+        }
+    }
+    let mut s = vec![1.0f32, 2.0, 3.0, f32::NEG_INFINITY];
+    dot::softmax_inplace(&mut s);
+    let e: Vec<f64> = [1.0f64, 2.0, 3.0].iter().map(|v| (v - 3.0).exp()).collect();
+    let z: f64 = e.iter().sum();
+    for i in 0..3 {
+        assert!(
+            (s[i] as f64 - e[i] / z).abs() < 1e-6,
+            "softmax {i}: {}",
+            s[i]
+        );
+    }
+    assert_eq!(s[3], 0.0);
+}
+
+#[test]
+fn dot_pool_runs_every_index_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for n in [1usize, 2, 4] {
+        let pool = Pool::new(n).unwrap();
+        assert_eq!(pool.n_threads(), n);
+        for round in 0..200 {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(Ordering::Relaxed), 1, "round {round} thread {i}");
+            }
+            let items = 37 + round % 5;
+            let seen: Vec<AtomicUsize> = (0..items).map(|_| AtomicUsize::new(0)).collect();
+            pool.par_for(items, |i| {
+                seen[i].fetch_add(1, Ordering::Relaxed);
+                // Nested use runs inline instead of deadlocking.
+                pool.run(|_| {});
+            });
+            assert!(
+                seen.iter().all(|s| s.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
+        }
+    }
+    // After idling past the spin window the workers sleep, and still wake for the next job.
+    let pool = Pool::with_spin(3, std::time::Duration::from_micros(50)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let count = AtomicUsize::new(0);
+    pool.run(|_| {
+        count.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(count.load(Ordering::Relaxed), 3);
+    // A panicking job is re-raised on the caller, and the pool keeps working.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.run(|i| {
+            if i == 2 {
+                panic!("boom");
+            }
+        })
+    }));
+    assert!(r.is_err());
+    let count = AtomicUsize::new(0);
+    pool.run(|_| {
+        count.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(count.load(Ordering::Relaxed), 3);
+}
