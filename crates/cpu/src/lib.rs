@@ -1,1 +1,283 @@
-//! cpu
+//! The CPU backend: runs Llama-family GGUF models with SIMD kernels on every core.
+//!
+//! Weights stay memory-mapped (no copy); the KV cache is f16, paged in blocks, and sized from the
+//! context length asked for, not the model's maximum.
+
+mod forward;
+pub mod ops;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gguf::GgufFile;
+use model::ModelConfig;
+use quant::dot::{self, Pool};
+use runtime::{
+    Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqId, StepBatch, StepOutput, Support,
+    Want,
+};
+
+use forward::{Chunk, KvCache, Model, Scratch};
+
+/// How to set up the CPU backend.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// Worker threads (the calling thread included); `None` = every core.
+    pub threads: Option<usize>,
+    /// Most tokens one sequence may hold (prompt + generated).
+    pub ctx_size: usize,
+    /// Sequences that may be live at once; the KV pool holds `ctx_size * max_seqs` tokens.
+    pub max_seqs: usize,
+    /// Tokens per KV block.
+    pub block_tokens: usize,
+    /// Most tokens in one step (longer prompts are fed in chunks by the scheduler).
+    pub max_batch_tokens: usize,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: None,
+            ctx_size: 4096,
+            max_seqs: 1,
+            block_tokens: 32,
+            max_batch_tokens: 512,
+        }
+    }
+}
+
+/// Why the CPU backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("cannot open model {path}: {source}")]
+    Open {
+        path: String,
+        source: gguf::GgufError,
+    },
+    #[error("model {path} cannot run on the CPU backend: {why}")]
+    Model { path: String, why: String },
+    #[error("invalid option {name} = {value}: {why}")]
+    Option {
+        name: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    #[error("cannot start CPU worker threads: {0}")]
+    Threads(String),
+}
+
+/// The CPU backend. Lives on one actor thread; owns its KV cache and thread pool.
+pub struct CpuBackend {
+    file: Arc<GgufFile>,
+    model: Model,
+    kv: KvCache,
+    scratch: Scratch,
+    pool: Pool,
+    info: BackendInfo,
+}
+
+impl CpuBackend {
+    /// Open a GGUF file and prepare to run it.
+    pub fn load(path: impl AsRef<Path>, opts: &CpuOptions) -> Result<CpuBackend, CpuError> {
+        let p = path.as_ref().display().to_string();
+        let file = GgufFile::open(path.as_ref()).map_err(|source| CpuError::Open {
+            path: p.clone(),
+            source,
+        })?;
+        Self::from_file(Arc::new(file), &p, opts)
+    }
+
+    /// Prepare an already opened file.
+    pub fn from_file(
+        file: Arc<GgufFile>,
+        label: &str,
+        opts: &CpuOptions,
+    ) -> Result<CpuBackend, CpuError> {
+        let model = Model::load(&file).map_err(|why| CpuError::Model {
+            path: label.into(),
+            why,
+        })?;
+        if opts.ctx_size == 0 {
+            return Err(CpuError::Option {
+                name: "ctx_size",
+                value: "0".into(),
+                why: "must be > 0",
+            });
+        }
+        if opts.max_seqs == 0 || opts.block_tokens == 0 || opts.max_batch_tokens == 0 {
+            return Err(CpuError::Option {
+                name: "max_seqs/block_tokens/max_batch_tokens",
+                value: "0".into(),
+                why: "must be > 0",
+            });
+        }
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        let pool = Pool::new(threads).map_err(|e| CpuError::Threads(e.to_string()))?;
+        let blocks = opts.ctx_size.div_ceil(opts.block_tokens) * opts.max_seqs;
+        let kv = KvCache::new(&model.cfg, blocks, opts.block_tokens);
+        let info = BackendInfo {
+            name: "cpu".into(),
+            device: format!("{} threads, {}", threads, dot::best_isa().name()),
+            max_batch_tokens: opts.max_batch_tokens,
+            max_batch_seqs: opts.max_seqs,
+            max_seq_tokens: opts.ctx_size,
+            kv_block_tokens: opts.block_tokens,
+        };
+        Ok(CpuBackend {
+            file,
+            model,
+            kv,
+            scratch: Scratch::default(),
+            pool,
+            info,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+
+    /// The opened file.
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
+        let n = batch.n_tokens();
+        if n > self.info.max_batch_tokens {
+            return Err(BackendError::BatchTooLarge {
+                what: "tokens",
+                got: n,
+                max: self.info.max_batch_tokens,
+            });
+        }
+        if batch.chunks.len() > self.info.max_batch_seqs {
+            return Err(BackendError::BatchTooLarge {
+                what: "sequences",
+                got: batch.chunks.len(),
+                max: self.info.max_batch_seqs,
+            });
+        }
+        let mut need = 0;
+        for (i, c) in batch.chunks.iter().enumerate() {
+            if batch.chunks[..i].iter().any(|o| o.seq == c.seq) {
+                return Err(BackendError::BatchTooLarge {
+                    what: "chunks of one sequence",
+                    got: 2,
+                    max: 1,
+                });
+            }
+            let have = self.kv.alloc.seq_len(c.seq);
+            if c.start_pos != have {
+                return Err(BackendError::PositionMismatch {
+                    seq: c.seq,
+                    got: c.start_pos,
+                    have,
+                });
+            }
+            let end = c.start_pos + c.tokens.len();
+            if end > self.info.max_seq_tokens {
+                return Err(BackendError::ContextOverflow {
+                    seq: c.seq,
+                    pos: end - 1,
+                    max: self.info.max_seq_tokens,
+                });
+            }
+            if let Some((index, &id)) = c
+                .tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id as usize >= self.model.cfg.n_vocab)
+            {
+                return Err(BackendError::InvalidToken {
+                    seq: c.seq,
+                    index,
+                    id,
+                    n_vocab: self.model.cfg.n_vocab,
+                });
+            }
+            need += self.kv.alloc.blocks_needed(c.seq, end);
+        }
+        let free = self.kv.alloc.stats().blocks_free();
+        if need > free {
+            let seq = batch.chunks.first().map_or(0, |c| c.seq);
+            return Err(BackendError::KvFull {
+                seq,
+                needed: need,
+                free,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn support(&self, op: &OpDesc) -> Support {
+        match op.ty {
+            Some(ty) if op.op == "matmul" || op.op == "get_rows" => {
+                if dot::supports(ty) {
+                    Support::Native
+                } else {
+                    Support::Fallback {
+                        to: "none".into(),
+                        why: format!("no CPU kernel for {ty}"),
+                    }
+                }
+            }
+            _ => Support::Native,
+        }
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, BackendError> {
+        self.check(batch)?;
+        for c in &batch.chunks {
+            self.kv.alloc.grow(c.seq, c.start_pos + c.tokens.len())?;
+        }
+        let chunks: Vec<Chunk<'_>> = batch
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                seq: c.seq,
+                tokens: &c.tokens,
+                start_pos: c.start_pos,
+            })
+            .collect();
+        let want = |ci: usize, ti: usize| {
+            let c = &batch.chunks[ci];
+            match c.want {
+                Want::All => true,
+                Want::Last => ti + 1 == c.tokens.len(),
+                Want::None => false,
+            }
+        };
+        let logits = forward::forward(
+            &self.model,
+            &self.file,
+            &mut self.kv,
+            &mut self.scratch,
+            &self.pool,
+            &chunks,
+            &want,
+        )?;
+        Ok(StepOutput {
+            n_vocab: self.model.cfg.n_vocab,
+            logits,
+        })
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.kv.alloc.release(seq);
+    }
+
+    fn kv(&self) -> KvStats {
+        self.kv.alloc.stats()
+    }
+}

@@ -1,0 +1,401 @@
+//! The Llama-family forward pass over a batch of sequence chunks, with a paged f16 KV cache.
+
+use gguf::{GgmlType, GgufFile, TensorInfo};
+use half::f16;
+use model::{ModelConfig, ModelWeights};
+use quant::dot::{self, Pool};
+use runtime::kv::BlockAllocator;
+use runtime::{BackendError, SeqId};
+
+use crate::ops::{rms_norm, swiglu, Rope};
+
+/// A weight matrix: `rows` rows of `cols` elements of `ty`, located in the model file.
+#[derive(Clone, Debug)]
+pub(crate) struct Mat {
+    pub info: TensorInfo,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Mat {
+    fn new(info: &TensorInfo) -> Result<Mat, String> {
+        let cols = info.dims.first().copied().unwrap_or(0) as usize;
+        let rows = info.dims.iter().skip(1).product::<u64>() as usize;
+        if !dot::supports(info.ty) {
+            return Err(format!(
+                "tensor {} has type {} which no CPU kernel handles",
+                info.name, info.ty
+            ));
+        }
+        Ok(Mat {
+            info: info.clone(),
+            ty: info.ty,
+            rows,
+            cols,
+        })
+    }
+}
+
+/// Weights of one block, vectors already in f32.
+pub(crate) struct Layer {
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    wq: Mat,
+    wk: Mat,
+    wv: Mat,
+    wo: Mat,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+/// A loaded model: configuration plus where each weight lives.
+pub(crate) struct Model {
+    pub cfg: ModelConfig,
+    pub embd: Mat,
+    pub output_norm: Vec<f32>,
+    pub output: Mat,
+    pub layers: Vec<Layer>,
+    pub rope: Rope,
+}
+
+fn vector(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>, String> {
+    let n = info.n_elements() as usize;
+    quant::dequantize_to_vec(info.ty, file.tensor_data(info), n)
+        .map_err(|e| format!("tensor {}: {e}", info.name))
+}
+
+impl Model {
+    pub fn load(file: &GgufFile) -> Result<Model, String> {
+        let cfg = ModelConfig::from_gguf(file).map_err(|e| e.to_string())?;
+        let w = ModelWeights::from_gguf(&cfg, file).map_err(|e| e.to_string())?;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let opt = |t: &Option<TensorInfo>| t.as_ref().map(|i| vector(file, i)).transpose();
+            layers.push(Layer {
+                attn_norm: vector(file, &l.attn_norm)?,
+                ffn_norm: vector(file, &l.ffn_norm)?,
+                wq: Mat::new(&l.attn_q)?,
+                wk: Mat::new(&l.attn_k)?,
+                wv: Mat::new(&l.attn_v)?,
+                wo: Mat::new(&l.attn_output)?,
+                bq: opt(&l.attn_q_bias)?,
+                bk: opt(&l.attn_k_bias)?,
+                bv: opt(&l.attn_v_bias)?,
+                gate: Mat::new(&l.ffn_gate)?,
+                up: Mat::new(&l.ffn_up)?,
+                down: Mat::new(&l.ffn_down)?,
+            });
+        }
+        let factors = w.rope_freqs.as_ref().map(|i| vector(file, i)).transpose()?;
+        let rope = Rope::new(
+            cfg.n_rot,
+            cfg.rope_freq_base,
+            cfg.rope_freq_scale(),
+            factors.as_deref(),
+            cfg.rope_style,
+        );
+        Ok(Model {
+            embd: Mat::new(&w.token_embd)?,
+            output_norm: vector(file, &w.output_norm)?,
+            output: Mat::new(&w.output)?,
+            layers,
+            rope,
+            cfg,
+        })
+    }
+}
+
+/// The KV cache: per layer, `n_blocks * block_tokens` rows of `n_embd_kv` f16 for K and for V.
+pub(crate) struct KvCache {
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+    row: usize,
+    pub alloc: BlockAllocator,
+}
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig, blocks: usize, block_tokens: usize) -> KvCache {
+        let row = cfg.n_embd_kv();
+        let n = blocks * block_tokens * row;
+        KvCache {
+            k: (0..cfg.n_layer).map(|_| vec![f16::ZERO; n]).collect(),
+            v: (0..cfg.n_layer).map(|_| vec![f16::ZERO; n]).collect(),
+            row,
+            alloc: BlockAllocator::new(blocks, block_tokens),
+        }
+    }
+
+    /// Row index of (seq, pos); the position must be allocated.
+    fn slot(&self, seq: SeqId, pos: usize) -> Option<usize> {
+        let (b, off) = self.alloc.locate(seq, pos)?;
+        Some(b as usize * self.alloc.block_tokens() + off)
+    }
+}
+
+/// One token of the flattened batch.
+struct Tok {
+    id: u32,
+    pos: usize,
+    /// Index of its chunk.
+    chunk: usize,
+}
+
+/// Per-step buffers, kept between steps so a decode step allocates nothing.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) {
+    v.clear();
+    v.resize(n, 0.0);
+}
+
+/// Raw output pointer shared by workers that write disjoint parts.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used to hand disjoint index ranges of one buffer to pool workers (see uses).
+unsafe impl Send for SyncPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the raw field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn matmul(
+    file: &GgufFile,
+    m: &Mat,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut Vec<f32>,
+    pool: &Pool,
+) -> Result<(), BackendError> {
+    resize(out, n_tok * m.rows);
+    dot::matmul_f32(
+        m.ty,
+        file.tensor_data(&m.info),
+        m.rows,
+        m.cols,
+        x,
+        n_tok,
+        out,
+        pool,
+    )
+    .map_err(|e| BackendError::Device {
+        backend: "cpu".into(),
+        msg: format!("{}: {e}", m.info.name),
+    })
+}
+
+fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
+    if let Some(b) = b {
+        for row in x.chunks_exact_mut(b.len()) {
+            for (v, &bb) in row.iter_mut().zip(b) {
+                *v += bb;
+            }
+        }
+    }
+}
+
+/// One input of [`forward`]: tokens of one sequence at consecutive positions.
+pub(crate) struct Chunk<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+}
+
+/// Run the model over `chunks` (KV space must already be allocated for every position), and return
+/// the logits of the rows `want(chunk_index, token_index)` selects, in order.
+pub(crate) fn forward(
+    model: &Model,
+    file: &GgufFile,
+    kv: &mut KvCache,
+    s: &mut Scratch,
+    pool: &Pool,
+    chunks: &[Chunk<'_>],
+    want: &dyn Fn(usize, usize) -> bool,
+) -> Result<Vec<f32>, BackendError> {
+    let cfg = &model.cfg;
+    let (e, hd) = (cfg.n_embd, cfg.head_dim);
+    let (nh, nkv) = (cfg.n_head, cfg.n_head_kv);
+    let gqa = cfg.n_gqa();
+    let toks: Vec<Tok> = chunks
+        .iter()
+        .enumerate()
+        .flat_map(|(ci, c)| {
+            c.tokens.iter().enumerate().map(move |(i, &id)| Tok {
+                id,
+                pos: c.start_pos + i,
+                chunk: ci,
+            })
+        })
+        .collect();
+    let n = toks.len();
+    let slots: Vec<usize> = toks
+        .iter()
+        .map(|t| {
+            let seq = chunks[t.chunk].seq;
+            kv.slot(seq, t.pos).ok_or(BackendError::KvFull {
+                seq,
+                needed: 1,
+                free: 0,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+
+    // Token embeddings.
+    resize(&mut s.x, n * e);
+    let embd = file.tensor_data(&model.embd.info);
+    let row_bytes = model.embd.ty.bytes_for(e as u64).unwrap_or(0) as usize;
+    for (t, xr) in toks.iter().zip(s.x.chunks_exact_mut(e)) {
+        let a = t.id as usize * row_bytes;
+        let src = embd
+            .get(a..a + row_bytes)
+            .ok_or(BackendError::InvalidToken {
+                seq: chunks[t.chunk].seq,
+                index: t.pos,
+                id: t.id,
+                n_vocab: cfg.n_vocab,
+            })?;
+        quant::dequantize_serial(model.embd.ty, src, xr).map_err(|err| BackendError::Device {
+            backend: "cpu".into(),
+            msg: err.to_string(),
+        })?;
+    }
+
+    let scale = 1.0 / (hd as f32).sqrt();
+    resize(&mut s.xn, n * e);
+    for (li, l) in model.layers.iter().enumerate() {
+        for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
+            rms_norm(xr, &l.attn_norm, cfg.rms_norm_eps, or);
+        }
+        matmul(file, &l.wq, &s.xn, n, &mut s.q, pool)?;
+        matmul(file, &l.wk, &s.xn, n, &mut s.k, pool)?;
+        matmul(file, &l.wv, &s.xn, n, &mut s.v, pool)?;
+        add_bias(&mut s.q, &l.bq);
+        add_bias(&mut s.k, &l.bk);
+        add_bias(&mut s.v, &l.bv);
+        for (i, t) in toks.iter().enumerate() {
+            for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
+                model.rope.apply(h, t.pos);
+            }
+            for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
+                model.rope.apply(h, t.pos);
+            }
+        }
+        // Store this step's keys and values.
+        let row = kv.row;
+        {
+            let (kc, vc) = (&mut kv.k[li], &mut kv.v[li]);
+            for (i, &slot) in slots.iter().enumerate() {
+                let src_k = &s.k[i * row..(i + 1) * row];
+                let src_v = &s.v[i * row..(i + 1) * row];
+                for (d, &v) in kc[slot * row..(slot + 1) * row].iter_mut().zip(src_k) {
+                    *d = f16::from_f32(v);
+                }
+                for (d, &v) in vc[slot * row..(slot + 1) * row].iter_mut().zip(src_v) {
+                    *d = f16::from_f32(v);
+                }
+            }
+        }
+        // Attention: one work item per (token, head).
+        resize(&mut s.att, n * nh * hd);
+        {
+            let kc = &kv.k[li];
+            let vc = &kv.v[li];
+            let alloc = &kv.alloc;
+            let bt = alloc.block_tokens();
+            let q = &s.q;
+            let out = SyncPtr(s.att.as_mut_ptr());
+            pool.par_for(n * nh, |item| {
+                let (i, h) = (item / nh, item % nh);
+                let t = &toks[i];
+                let blocks = alloc.blocks(chunks[t.chunk].seq);
+                let kvh = h / gqa;
+                let qh = &q[(i * nh + h) * hd..(i * nh + h + 1) * hd];
+                let len = t.pos + 1;
+                thread_local! {
+                    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+                }
+                SCORES.with(|sc| {
+                    let mut sc = sc.borrow_mut();
+                    sc.clear();
+                    sc.resize(len, 0.0);
+                    for (j, s) in sc.iter_mut().enumerate() {
+                        let slot = blocks[j / bt] as usize * bt + j % bt;
+                        let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
+                        *s = dot::dot_f32_f16(qh, kr) * scale;
+                    }
+                    dot::softmax_inplace(&mut sc);
+                    // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
+                    // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
+                    };
+                    o.fill(0.0);
+                    for (j, &p) in sc.iter().enumerate() {
+                        let slot = blocks[j / bt] as usize * bt + j % bt;
+                        let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
+                        dot::axpy_f16(o, p, vr);
+                    }
+                });
+            });
+        }
+        matmul(file, &l.wo, &s.att, n, &mut s.o, pool)?;
+        for (x, o) in s.x.iter_mut().zip(&s.o) {
+            *x += o;
+        }
+        // Feed-forward.
+        for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
+            rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
+        }
+        matmul(file, &l.gate, &s.xn, n, &mut s.g, pool)?;
+        matmul(file, &l.up, &s.xn, n, &mut s.u, pool)?;
+        swiglu(&mut s.g, &s.u);
+        matmul(file, &l.down, &s.g, n, &mut s.o, pool)?;
+        for (x, o) in s.x.iter_mut().zip(&s.o) {
+            *x += o;
+        }
+    }
+
+    // Final norm and LM head on the wanted rows only.
+    let mut sel = Vec::new();
+    let mut idx = 0;
+    for (ci, c) in chunks.iter().enumerate() {
+        for ti in 0..c.tokens.len() {
+            if want(ci, ti) {
+                sel.push(idx);
+            }
+            idx += 1;
+        }
+    }
+    let mut h = vec![0.0f32; sel.len() * e];
+    for (&i, hr) in sel.iter().zip(h.chunks_exact_mut(e)) {
+        rms_norm(
+            &s.x[i * e..(i + 1) * e],
+            &model.output_norm,
+            cfg.rms_norm_eps,
+            hr,
+        );
+    }
+    let mut logits = Vec::new();
+    matmul(file, &model.output, &h, sel.len(), &mut logits, pool)?;
+    Ok(logits)
+}

@@ -1,0 +1,126 @@
+//! Element-wise and row operations of the forward pass: RMSNorm, RoPE, SwiGLU, softmax.
+//!
+//! These are a small share of a step's time next to the matrix products; they are written so the
+//! compiler vectorizes them (plain loops over slices, no bounds checks in the inner loop).
+
+use model::RopeStyle;
+
+/// `out = x / sqrt(mean(x^2) + eps) * w`, one row.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len();
+    // Accumulate in f64 like ggml's ggml_compute_forward_rms_norm_f32 (ggml_float sum).
+    let mut sum = 0.0f64;
+    for &v in x {
+        sum += (v as f64) * (v as f64);
+    }
+    let mean = (sum / n as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// Precomputed rotation angles' inverse frequencies for one model.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    /// `theta_i = pos * inv_freq[i]`, one per rotated pair.
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+    n_rot: usize,
+}
+
+impl Rope {
+    /// `base^(-2i/n_rot) * freq_scale / factor_i` for each pair `i`, where `factor_i` comes from
+    /// Llama 3's `rope_freqs.weight` when given.
+    pub fn new(
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+        factors: Option<&[f32]>,
+        style: RopeStyle,
+    ) -> Rope {
+        let half = n_rot / 2;
+        let inv_freq = (0..half)
+            .map(|i| {
+                let f = base.powf(-2.0 * i as f32 / n_rot as f32) * freq_scale;
+                match factors.and_then(|ff| ff.get(i)) {
+                    Some(&d) if d != 0.0 => f / d,
+                    _ => f,
+                }
+            })
+            .collect();
+        Rope {
+            inv_freq,
+            style,
+            n_rot,
+        }
+    }
+
+    /// Rotate one head vector `x` (len >= n_rot) in place for position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.n_rot / 2;
+        let p = pos as f32;
+        for i in 0..half {
+            let theta = p * self.inv_freq[i];
+            let (s, c) = theta.sin_cos();
+            let (a, b) = match self.style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let x0 = x[a];
+            let x1 = x[b];
+            x[a] = x0 * c - x1 * s;
+            x[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, in place on `gate`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let v = *g;
+        *g = v / (1.0 + (-v).exp()) * u;
+    }
+}
+
+/// Softmax in place; returns nothing, the row sums to 1.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_preserves_norm_and_is_identity_at_zero() {
+        let r = Rope::new(64, 10000.0, 1.0, None, RopeStyle::Normal);
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+            .collect();
+        let mut y = x.clone();
+        r.apply(&mut y, 0);
+        assert_eq!(x, y);
+        r.apply(&mut y, 1234);
+        let n0: f32 = x.iter().map(|v| v * v).sum();
+        let n1: f32 = y.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3 * n0);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin() * 20.0).collect();
+        softmax(&mut x);
+        let s: f32 = x.iter().sum();
+        assert!((s - 1.0).abs() < 1e-5);
+    }
+}
