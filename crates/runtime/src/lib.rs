@@ -2,8 +2,10 @@
 
 pub mod backend;
 pub mod kv;
+pub mod sampling;
 
 pub use backend::{
     Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqChunk, SeqId, StepBatch, StepOutput,
     Support, Want,
 };
+pub use sampling::{Sampler, SamplingError, SamplingParams, StopMatcher, StopOutput};
