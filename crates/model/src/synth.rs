@@ -393,14 +393,7 @@ pub fn plan(opts: &SynthOptions) -> Result<SynthPlan, ModelError> {
     md.insert("crossover.synth.seed", opts.seed);
     md.insert("crossover.synth.quant", opts.scheme.label());
 
-    let ctx = MixtureContext::for_config(&config);
-    let tensors = expected_tensors(&config)
-        .into_iter()
-        .map(|(name, dims)| {
-            let ty = opts.scheme.tensor_type(&name, &dims, &ctx);
-            TensorDecl { name, dims, ty }
-        })
-        .collect::<Vec<_>>();
+    let tensors = tensor_plan(&config, opts.scheme);
     for t in &tensors {
         if !quant::can_quantize(t.ty) {
             return Err(ModelError::InvalidOption {
@@ -419,6 +412,18 @@ pub fn plan(opts: &SynthOptions) -> Result<SynthPlan, ModelError> {
         metadata: md,
         tensors,
     })
+}
+
+/// Every tensor of a model with this configuration, in file order, with the type `scheme` gives it.
+pub fn tensor_plan(config: &ModelConfig, scheme: QuantScheme) -> Vec<TensorDecl> {
+    let ctx = MixtureContext::for_config(config);
+    expected_tensors(config)
+        .into_iter()
+        .map(|(name, dims)| {
+            let ty = scheme.tensor_type(&name, &dims, &ctx);
+            TensorDecl { name, dims, ty }
+        })
+        .collect()
 }
 
 /// Writes a synthetic model to `out` (through a temporary file renamed at the end, so a failed
