@@ -695,5 +695,10 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q6K => t_q6_k,
         _ => return None,
     };
-    Some(Kernel { mr: 4, nt: 4, tile })
+    Some(Kernel {
+        mr: 4,
+        nt: 4,
+        mr1: 4,
+        tile,
+    })
 }

@@ -1,11 +1,783 @@
-//! AVX-512 kernels. For now the AVX-512 level runs the AVX2 kernels (correct on every
-//! AVX-512 machine); the 512-bit VNNI tiles replace them type by type.
+//! AVX-512 (F/BW/VL/VNNI) kernels: multi-row × multi-token tiles on 512-bit registers.
+//!
+//! A tile keeps `R × T` accumulators in registers. Each weight block is unpacked once and used
+//! for `T` tokens; each activation block is loaded once and used for `R` rows.
+//!
+//! Legacy types (32-element blocks) work on pairs of blocks (64 bytes = one register):
+//! `vpdpbusd` multiplies the *unsigned* stored values by the signed activations; types with an
+//! offset (`Q4_0`: 8, `Q5_0`: 16, `Q8_0`: 128 after flipping the sign bit) seed the integer
+//! accumulator with `-offset * sum(y)` (computed once per token), so the integer result is
+//! exactly the signed dot product. Block scales are converted eight at a time.
+//!
+//! K-quants work per 256-element super-block in four 64-element chunks: `vpmaddubsw` (unsigned
+//! values × activations, pairs to i16, no overflow for ≤ 6-bit values) then `vpdpwssd` with the
+//! sub-block scales accumulates the scaled sums in i32; the mins (or the value offset of
+//! `Q3_K`/`Q6_K`) come from the activation's 16-element sums (`bsums`).
+
+// Tiles index several parallel register arrays (rows × tokens) by the same loop counter; that
+// reads better than zipped iterators and unrolls into plain register code.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::kernels::Kernel;
+use super::kernels::{tile_dispatch, Kernel, Tile, TileFn};
+use super::scalar;
+
+/// Horizontal sum of 16 lanes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn hsum(v: __m512) -> f32 {
+    _mm512_reduce_add_ps(v)
+}
+
+/// # Safety
+/// `p` valid for 32 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn ld256(p: *const u8) -> __m256i {
+    // SAFETY: caller's contract.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// 32 bytes at `p0` then 32 at `p1`.
+///
+/// # Safety
+/// `p0`, `p1` valid for 32 bytes each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn ld2x256(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: caller's contract.
+    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(p0)), ld256(p1)) }
+}
+
+/// Eight f16 fields `stride` bytes apart starting at `p` (only the first `n` read; the rest 0),
+/// as f32.
+///
+/// # Safety
+/// `p + i * stride` valid for 4 bytes for every `i < n` (an f16 field followed by at least two
+/// more bytes of its block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+#[inline]
+unsafe fn f16x8(p: *const u8, offs: __m256i, n: usize) -> __m256 {
+    let m: __mmask8 = if n >= 8 {
+        0xff
+    } else {
+        ((1u32 << n) - 1) as u8
+    };
+    // SAFETY: masked-off lanes are not read; the others are in bounds by the caller's contract.
+    let g = unsafe {
+        _mm256_mmask_i32gather_epi32::<1>(_mm256_setzero_si256(), m, offs, p as *const i32)
+    };
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g))
+}
+
+/// Spread lanes `2p` and `2p + 1` of `v` over the low and high eight lanes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn spread_pair(v: __m256, p: usize) -> __m512 {
+    let lo = _mm512_set1_epi32(2 * p as i32);
+    let idx = _mm512_mask_set1_epi32(lo, 0xff00, 2 * p as i32 + 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v))
+}
+
+// ---- legacy (32-element) types --------------------------------------------------------------
+
+/// What differs between the legacy weight types.
+trait Legacy {
+    /// Weight block bytes.
+    const WB: usize;
+    /// Activation block bytes (34 for Q8_0, 36 for Q8_1).
+    const AB: usize;
+    /// Offset of the quants in the activation block.
+    const AQ: usize;
+    /// Value offset subtracted from the unsigned stored value (0 for types with a min).
+    const OFF: u8;
+    /// Whether the type has a min (`x = d q + m`), paired with the activation's `s`.
+    const MIN: bool;
+    /// Two consecutive blocks' values as 64 unsigned bytes in element order.
+    ///
+    /// # Safety
+    /// `x0`, `x1` point at whole weight blocks; AVX-512 F/BW/VL available.
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i;
+    /// Scalar dot of one weight block with one activation block (for an odd block count).
+    fn one(w: &[u8], a: &[u8]) -> f32;
+}
+
+/// 16 nibbles at `p0` and 16 at `p1` as 64 bytes: low nibbles then high nibbles of each.
+///
+/// # Safety
+/// `p0`, `p1` valid for 16 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: caller's contract.
+    let (a, b) = unsafe {
+        (
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(p0 as *const __m128i)),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(p1 as *const __m128i)),
+        )
+    };
+    let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+    let z = _mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    _mm512_and_si512(z, _mm512_set1_epi8(0x0f))
+}
+
+/// Add 16 to every byte whose bit is set in the two little-endian u32 masks at `h0`, `h1`.
+///
+/// # Safety
+/// `h0`, `h1` valid for 4 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn add_fifth_bits(q: __m512i, h0: *const u8, h1: *const u8) -> __m512i {
+    // SAFETY: caller's contract.
+    let (a, b) = unsafe {
+        (
+            std::ptr::read_unaligned(h0 as *const u32) as u64,
+            std::ptr::read_unaligned(h1 as *const u32) as u64,
+        )
+    };
+    _mm512_mask_add_epi8(q, a | (b << 32), q, _mm512_set1_epi8(16))
+}
+
+struct Q4_0;
+impl Legacy for Q4_0 {
+    const WB: usize = 18;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const OFF: u8 = 8;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
+        // SAFETY: whole blocks: quants at +2..+18.
+        unsafe { nibbles2(x0.add(2), x1.add(2)) }
+    }
+    fn one(w: &[u8], a: &[u8]) -> f32 {
+        scalar::dot_q4_0(w, a)
+    }
+}
+
+struct Q4_1;
+impl Legacy for Q4_1 {
+    const WB: usize = 20;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    const OFF: u8 = 0;
+    const MIN: bool = true;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
+        // SAFETY: whole blocks: quants at +4..+20.
+        unsafe { nibbles2(x0.add(4), x1.add(4)) }
+    }
+    fn one(w: &[u8], a: &[u8]) -> f32 {
+        scalar::dot_q4_1(w, a)
+    }
+}
+
+struct Q5_0;
+impl Legacy for Q5_0 {
+    const WB: usize = 22;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const OFF: u8 = 16;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
+        // SAFETY: whole blocks: high bits at +2..+6, quants at +6..+22.
+        unsafe { add_fifth_bits(nibbles2(x0.add(6), x1.add(6)), x0.add(2), x1.add(2)) }
+    }
+    fn one(w: &[u8], a: &[u8]) -> f32 {
+        scalar::dot_q5_0(w, a)
+    }
+}
+
+struct Q5_1;
+impl Legacy for Q5_1 {
+    const WB: usize = 24;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    const OFF: u8 = 0;
+    const MIN: bool = true;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
+        // SAFETY: whole blocks: high bits at +4..+8, quants at +8..+24.
+        unsafe { add_fifth_bits(nibbles2(x0.add(8), x1.add(8)), x0.add(4), x1.add(4)) }
+    }
+    fn one(w: &[u8], a: &[u8]) -> f32 {
+        scalar::dot_q5_1(w, a)
+    }
+}
+
+struct Q8_0;
+impl Legacy for Q8_0 {
+    const WB: usize = 34;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const OFF: u8 = 128;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
+        // Flipping the sign bit maps signed q to q + 128 as unsigned.
+        // SAFETY: whole blocks: quants at +2..+34.
+        unsafe { _mm512_xor_si512(ld2x256(x0.add(2), x1.add(2)), _mm512_set1_epi8(-128)) }
+    }
+    fn one(w: &[u8], a: &[u8]) -> f32 {
+        scalar::dot_q8_0(w, a)
+    }
+}
+
+/// An `R × T` tile of a legacy type.
+///
+/// Written with plain loops over small arrays (no closures, which would not inherit the
+/// target features and so could not inline the intrinsics); LLVM unrolls them and keeps the
+/// arrays in registers.
+///
+/// # Safety
+/// The [`Tile`] contract with `R == t.rows`, `T == t.toks`; AVX-512 F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
+    let nb = t.nb;
+    let pairs_end = nb & !1;
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let woffs = _mm256_mullo_epi32(lanes, _mm256_set1_epi32(L::WB as i32));
+    let aoffs = _mm256_mullo_epi32(lanes, _mm256_set1_epi32(L::AB as i32));
+    let mut wrow = [t.w; R];
+    for (r, p) in wrow.iter_mut().enumerate() {
+        *p = t.w.wrapping_add(r * t.w_stride);
+    }
+    let mut arow = [t.a; T];
+    for (k, p) in arow.iter_mut().enumerate() {
+        *p = t.a.wrapping_add(k * t.a_stride);
+    }
+    let zf = _mm256_setzero_ps();
+    let zi = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut b0 = 0;
+    while b0 < pairs_end {
+        let n = (pairs_end - b0).min(8);
+        // SAFETY: blocks b0..b0+n exist in every row of the tile (n counts only whole pairs
+        // below `nb`), so every pointer formed below stays inside its row.
+        unsafe {
+            let mut dw = [zf; R];
+            let mut mw = [zf; R];
+            for r in 0..R {
+                dw[r] = f16x8(wrow[r].add(b0 * L::WB), woffs, n);
+                if L::MIN {
+                    mw[r] = f16x8(wrow[r].add(b0 * L::WB + 2), woffs, n);
+                }
+            }
+            let mut dy = [zf; T];
+            let mut sy = [zf; T];
+            for k in 0..T {
+                dy[k] = f16x8(arow[k].add(b0 * L::AB), aoffs, n);
+                if L::MIN {
+                    // The activation's s is spread over 8 lanes per block: scale by 1/8 (exact).
+                    let s = f16x8(arow[k].add(b0 * L::AB + 2), aoffs, n);
+                    sy[k] = _mm256_mul_ps(s, _mm256_set1_ps(0.125));
+                }
+            }
+            for p in 0..n / 2 {
+                let b = b0 + 2 * p;
+                let mut y = [zi; T];
+                let mut seed = [zi; T];
+                let mut dyp = [_mm512_setzero_ps(); T];
+                let mut syp = [_mm512_setzero_ps(); T];
+                for k in 0..T {
+                    let y0 = arow[k].add(b * L::AB + L::AQ);
+                    y[k] = ld2x256(y0, y0.add(L::AB));
+                    if L::OFF != 0 {
+                        let s = _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), y[k]);
+                        seed[k] = _mm512_sub_epi32(zi, s);
+                    }
+                    dyp[k] = spread_pair(dy[k], p);
+                    if L::MIN {
+                        syp[k] = spread_pair(sy[k], p);
+                    }
+                }
+                for r in 0..R {
+                    let x0 = wrow[r].add(b * L::WB);
+                    let q = L::unpack(x0, x0.add(L::WB));
+                    let dwp = spread_pair(dw[r], p);
+                    let mwp = if L::MIN {
+                        spread_pair(mw[r], p)
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    for k in 0..T {
+                        let i = _mm512_dpbusd_epi32(seed[k], q, y[k]);
+                        let d = _mm512_mul_ps(dwp, dyp[k]);
+                        acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, acc[r][k]);
+                        if L::MIN {
+                            acc[r][k] = _mm512_fmadd_ps(mwp, syp[k], acc[r][k]);
+                        }
+                    }
+                }
+            }
+        }
+        b0 += n;
+    }
+    for r in 0..R {
+        for k in 0..T {
+            let mut s = hsum(acc[r][k]);
+            if nb != pairs_end {
+                // SAFETY: the last block of row r and of token k (nb is odd, so it exists).
+                let (w, a) = unsafe {
+                    (
+                        std::slice::from_raw_parts(wrow[r].add(pairs_end * L::WB), L::WB),
+                        std::slice::from_raw_parts(arow[k].add(pairs_end * L::AB), L::AB),
+                    )
+                };
+                s += L::one(w, a);
+            }
+            // SAFETY: output (k, r) is inside the tile.
+            unsafe { *t.out.add(k * t.out_stride + r) = s };
+        }
+    }
+}
+
+macro_rules! legacy_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX-512 available.
+        unsafe fn $name(t: &Tile) {
+            #[inline(always)]
+            unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
+                // SAFETY: forwarded; `tile_dispatch` passes R == rows, T == toks.
+                unsafe { legacy_tile::<$ty, R, T>(t) }
+            }
+            // SAFETY: forwarded.
+            unsafe { tile_dispatch!(t, f, 4, [1, 2], 4) }
+        }
+    };
+}
+legacy_kernel!(t_q4_0, Q4_0);
+legacy_kernel!(t_q4_1, Q4_1);
+legacy_kernel!(t_q5_0, Q5_0);
+legacy_kernel!(t_q5_1, Q5_1);
+legacy_kernel!(t_q8_0, Q8_0);
+
+// ---- K-quants -------------------------------------------------------------------------------
+
+/// One row's super-block, prepared: scale `d`, min scale `dmin` (types with mins), the 16 i16
+/// multipliers of the activation's 16 `bsums` for the correction (mins, or scales for the
+/// value offset), and the sub-block scales as i16 in the low 16 lanes of `sc`.
+#[derive(Clone, Copy)]
+struct Prep {
+    d: f32,
+    dmin: f32,
+    m16: __m256i,
+    sc: __m512i,
+}
+
+impl Prep {
+    // SAFETY: all-zero bits are a valid value of every field (plain floats and vectors).
+    const ZERO: Prep = unsafe { std::mem::zeroed() };
+}
+
+trait KQuant {
+    /// Block bytes.
+    const WB: usize;
+    /// Types whose stored values carry an offset (`Q3_K`: 4, `Q6_K`: 32) subtract
+    /// `2^OFFSET_SHIFT * sum(scale * bsum)` from the integer sum; 0 means the type has mins,
+    /// subtracted as `dmin * d_y * sum(min * bsum)` in f32.
+    const OFFSET_SHIFT: i32;
+    /// # Safety
+    /// `x` points at a whole block; AVX-512 F/BW/VL and F16C available.
+    unsafe fn prep(x: *const u8) -> Prep;
+    /// Chunk `c` (elements 64c..64c+64) as unsigned bytes, and the i16 scale for each of the 32
+    /// byte pairs `vpmaddubsw` produces.
+    ///
+    /// # Safety
+    /// As `prep`; `c < 4`.
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i);
+}
+
+/// # Safety
+/// `p` valid for 2 bytes; F16C available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+#[inline]
+unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: caller's contract.
+    unsafe { super::avx2::h2f(p) }
+}
+
+/// `vpermw` indices that spread the sub-block scales over the 32 i16 pair sums of chunk `c`
+/// (elements 64c..64c+64; pair j covers elements 2j, 2j+1): `[per-16 scales][c]` and
+/// `[per-32 scales][c]`.
+static SCALE_IDX: [[[i16; 32]; 4]; 2] = {
+    let mut t = [[[0i16; 32]; 4]; 2];
+    let mut c = 0;
+    while c < 4 {
+        let mut j = 0;
+        while j < 32 {
+            t[0][c][j] = (4 * c + j / 8) as i16;
+            t[1][c][j] = (2 * c + j / 16) as i16;
+            j += 1;
+        }
+        c += 1;
+    }
+    t
+};
+
+/// Scales (16 i16 in the low half of `sc`) spread over chunk `c`'s pair sums, for scales that
+/// each cover `per` = 16 or 32 elements.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn chunk_scales(sc: __m512i, c: usize, per: usize) -> __m512i {
+    let tab = &SCALE_IDX[usize::from(per == 32)][c & 3];
+    // SAFETY: `tab` is 64 readable bytes.
+    let idx = unsafe { _mm512_loadu_si512(tab.as_ptr() as *const __m512i) };
+    _mm512_permutexvar_epi16(idx, sc)
+}
+
+/// The low (`hi = false`) or high nibble of every byte.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn nib(v: __m512i, hi: bool) -> __m512i {
+    let v = if hi { _mm512_srli_epi16::<4>(v) } else { v };
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+}
+
+struct Q2K;
+impl KQuant for Q2K {
+    const WB: usize = 84;
+    const OFFSET_SHIFT: i32 = 0;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn prep(x: *const u8) -> Prep {
+        // SAFETY: whole block: scales at 0..16, d at 80, dmin at 82.
+        unsafe {
+            let s = _mm_loadu_si128(x as *const __m128i);
+            let sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0f)));
+            let mn =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), _mm_set1_epi8(0x0f)));
+            Prep {
+                d: h2f(x.add(80)),
+                dmin: h2f(x.add(82)),
+                m16: mn,
+                sc: _mm512_castsi256_si512(sc),
+            }
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
+        // Elements 128h + 32s + l are bits 2s of qs[32h + l]: chunk c = (h, s in {2c', 2c'+1}).
+        let (h, s0) = (c / 2, 2 * (c % 2));
+        // SAFETY: whole block: quants at 16..80.
+        let q = unsafe { _mm512_broadcast_i64x4(ld256(x.add(16 + 32 * h))) };
+        let sh = _mm512_mask_set1_epi16(
+            _mm512_set1_epi16(2 * s0 as i16),
+            0xffff_0000,
+            2 * s0 as i16 + 2,
+        );
+        let q = _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(3));
+        (q, chunk_scales(p.sc, c, 16))
+    }
+}
+
+struct Q3K;
+impl KQuant for Q3K {
+    const WB: usize = 110;
+    const OFFSET_SHIFT: i32 = 2;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn prep(x: *const u8) -> Prep {
+        // SAFETY: whole block: scales at 96..108, d at 108.
+        unsafe {
+            let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
+            let s8 = scalar::q3k_scales(&packed);
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(s8.as_ptr() as *const __m128i));
+            Prep {
+                d: h2f(x.add(108)),
+                dmin: 0.0,
+                m16: sc,
+                sc: _mm512_castsi256_si512(sc),
+            }
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
+        // Elements 128h + 32s + l: bits 2s of qs[32h + l] (qs at 32), plus 4 where bit 4h + s
+        // of hmask[l] is set (stored value q + 4).
+        let (h, s0) = (c / 2, 2 * (c % 2));
+        // SAFETY: whole block: hmask at 0..32, quants at 32..96.
+        let (q, hm) = unsafe {
+            (
+                _mm512_broadcast_i64x4(ld256(x.add(32 + 32 * h))),
+                _mm512_broadcast_i64x4(ld256(x)),
+            )
+        };
+        let sh = _mm512_mask_set1_epi16(
+            _mm512_set1_epi16(2 * s0 as i16),
+            0xffff_0000,
+            2 * s0 as i16 + 2,
+        );
+        let q = _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(3));
+        let b = 4 * h + s0;
+        let bits = _mm512_mask_set1_epi8(
+            _mm512_set1_epi8((1u8 << b) as i8),
+            0xffff_ffff_0000_0000,
+            (1u8 << (b + 1)) as i8,
+        );
+        let k = _mm512_test_epi8_mask(hm, bits);
+        let q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(4));
+        (q, chunk_scales(p.sc, c, 16))
+    }
+}
+
+/// Scales and mins of a Q4_K/Q5_K block, as 16 i16 (scales 0..8, mins 8..16).
+///
+/// # Safety
+/// `x` points at a whole Q4_K/Q5_K block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+#[inline]
+unsafe fn k45_prep(x: *const u8) -> Prep {
+    // SAFETY: whole block: d at 0, dmin at 2, packed scales at 4..16.
+    unsafe {
+        let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+        let sm = super::avx2::k4_unpack(&packed);
+        let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+        // Each min covers two bsums: [m0, m0, m1, m1, ...].
+        let m16 = _mm256_permutexvar_epi16(
+            _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
+            ms,
+        );
+        Prep {
+            d: h2f(x),
+            dmin: h2f(x.add(2)),
+            m16,
+            sc: _mm512_castsi256_si512(ms),
+        }
+    }
+}
+
+/// Q4_K/Q5_K chunk c: 32 bytes of quants hold elements 64c..64c+32 (low nibbles) and
+/// 64c+32..64c+64 (high nibbles).
+///
+/// # Safety
+/// `q` points at the block's 128 quant bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn k45_nibbles(q: *const u8, c: usize) -> __m512i {
+    // SAFETY: caller's contract; c < 4.
+    let v = unsafe { _mm512_broadcast_i64x4(ld256(q.add(32 * c))) };
+    let v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4));
+    nib(v, false)
+}
+
+struct Q4K;
+impl KQuant for Q4K {
+    const WB: usize = 144;
+    const OFFSET_SHIFT: i32 = 0;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn prep(x: *const u8) -> Prep {
+        // SAFETY: forwarded.
+        unsafe { k45_prep(x) }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
+        // SAFETY: whole block: quants at 16..144.
+        let q = unsafe { k45_nibbles(x.add(16), c) };
+        (q, chunk_scales(p.sc, c, 32))
+    }
+}
+
+struct Q5K;
+impl KQuant for Q5K {
+    const WB: usize = 176;
+    const OFFSET_SHIFT: i32 = 0;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn prep(x: *const u8) -> Prep {
+        // SAFETY: forwarded.
+        unsafe { k45_prep(x) }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
+        // SAFETY: whole block: qh at 16..48, quants at 48..176.
+        let (q, hb) = unsafe {
+            (
+                k45_nibbles(x.add(48), c),
+                _mm512_broadcast_i64x4(ld256(x.add(16))),
+            )
+        };
+        // Sub-block 2c (low half) takes bit 2c of qh[l], sub-block 2c+1 bit 2c+1.
+        let bits = _mm512_mask_set1_epi8(
+            _mm512_set1_epi8((1u8 << (2 * c)) as i8),
+            0xffff_ffff_0000_0000,
+            (1u8 << (2 * c + 1)) as i8,
+        );
+        let k = _mm512_test_epi8_mask(hb, bits);
+        let q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+        (q, chunk_scales(p.sc, c, 32))
+    }
+}
+
+struct Q6K;
+impl KQuant for Q6K {
+    const WB: usize = 210;
+    const OFFSET_SHIFT: i32 = 5;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn prep(x: *const u8) -> Prep {
+        // SAFETY: whole block: scales at 192..208, d at 208.
+        unsafe {
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
+            Prep {
+                d: h2f(x.add(208)),
+                dmin: 0.0,
+                m16: sc,
+                sc: _mm512_castsi256_si512(sc),
+            }
+        }
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
+        // Half h = c / 2 uses ql[64h..64h+64] and qh[32h..32h+32]. Chunk 2h holds elements
+        // (s = 0: ql[l] low, s = 1: ql[l + 32] low), chunk 2h + 1 the high nibbles; the two high
+        // bits of element (s, l) sit at 2s of qh[l].
+        let (h, hi) = (c / 2, c % 2 == 1);
+        // SAFETY: whole block: ql at 0..128, qh at 128..192.
+        let (l, qh) = unsafe {
+            (
+                _mm512_loadu_si512(x.add(64 * h) as *const __m512i),
+                _mm512_broadcast_i64x4(ld256(x.add(128 + 32 * h))),
+            )
+        };
+        let lo = nib(l, hi);
+        let s0 = if hi { 2 } else { 0 };
+        let sh = _mm512_mask_set1_epi16(_mm512_set1_epi16(2 * s0), 0xffff_0000, 2 * s0 + 2);
+        let hb = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(3));
+        let q = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hb));
+        (q, chunk_scales(p.sc, c, 16))
+    }
+}
+
+/// An `R × T` tile of a K-quant (plain loops, as in [`legacy_tile`]).
+///
+/// # Safety
+/// The [`Tile`] contract with `R == t.rows`, `T == t.toks`; AVX-512 F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
+    let mut wrow = [t.w; R];
+    for (r, p) in wrow.iter_mut().enumerate() {
+        *p = t.w.wrapping_add(r * t.w_stride);
+    }
+    let mut arow = [t.a; T];
+    for (k, p) in arow.iter_mut().enumerate() {
+        *p = t.a.wrapping_add(k * t.a_stride);
+    }
+    let zi = _mm512_setzero_si512();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for b in 0..t.nb {
+        // SAFETY: block b exists in every row and token of the tile.
+        unsafe {
+            let mut xs = [t.w; R];
+            let mut prep = [Prep::ZERO; R];
+            for r in 0..R {
+                xs[r] = wrow[r].add(b * K::WB);
+                prep[r] = K::prep(xs[r]);
+            }
+            let mut ys = [t.a; T];
+            let mut yd = [0f32; T];
+            for k in 0..T {
+                ys[k] = arow[k].add(b * 292);
+                yd[k] = std::ptr::read_unaligned(ys[k] as *const f32);
+            }
+            let mut isum = [[zi; T]; R];
+            for c in 0..4 {
+                let mut y = [zi; T];
+                for k in 0..T {
+                    y[k] = _mm512_loadu_si512(ys[k].add(4 + 64 * c) as *const __m512i);
+                }
+                for r in 0..R {
+                    let (q, s) = K::chunk(xs[r], &prep[r], c);
+                    for k in 0..T {
+                        isum[r][k] =
+                            _mm512_dpwssd_epi32(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
+                    }
+                }
+            }
+            for k in 0..T {
+                let bs = ld256(ys[k].add(260));
+                for r in 0..R {
+                    let m = _mm256_madd_epi16(prep[r].m16, bs);
+                    let mut i = isum[r][k];
+                    if K::OFFSET_SHIFT != 0 {
+                        let m = _mm256_sll_epi32(m, _mm_cvtsi32_si128(K::OFFSET_SHIFT));
+                        i = _mm512_sub_epi32(i, _mm512_zextsi256_si512(m));
+                    } else {
+                        let f = _mm256_cvtepi32_ps(m);
+                        let v = _mm256_mul_ps(f, _mm256_set1_ps(-prep[r].dmin * yd[k]));
+                        acc[r][k] = _mm512_add_ps(acc[r][k], _mm512_zextps256_ps512(v));
+                    }
+                    acc[r][k] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(i),
+                        _mm512_set1_ps(prep[r].d * yd[k]),
+                        acc[r][k],
+                    );
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for k in 0..T {
+            // SAFETY: output (k, r) is inside the tile.
+            unsafe { *t.out.add(k * t.out_stride + r) = hsum(acc[r][k]) };
+        }
+    }
+}
+
+macro_rules! k_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX-512 available.
+        unsafe fn $name(t: &Tile) {
+            #[inline(always)]
+            unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
+                // SAFETY: forwarded; `tile_dispatch` passes R == rows, T == toks.
+                unsafe { k_tile::<$ty, R, T>(t) }
+            }
+            // SAFETY: forwarded.
+            unsafe { tile_dispatch!(t, f, 2, [1, 2, 3, 4], 4) }
+        }
+    };
+}
+k_kernel!(t_q2_k, Q2K);
+k_kernel!(t_q3_k, Q3K);
+k_kernel!(t_q4_k, Q4K);
+k_kernel!(t_q5_k, Q5K);
+k_kernel!(t_q6_k, Q6K);
 
 /// The AVX-512 kernel for `ty`.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
-    super::avx2::kernel(ty)
+    use GgmlType::*;
+    // (tile, rows × tokens per prefill tile, rows per decode tile): sized so the accumulators
+    // and the unpacked operands fit the 32 vector registers.
+    let (tile, mr, nt, mr1): (TileFn, usize, usize, usize) = match ty {
+        Q4_0 => (t_q4_0, 4, 2, 4),
+        Q4_1 => (t_q4_1, 4, 2, 4),
+        Q5_0 => (t_q5_0, 4, 2, 4),
+        Q5_1 => (t_q5_1, 4, 2, 4),
+        Q8_0 => (t_q8_0, 4, 2, 4),
+        Q2K => (t_q2_k, 2, 4, 4),
+        Q3K => (t_q3_k, 2, 4, 4),
+        Q4K => (t_q4_k, 2, 4, 4),
+        Q5K => (t_q5_k, 2, 4, 4),
+        Q6K => (t_q6_k, 2, 4, 4),
+        _ => return super::avx2::kernel(ty),
+    };
+    Some(Kernel { mr, nt, mr1, tile })
 }

@@ -9,8 +9,8 @@ use gguf::GgmlType;
 ///
 /// A tile function may assume: `w` points at `rows` rows of `nb` blocks each (`w_stride` bytes
 /// apart), `a` at `toks` activation rows of the matching activation type (`a_stride` bytes
-/// apart), `out` has room for every `(t, r)` it writes, `rows <= mr` and `1 <= toks <= nt` of its
-/// [`Kernel`], and its instruction set is available. For float types a "block" is one element.
+/// apart), `out` has room for every `(t, r)` it writes, `rows <= mr` (`mr1` when `toks == 1`)
+/// and `1 <= toks <= nt` of its [`Kernel`], and its instruction set is available. For float types a "block" is one element.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile {
     pub nb: usize,
@@ -24,7 +24,6 @@ pub(crate) struct Tile {
     pub toks: usize,
 }
 
-#[allow(dead_code)] // used by the AVX-512 tiles (in progress)
 impl Tile {
     /// The one-row tile of row `r` (`r < rows`).
     #[inline(always)]
@@ -34,17 +33,6 @@ impl Tile {
             w: self.w.wrapping_add(r * self.w_stride),
             out: self.out.wrapping_add(r),
             rows: 1,
-            ..*self
-        }
-    }
-
-    /// The one-token tile of token `t` (`t < toks`).
-    #[inline(always)]
-    pub fn tok(&self, t: usize) -> Tile {
-        Tile {
-            a: self.a.wrapping_add(t * self.a_stride),
-            out: self.out.wrapping_add(t * self.out_stride),
-            toks: 1,
             ..*self
         }
     }
@@ -59,17 +47,20 @@ pub(crate) struct Kernel {
     pub mr: usize,
     /// Tokens per full tile; the function also takes fewer.
     pub nt: usize,
+    /// Rows per tile when the tile has a single token (decode).
+    pub mr1: usize,
     pub tile: TileFn,
 }
 
 /// Expand a tile function generic over `<const R: usize, const T: usize>` into one taking any
-/// `rows <= MR` and `toks in 1..=NT`: full-height tiles use `f::<MR, t>`, shorter ones run row
-/// by row with `f::<1, t>`.
-#[allow(unused_macros)]
+/// `rows <= max(MR, MR1)` and `toks in 1..=NT`: one-token tiles of `MR1` rows use `f::<MR1, 1>`,
+/// tiles of `MR` rows use `f::<MR, toks>`, anything shorter runs row by row with `f::<1, toks>`.
 macro_rules! tile_dispatch {
-    ($tile:expr, $f:ident, $mr:literal, [$($nt:literal),+]) => {{
+    ($tile:expr, $f:ident, $mr:literal, [$($nt:literal),+], $mr1:literal) => {{
         let t: &$crate::dot::kernels::Tile = $tile;
-        if t.rows == $mr {
+        if t.toks == 1 && t.rows == $mr1 {
+            $f::<$mr1, 1>(t)
+        } else if t.rows == $mr {
             match t.toks {
                 $($nt => $f::<$mr, $nt>(t),)+
                 _ => debug_assert!(false, "tile with {} tokens", t.toks),
@@ -85,7 +76,6 @@ macro_rules! tile_dispatch {
         }
     }};
 }
-#[allow(unused_imports)]
 pub(crate) use tile_dispatch;
 
 /// Run a scalar row-dot over every `(row, token)` of a tile.
@@ -149,7 +139,12 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
         Q6K => s_q6_k,
         _ => return None,
     };
-    Some(Kernel { mr: 1, nt: 1, tile })
+    Some(Kernel {
+        mr: 1,
+        nt: 1,
+        mr1: 1,
+        tile,
+    })
 }
 
 /// The kernel for weight type `ty` on `isa`, or `None` if the type has no kernel. The caller

@@ -159,9 +159,10 @@ pub fn matmul_with_isa(
         let mut t = t0;
         while t < t1 {
             let tn = (t1 - t).min(k.nt);
+            let mr = if tn == 1 { k.mr1 } else { k.mr };
             let mut r = r0;
             while r < r1 {
-                let rn = (r1 - r).min(k.mr);
+                let rn = (r1 - r).min(mr);
                 let tile = Tile {
                     nb,
                     w: p.w.wrapping_add(r * wrb),
@@ -174,7 +175,8 @@ pub fn matmul_with_isa(
                     toks: tn,
                 };
                 // SAFETY: rows r..r+rn < `rows` and tokens t..t+tn < `n_tokens`, whose sizes
-                // were checked against `w`, `acts` and `out` above; rn <= mr, 1 <= tn <= nt;
+                // were checked against `w`, `acts` and `out` above; rn <= mr (mr1 for one
+                // token), 1 <= tn <= nt;
                 // `isa` is available. Chunks are disjoint, so no two tiles write one element.
                 unsafe { (k.tile)(&tile) };
                 r += rn;
