@@ -9,7 +9,9 @@ Two independent references produce them:
 * llama.cpp itself, through llama-cpp-python's low-level `llama_model_quantize`: the script writes
   a tiny but loadable llama-architecture F32 GGUF whose `blk.0.attn_q.weight` holds the input rows,
   quantizes it with `pure` set (so every weight matrix gets the requested type) to each K-quant and
-  legacy type, and takes that tensor's bytes out of the result.
+  legacy type, and takes that tensor's bytes out of the result. The activation formats Q8_1 and
+  Q8_K, which no model file holds, come from ggml's reference quantizers in the libggml-base that
+  llama-cpp-python ships.
 
 Files (all little-endian, raw): `<input>.f32` input rows, `<case>.quant` quantized bytes,
 `<case>.dequant.f32` the reference dequantization of those bytes (by `gguf`). `manifest.json` lists
@@ -255,6 +257,7 @@ def llama_cases(rng: np.random.Generator, out: Path) -> tuple[dict, list, str]:
     import llama_cpp  # noqa: PLC0415 (optional dependency, imported only when used)
 
     x = np.concatenate([awkward_rows(rng, 6), awkward_rows(rng, 18)])
+    x[9, 256:512] = 0.0  # one entirely zero super-block (row 9 is an "edge_blocks" row)
     write_f32(out / "llama_input.f32", x)
     inputs = {"llama_input": {"file": "llama_input.f32", "rows": x.shape[0], "cols": COLS}}
     cases = []
@@ -274,16 +277,58 @@ def llama_cases(rng: np.random.Generator, out: Path) -> tuple[dict, list, str]:
             expect = x.size // gguf.GGML_QUANT_SIZES[qtype][0] * gguf.GGML_QUANT_SIZES[qtype][1]
             if q.size != expect:
                 raise RuntimeError(f"{qtype.name}: {q.size} bytes, expected {expect}")
-            deq = gguf_dequantize(q.reshape(x.shape[0], -1), qtype)
             stem = f"llama_{qtype.name.lower()}"
             (out / f"{stem}.quant").write_bytes(q.tobytes())
-            write_f32(out / f"{stem}.dequant.f32", deq)
+            # No dequantized copy: the gguf cases already pin dequantization of every type.
             cases.append({
                 "name": stem, "type": qtype.name, "source": "llama.cpp", "input": "llama_input",
-                "n": int(x.size), "quant": f"{stem}.quant", "dequant": f"{stem}.dequant.f32",
+                "n": int(x.size), "quant": f"{stem}.quant", "dequant": None,
             })
+    cases += ggml_activation_cases(llama_cpp, x, out)
     version = getattr(llama_cpp, "__version__", "unknown")
     return inputs, cases, version
+
+
+def ggml_activation_cases(llama_cpp, x: np.ndarray, out: Path) -> list:
+    """Q8_1 and Q8_K are never stored in model files, so llama_model_quantize cannot make them;
+    ggml's reference quantizers are called directly from the libggml-base that llama-cpp-python
+    ships (Q8_K is dequantized by ggml too; Q8_1, which ggml does not dequantize, by numpy)."""
+    import ctypes  # noqa: PLC0415
+
+    lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
+    found = sorted(lib_dir.glob("libggml-base.*"))
+    if not found:
+        raise RuntimeError(f"no libggml-base library in {lib_dir}")
+    ggml = ctypes.CDLL(str(found[0]))
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    vp = ctypes.c_void_p
+    cases = []
+    # gguf's size table still has Q8_1's old f32 layout (40 bytes); ggml's block is 36 bytes.
+    sizes = {T.Q8_1: (32, 36), T.Q8_K: (256, 292)}
+    for qtype in (T.Q8_1, T.Q8_K):
+        block_size, type_size = sizes[qtype]
+        # Zeroed: ggml leaves Q8_K's bsums untouched for an all-zero block.
+        q = np.zeros(flat.size // block_size * type_size, dtype=np.uint8)
+        fn = getattr(ggml, f"quantize_row_{qtype.name.lower().replace('_k', '_K')}_ref")
+        fn.argtypes, fn.restype = [vp, vp, ctypes.c_int64], None
+        fn(flat.ctypes.data, q.ctypes.data, flat.size)
+        if qtype == T.Q8_K:
+            deq = np.zeros(flat.size, dtype=np.float32)
+            dq = ggml.dequantize_row_q8_K
+            dq.argtypes, dq.restype = [vp, vp, ctypes.c_int64], None
+            dq(q.ctypes.data, deq.ctypes.data, flat.size)
+        else:
+            blocks = q.reshape(-1, type_size)
+            d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+            deq = (blocks[:, 4:].view(np.int8).astype(np.float32) * d).reshape(-1)
+        stem = f"ggml_{qtype.name.lower()}"
+        (out / f"{stem}.quant").write_bytes(q.tobytes())
+        write_f32(out / f"{stem}.dequant.f32", deq)
+        cases.append({
+            "name": stem, "type": qtype.name, "source": "llama.cpp", "input": "llama_input",
+            "n": int(flat.size), "quant": f"{stem}.quant", "dequant": f"{stem}.dequant.f32",
+        })
+    return cases
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
-//! Bit-exact agreement with the PyPI `gguf` package (`gguf.quants`), on fixtures made by
-//! `scripts/gen_quant_fixtures.py`: dequantization of every type (bytes quantized by `gguf`, random
-//! block bytes, and bytes quantized by llama.cpp), and quantization to F16, BF16 and the legacy
-//! block types.
+//! Bit-exact agreement with the references on fixtures made by `scripts/gen_quant_fixtures.py`:
+//! dequantization of every type against the PyPI `gguf` package (`gguf.quants`; on bytes it
+//! quantized and on random block bytes) and of Q8_1/Q8_K against ggml, and quantization to F16,
+//! BF16 and the legacy block types against `gguf`.
 
 mod common;
 
@@ -14,13 +14,14 @@ fn dequantize_matches_references_bit_for_bit() {
     let cases = cases();
     let mut failures = Vec::new();
     for c in &cases {
-        assert_eq!(c.dequant.len(), c.n, "{}: fixture length", c.name);
+        let Some(expected) = &c.dequant else { continue };
+        assert_eq!(expected.len(), c.n, "{}: fixture length", c.name);
         let mut out = vec![0f32; c.n];
         if let Err(e) = dequantize(c.ty, &c.quant, &mut out) {
             failures.push(format!("{}: {e}", c.name));
             continue;
         }
-        if let Some((i, ours, theirs, count)) = bit_diff(&out, &c.dequant) {
+        if let Some((i, ours, theirs, count)) = bit_diff(&out, expected) {
             failures.push(format!(
                 "{}: {count} of {} elements differ; first at {i}: ours {:e} ({ours:#010x}) vs gguf {:e} ({theirs:#010x})",
                 c.name, c.n, f32::from_bits(ours), f32::from_bits(theirs)
@@ -39,7 +40,7 @@ fn dequantize_matches_references_bit_for_bit() {
         F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K,
     ] {
         assert!(
-            cases.iter().any(|c| c.ty == ty),
+            cases.iter().any(|c| c.ty == ty && c.dequant.is_some()),
             "no dequantize fixture for {ty}; {REGEN}"
         );
     }
