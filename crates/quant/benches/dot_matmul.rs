@@ -59,25 +59,63 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     b
 }
 
-/// Median seconds per call of `f`, over batches filling about `budget`.
-fn time_it(budget: Duration, mut f: impl FnMut()) -> f64 {
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// CPU time of the calling thread, in seconds: on a shared machine this leaves out the time
+/// other processes hold the core, which wall time would charge to the kernel.
+fn thread_cpu_seconds() -> f64 {
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec (two i64 on x86-64 Linux).
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Seconds per call of `f`: the median over batches filling about `budget`. With `cpu` the
+/// clock is this thread's CPU time (for single-threaded runs), else wall time.
+fn time_it(budget: Duration, cpu: bool, mut f: impl FnMut()) -> f64 {
+    let now = || {
+        if cpu {
+            thread_cpu_seconds()
+        } else {
+            Instant::now()
+                .duration_since(*START.get_or_init(Instant::now))
+                .as_secs_f64()
+        }
+    };
     f();
-    let t0 = Instant::now();
+    let t0 = now();
     f();
-    let one = t0.elapsed().as_secs_f64().max(1e-7);
+    let one = (now() - t0).max(1e-7);
     let per_batch = ((0.02 / one) as usize).clamp(1, 10_000);
     let mut samples = Vec::new();
     let start = Instant::now();
     while start.elapsed() < budget || samples.len() < 5 {
-        let t = Instant::now();
+        let t = now();
         for _ in 0..per_batch {
             f();
         }
-        samples.push(t.elapsed().as_secs_f64() / per_batch as f64);
+        samples.push((now() - t) / per_batch as f64);
     }
     samples.sort_by(|a, b| a.total_cmp(b));
     samples[samples.len() / 2]
 }
+
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -128,6 +166,14 @@ fn main() {
     println!(
         "matmul benchmark: rows x cols, decode = 1 token (GB/s of weights), prefill = {prefill} tokens (GMAC/s)"
     );
+    println!("1-thread times are thread CPU time; N-thread times are wall time");
+    for &nt in &threads {
+        if nt > 1 {
+            let pool = Pool::new(nt).unwrap();
+            let t = time_it(budget, false, || pool.run(|_| {}));
+            println!("pool of {nt}: empty run() round trip {:.2} us", t * 1e6);
+        }
+    }
     let mut rng = Rng(42);
     for &isa in &isas {
         if !isa.available() {
@@ -154,23 +200,24 @@ fn main() {
                 let mut op = vec![0f32; rows * prefill];
                 for &nt in &threads {
                     let pool = Pool::new(nt).unwrap();
-                    let hot = time_it(budget, || {
+                    let cpu = nt == 1;
+                    let hot = time_it(budget, cpu, || {
                         dot::matmul_with_isa(ty, &w, rows, cols, &a1, &mut o1, &pool, isa).unwrap()
                     });
                     let mut k = 0;
                     let cold_t = if cold.is_empty() {
                         f64::NAN
                     } else {
-                        time_it(budget, || {
+                        time_it(budget, cpu, || {
                             k = (k + 1) % cold.len();
                             dot::matmul_with_isa(ty, &cold[k], rows, cols, &a1, &mut o1, &pool, isa)
                                 .unwrap()
                         })
                     };
-                    let pf = time_it(budget, || {
+                    let pf = time_it(budget, cpu, || {
                         dot::matmul_with_isa(ty, &w, rows, cols, &ap, &mut op, &pool, isa).unwrap()
                     });
-                    let qt = time_it(budget / 4, || {
+                    let qt = time_it(budget / 4, true, || {
                         dot::quantize_acts_with_isa(ty, &x1, 1, cols, &mut a1, isa).unwrap()
                     });
                     println!(

@@ -356,6 +356,48 @@ fn dot_matmul_matches_vec_dot_on_every_level() {
 }
 
 #[test]
+fn dot_float_weights_take_any_length() {
+    // Float weights have no block structure: lengths that are not a multiple of the vector
+    // width exercise the masked tails.
+    let mut rng = Rng(0x5eed_000a);
+    let pool = Pool::new(2).unwrap();
+    let mut levels = vec![Isa::Scalar];
+    levels.extend(simd_levels());
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for &cols in &[1usize, 7, 17, 100, 333] {
+            let rows = 6;
+            let n = 5;
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weight_row(&mut rng, ty, cols, true))
+                .collect();
+            let x = rng.acts(n * cols);
+            let wd = deq(ty, &w, rows * cols);
+            for &isa in &levels {
+                let a = quantized_acts(ty, &x, n, cols, isa);
+                let mut out = vec![0f32; rows * n];
+                dot::matmul_with_isa(ty, &w, rows, cols, &a, &mut out, &pool, isa).unwrap();
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (mut m, mut e) = (0f64, 0f64);
+                        for c in 0..cols {
+                            let p = wd[r * cols + c] * x[t * cols + c] as f64;
+                            m += p.abs();
+                            e += p;
+                        }
+                        let got = out[t * rows + r] as f64;
+                        assert!(
+                            (got - e).abs() <= 2e-6 * m + 1e-30,
+                            "{ty} cols {cols} {}: out[{t}][{r}] {got} vs {e}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn dot_matmul_f32_equals_quantize_then_matmul() {
     let mut rng = Rng(0x5eed_0007);
     let pool = Pool::new(2).unwrap();

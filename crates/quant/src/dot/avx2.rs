@@ -15,16 +15,40 @@ use super::scalar::{k4_scale_min, q3k_scales};
 
 // ---- small helpers --------------------------------------------------------------------------
 
-/// Read an f16 at `p` (any alignment) as f32.
+/// The four f16 values at `p..p + 8` (any alignment) as f32.
+///
+/// Scale fields are converted with `vcvtph2ps` reading memory directly, written as inline
+/// assembly: given an intrinsic, LLVM narrows the load to a 16-bit insert into whatever
+/// register it picks (often the running accumulator), a false dependency that serialized whole
+/// dot-product loops.
 ///
 /// # Safety
-/// `p` valid for 2 bytes; F16C available.
+/// `p` valid for 8 bytes; F16C available.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
-    // SAFETY: caller's contract.
-    let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+pub(crate) unsafe fn f16x4(p: *const u8) -> __m128 {
+    let r: __m128;
+    // SAFETY: reads 8 bytes at `p` (caller's contract); F16C is enabled for this function; no
+    // stack use, flags untouched, no side effects beyond the output register.
+    unsafe {
+        std::arch::asm!(
+            "vcvtph2ps {r}, qword ptr [{p}]",
+            p = in(reg) p,
+            r = lateout(xmm_reg) r,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
+/// Lane `i` of `v`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn lane(v: __m128, i: usize) -> f32 {
+    let mut a = [0f32; 4];
+    // SAFETY: `a` is 16 writable bytes.
+    unsafe { _mm_storeu_ps(a.as_mut_ptr(), v) };
+    a[i & 3]
 }
 
 /// # Safety
@@ -308,7 +332,7 @@ unsafe fn dot_q4_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(18 * i), a.add(34 * i));
-            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
             let qx = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
             let p = _mm256_cvtepi32_ps(dot_ss8(qx, ld256(y.add(2))));
             acc = _mm256_fmadd_ps(d, p, acc);
@@ -322,18 +346,21 @@ unsafe fn dot_q4_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
-    // SAFETY: block i of each row lies within the caller's ranges.
+    // Lane 0: d_x * d_y per block; lane 1: m_x * s_y, summed here.
+    let mut summs = _mm_setzero_ps();
+    // SAFETY: block i of each row lies within the caller's ranges (8 bytes from the start of
+    // a block are inside it).
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(20 * i), a.add(36 * i));
-            summs += h2f(x.add(2)) * h2f(y.add(2));
-            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let s = _mm_mul_ps(f16x4(x), f16x4(y));
+            summs = _mm_add_ps(summs, s);
+            let d = _mm256_broadcastss_ps(s);
             let p = _mm256_cvtepi32_ps(dot_us8(nibbles32(x.add(4)), ld256(y.add(4))));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
     }
-    hsum_f32(acc) + summs
+    hsum_f32(acc) + lane(summs, 1)
 }
 
 /// # Safety
@@ -345,7 +372,7 @@ unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(22 * i), a.add(34 * i));
-            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
             // Without the fifth bit the value is q - 16: OR-ing 0xF0 into a nibble makes
             // exactly that signed byte.
             let hi = _mm256_andnot_si256(bits32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
@@ -362,20 +389,21 @@ unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
+    let mut summs = _mm_setzero_ps();
     // SAFETY: block i of each row lies within the caller's ranges.
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(24 * i), a.add(36 * i));
-            summs += h2f(x.add(2)) * h2f(y.add(2));
-            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let s = _mm_mul_ps(f16x4(x), f16x4(y));
+            summs = _mm_add_ps(summs, s);
+            let d = _mm256_broadcastss_ps(s);
             let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
             let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
             let p = _mm256_cvtepi32_ps(dot_us8(qx, ld256(y.add(4))));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
     }
-    hsum_f32(acc) + summs
+    hsum_f32(acc) + lane(summs, 1)
 }
 
 /// # Safety
@@ -387,7 +415,7 @@ unsafe fn dot_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(34 * i), a.add(34 * i));
-            let d = _mm256_set1_ps(h2f(x) * h2f(y));
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
             let p = _mm256_cvtepi32_ps(dot_ss8(ld256(x.add(2)), ld256(y.add(2))));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
@@ -406,8 +434,10 @@ unsafe fn dot_q2_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
         for i in 0..nb {
             let (x, y) = (w.add(84 * i), a.add(292 * i));
             let yd = rd_f32(y);
-            let dall = yd * h2f(x.add(80));
-            let dmin = -yd * h2f(x.add(82));
+            // Bytes 76..84 hold (qs tail, qs tail, d, dmin).
+            let dd = f16x4(x.add(76));
+            let dall = yd * lane(dd, 2);
+            let dmin = -yd * lane(dd, 3);
             let sm = ld128(x);
             let mins =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), _mm_set1_epi8(0x0f)));
@@ -445,7 +475,8 @@ unsafe fn dot_q3_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(110 * i), a.add(292 * i));
-            let d = rd_f32(y) * h2f(x.add(108));
+            // Bytes 102..110 end with d.
+            let d = rd_f32(y) * lane(f16x4(x.add(102)), 3);
             let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
             let sc8 = q3k_scales(&packed);
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr() as *const __m128i));
@@ -509,8 +540,9 @@ unsafe fn dot_q45_k<const HIGH: bool>(nb: usize, w: *const u8, a: *const u8) -> 
         for i in 0..nb {
             let (x, y) = (w.add(bsize * i), a.add(292 * i));
             let yd = rd_f32(y);
-            let d = yd * h2f(x);
-            let dmin = -yd * h2f(x.add(2));
+            let dd = f16x4(x);
+            let d = yd * lane(dd, 0);
+            let dmin = -yd * lane(dd, 1);
             let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
             let sm = k4_unpack(&packed);
             let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
@@ -566,7 +598,8 @@ unsafe fn dot_q6_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(210 * i), a.add(292 * i));
-            let d = rd_f32(y) * h2f(x.add(208));
+            // Bytes 202..210 end with d.
+            let d = rd_f32(y) * lane(f16x4(x.add(202)), 3);
             let sc = _mm256_cvtepi8_epi16(ld128(x.add(192)));
             // Values are stored as q + 32 in 0..64; the offset returns as 32 * sum(sc * bsum).
             let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, ld256(y.add(260))));

@@ -398,13 +398,15 @@ trait KQuant {
     unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i);
 }
 
+/// f16 lane `i` of the 8 bytes at `p`, as f32 (see [`super::avx2::f16x4`] for why 8 bytes).
+///
 /// # Safety
-/// `p` valid for 2 bytes; F16C available.
+/// `p` valid for 8 bytes; F16C available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 #[inline]
-unsafe fn h2f(p: *const u8) -> f32 {
+unsafe fn f16_at(p: *const u8, i: usize) -> f32 {
     // SAFETY: caller's contract.
-    unsafe { super::avx2::h2f(p) }
+    super::avx2::lane(unsafe { super::avx2::f16x4(p) }, i)
 }
 
 /// `vpermw` indices that spread the sub-block scales over the 32 i16 pair sums of chunk `c`
@@ -451,15 +453,15 @@ impl KQuant for Q2K {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[inline]
     unsafe fn prep(x: *const u8) -> Prep {
-        // SAFETY: whole block: scales at 0..16, d at 80, dmin at 82.
+        // SAFETY: whole block: scales at 0..16, d at 80, dmin at 82 (read as bytes 76..84).
         unsafe {
             let s = _mm_loadu_si128(x as *const __m128i);
             let sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0f)));
             let mn =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), _mm_set1_epi8(0x0f)));
             Prep {
-                d: h2f(x.add(80)),
-                dmin: h2f(x.add(82)),
+                d: f16_at(x.add(76), 2),
+                dmin: f16_at(x.add(76), 3),
                 m16: mn,
                 sc: _mm512_castsi256_si512(sc),
             }
@@ -489,13 +491,13 @@ impl KQuant for Q3K {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[inline]
     unsafe fn prep(x: *const u8) -> Prep {
-        // SAFETY: whole block: scales at 96..108, d at 108.
+        // SAFETY: whole block: scales at 96..108, d at 108 (read as bytes 102..110).
         unsafe {
             let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
             let s8 = scalar::q3k_scales(&packed);
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(s8.as_ptr() as *const __m128i));
             Prep {
-                d: h2f(x.add(108)),
+                d: f16_at(x.add(102), 3),
                 dmin: 0.0,
                 m16: sc,
                 sc: _mm512_castsi256_si512(sc),
@@ -551,8 +553,8 @@ unsafe fn k45_prep(x: *const u8) -> Prep {
             ms,
         );
         Prep {
-            d: h2f(x),
-            dmin: h2f(x.add(2)),
+            d: f16_at(x, 0),
+            dmin: f16_at(x, 1),
             m16,
             sc: _mm512_castsi256_si512(ms),
         }
@@ -631,11 +633,11 @@ impl KQuant for Q6K {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[inline]
     unsafe fn prep(x: *const u8) -> Prep {
-        // SAFETY: whole block: scales at 192..208, d at 208.
+        // SAFETY: whole block: scales at 192..208, d at 208 (read as bytes 202..210).
         unsafe {
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
             Prep {
-                d: h2f(x.add(208)),
+                d: f16_at(x.add(202), 3),
                 dmin: 0.0,
                 m16: sc,
                 sc: _mm512_castsi256_si512(sc),
@@ -761,6 +763,112 @@ k_kernel!(t_q4_k, Q4K);
 k_kernel!(t_q5_k, Q5K);
 k_kernel!(t_q6_k, Q6K);
 
+// ---- float weights (f32 activations) --------------------------------------------------------
+
+/// How a float weight type's elements become f32.
+trait FloatW {
+    /// Bytes per element.
+    const ES: usize;
+    /// 16 elements at `p` (only the lanes in `m` are read; the others are 0).
+    ///
+    /// # Safety
+    /// The masked lanes of `p` readable; AVX-512 F/BW available.
+    unsafe fn load16(p: *const u8, m: __mmask16) -> __m512;
+}
+
+struct F32W;
+impl FloatW for F32W {
+    const ES: usize = 4;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn load16(p: *const u8, m: __mmask16) -> __m512 {
+        // SAFETY: caller's contract.
+        unsafe { _mm512_maskz_loadu_ps(m, p as *const f32) }
+    }
+}
+
+struct F16W;
+impl FloatW for F16W {
+    const ES: usize = 2;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn load16(p: *const u8, m: __mmask16) -> __m512 {
+        // SAFETY: caller's contract.
+        _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(m, p as *const i16) })
+    }
+}
+
+struct Bf16W;
+impl FloatW for Bf16W {
+    const ES: usize = 2;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn load16(p: *const u8, m: __mmask16) -> __m512 {
+        // bf16 is the top half of an f32.
+        // SAFETY: caller's contract.
+        let h = unsafe { _mm256_maskz_loadu_epi16(m, p as *const i16) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+/// An `R × T` tile of a float weight type against f32 activations (`t.nb` is the element
+/// count).
+///
+/// # Safety
+/// The [`Tile`] contract with `R == t.rows`, `T == t.toks`; AVX-512 F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn float_tile<F: FloatW, const R: usize, const T: usize>(t: &Tile) {
+    let n = t.nb;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut i = 0;
+    while i < n {
+        let m: __mmask16 = if n - i >= 16 {
+            0xffff
+        } else {
+            ((1u32 << (n - i)) - 1) as u16
+        };
+        // SAFETY: elements i..i+16 (masked to below n) exist in every row and token.
+        unsafe {
+            let mut x = [_mm512_setzero_ps(); T];
+            for k in 0..T {
+                x[k] = _mm512_maskz_loadu_ps(m, (t.a.add(k * t.a_stride) as *const f32).add(i));
+            }
+            for r in 0..R {
+                let w = F::load16(t.w.add(r * t.w_stride + i * F::ES), m);
+                for k in 0..T {
+                    acc[r][k] = _mm512_fmadd_ps(w, x[k], acc[r][k]);
+                }
+            }
+        }
+        i += 16;
+    }
+    for r in 0..R {
+        for k in 0..T {
+            // SAFETY: output (k, r) is inside the tile.
+            unsafe { *t.out.add(k * t.out_stride + r) = hsum(acc[r][k]) };
+        }
+    }
+}
+
+macro_rules! float_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX-512 available.
+        unsafe fn $name(t: &Tile) {
+            #[inline(always)]
+            unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
+                // SAFETY: forwarded; `tile_dispatch` passes R == rows, T == toks.
+                unsafe { float_tile::<$ty, R, T>(t) }
+            }
+            // SAFETY: forwarded.
+            unsafe { tile_dispatch!(t, f, 4, [1, 2, 3, 4], 4) }
+        }
+    };
+}
+float_kernel!(t_f32, F32W);
+float_kernel!(t_f16, F16W);
+float_kernel!(t_bf16, Bf16W);
+
 /// The AVX-512 kernel for `ty`.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     use GgmlType::*;
@@ -777,7 +885,10 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q4K => (t_q4_k, 2, 4, 4),
         Q5K => (t_q5_k, 2, 4, 4),
         Q6K => (t_q6_k, 2, 4, 4),
-        _ => return super::avx2::kernel(ty),
+        F32 => (t_f32, 4, 4, 4),
+        F16 => (t_f16, 4, 4, 4),
+        BF16 => (t_bf16, 4, 4, 4),
+        _ => return None,
     };
     Some(Kernel { mr, nt, mr1, tile })
 }

@@ -156,8 +156,6 @@ pub(crate) fn kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
         Isa::Avx2 => super::avx2::kernel(ty),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => super::avx512::kernel(ty),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => super::neon::kernel(ty),
         #[allow(unreachable_patterns)]
         _ => scalar_kernel(ty),
     }

@@ -25,8 +25,6 @@ pub mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "aarch64")]
-mod neon;
 
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{matmul, matmul_f32, matmul_with_isa};
@@ -89,7 +87,8 @@ pub enum Isa {
     Avx2,
     /// x86-64 with AVX-512 F/BW/VL and VNNI (plus everything `Avx2` needs).
     Avx512,
-    /// aarch64 NEON with the dot-product extension.
+    /// aarch64 NEON. Reserved: no NEON kernels exist yet, so [`Isa::available`] is false and
+    /// aarch64 uses `Scalar`.
     Neon,
 }
 
@@ -119,7 +118,10 @@ impl Isa {
 
     /// Parse a name as [`Isa::name`] prints it.
     pub fn from_name(s: &str) -> Option<Isa> {
-        Isa::ALL.iter().copied().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+        Isa::ALL
+            .iter()
+            .copied()
+            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
     }
 }
 
@@ -147,11 +149,8 @@ fn has_avx512() -> bool {
     false
 }
 
-#[cfg(target_arch = "aarch64")]
-fn has_neon() -> bool {
-    std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("dotprod")
-}
-#[cfg(not(target_arch = "aarch64"))]
+/// No NEON kernels exist yet (they could not be compiled or tested here), so the level is never
+/// offered: aarch64 runs the scalar kernels.
 fn has_neon() -> bool {
     false
 }
@@ -295,7 +294,8 @@ impl ActBuf {
         if t >= self.n_tokens {
             return None;
         }
-        self.bytes().get(t * self.row_bytes..(t + 1) * self.row_bytes)
+        self.bytes()
+            .get(t * self.row_bytes..(t + 1) * self.row_bytes)
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -306,9 +306,9 @@ impl ActBuf {
 
     fn reshape(&mut self, act_ty: GgmlType, n_tokens: usize, cols: usize) -> Result<(), DotError> {
         let row_bytes = row_bytes(act_ty, cols)?;
-        let total = row_bytes
-            .checked_mul(n_tokens)
-            .ok_or(DotError::Overflow { what: "activation buffer size" })?;
+        let total = row_bytes.checked_mul(n_tokens).ok_or(DotError::Overflow {
+            what: "activation buffer size",
+        })?;
         let lines = total.div_ceil(64);
         if self.data.len() < lines {
             self.data.resize(lines, Line([0; 64]));
@@ -349,9 +349,9 @@ pub fn quantize_acts_with_isa(
     // The weight's block size, not just the activation's: Q8_0 rows for Q4_0 weights must still
     // be whole weight blocks, and K-quant rows whole super-blocks.
     row_bytes(weight_ty, cols)?;
-    let expected = n_tokens
-        .checked_mul(cols)
-        .ok_or(DotError::Overflow { what: "activation element count" })?;
+    let expected = n_tokens.checked_mul(cols).ok_or(DotError::Overflow {
+        what: "activation element count",
+    })?;
     if x.len() != expected {
         return Err(DotError::Length {
             what: "activations x (f32)",
@@ -364,7 +364,10 @@ pub fn quantize_acts_with_isa(
     if cols == 0 {
         return Ok(());
     }
-    for (xr, yr) in x.chunks_exact(cols).zip(buf.bytes_mut().chunks_exact_mut(rb)) {
+    for (xr, yr) in x
+        .chunks_exact(cols)
+        .zip(buf.bytes_mut().chunks_exact_mut(rb))
+    {
         kernels::quantize_row(act_ty, isa, xr, yr);
     }
     Ok(())
