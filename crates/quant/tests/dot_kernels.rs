@@ -418,6 +418,76 @@ fn dot_matmul_f32_equals_quantize_then_matmul() {
 }
 
 #[test]
+fn dot_multi_equals_separate_products() {
+    // One dispatch over several weight types (three different activation types) gives exactly
+    // the separate products; 40 tokens also take the pool-parallel activation quantization.
+    let mut rng = Rng(0x5eed_000b);
+    let pool = Pool::new(3).unwrap();
+    let cols = 512;
+    for n in [1usize, 40] {
+        let x = rng.acts(n * cols);
+        let specs = [
+            (GgmlType::Q4_1, 37usize),
+            (GgmlType::Q8_0, 64),
+            (GgmlType::Q6K, 5),
+            (GgmlType::F16, 9),
+        ];
+        let ws: Vec<Vec<u8>> = specs
+            .iter()
+            .map(|&(ty, rows)| {
+                (0..rows)
+                    .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                    .collect()
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = specs
+            .iter()
+            .map(|&(_, rows)| vec![f32::NAN; rows * n])
+            .collect();
+        {
+            let mut jobs: Vec<dot::MatJob<'_>> = specs
+                .iter()
+                .zip(&ws)
+                .zip(outs.iter_mut())
+                .map(|((&(ty, rows), w), out)| dot::MatJob {
+                    weight_ty: ty,
+                    w,
+                    rows,
+                    out,
+                })
+                .collect();
+            dot::matmul_f32_multi(&mut jobs, &x, n, cols, &pool).unwrap();
+        }
+        for ((&(ty, rows), w), got) in specs.iter().zip(&ws).zip(&outs) {
+            let mut want = vec![0f32; rows * n];
+            let mut a = ActBuf::new();
+            dot::quantize_acts(ty, &x, n, cols, &mut a).unwrap();
+            dot::matmul(ty, w, rows, cols, &a, &mut want, &pool).unwrap();
+            assert_eq!(got, &want, "{ty} with {n} tokens");
+        }
+    }
+    // A job whose activation type was not supplied is refused.
+    let mut a = ActBuf::new();
+    dot::quantize_acts(GgmlType::Q8_0, &[1.0; 32], 1, 32, &mut a).unwrap();
+    let w = [0u8; 20];
+    let mut out = [0f32; 1];
+    let mut jobs = [dot::MatJob {
+        weight_ty: GgmlType::Q4_1,
+        w: &w,
+        rows: 1,
+        out: &mut out,
+    }];
+    assert_eq!(
+        dot::matmul_multi(&mut jobs, &[&a], &pool),
+        Err(DotError::ActType {
+            weight_ty: GgmlType::Q4_1,
+            expected: GgmlType::Q8_1,
+            got: GgmlType::Q8_0
+        })
+    );
+}
+
+#[test]
 fn dot_errors_name_the_problem() {
     let pool = Pool::new(1).unwrap();
     let mut a = ActBuf::new();

@@ -3,7 +3,9 @@
 //! Work is cut into chunks of (rows × tokens). A chunk's weight rows are read once per group of
 //! `nt` tokens and stay in L2 between groups; each tile reuses every unpacked weight block for
 //! `nt` tokens and every activation block for `mr` rows. Threads take chunks from a shared
-//! counter, so a slow or descheduled thread does not hold the others up.
+//! counter, so a slow or descheduled thread does not hold the others up. Several products that
+//! share one input (Q/K/V, gate/up) can run as one dispatch ([`matmul_f32_multi`]), which halves
+//! the hand-offs per layer and balances small matrices against large ones.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use gguf::GgmlType;
 
 use super::kernels::{self, Kernel, Tile};
-use super::{act_type, best_isa, quantize_acts, row_bytes, ActBuf, DotError, Isa, Pool};
+use super::{act_type, best_isa, row_bytes, ActBuf, DotError, Isa, Pool};
 
 /// Products smaller than this many multiply-adds run on the calling thread alone: handing them
 /// out costs more than it saves.
@@ -20,11 +22,24 @@ const SERIAL_MACS: usize = 1 << 15;
 const TOKENS_PER_CHUNK: usize = 64;
 /// Weight bytes per chunk, at most: keeps a chunk's rows in L2 while its token groups run.
 const CHUNK_WEIGHT_BYTES: usize = 256 * 1024;
+/// Activation rows quantized per work item when quantization is spread over the pool.
+const QUANT_ROWS_PER_ITEM: usize = 8;
+
+/// One product of a batch run by [`matmul_f32_multi`] / [`matmul_multi`]: `rows` rows of
+/// `weight_ty` weights (GGUF layout, `cols` elements each) and the output, token-major
+/// (`n_tokens * rows` elements).
+#[derive(Debug)]
+pub struct MatJob<'a> {
+    pub weight_ty: GgmlType,
+    pub w: &'a [u8],
+    pub rows: usize,
+    pub out: &'a mut [f32],
+}
 
 /// `out[t * rows + r] = dot(row r of w, token t of acts)` for every weight row `r` and token `t`,
 /// with the best instruction set. `w` holds `rows` rows of `cols` elements of `weight_ty` in GGUF
-/// layout; `acts` must come from [`quantize_acts`] for the same weight type and `cols`; `out`
-/// has `acts.n_tokens() * rows` elements.
+/// layout; `acts` must come from [`super::quantize_acts`] for the same weight type and `cols`;
+/// `out` has `acts.n_tokens() * rows` elements.
 pub fn matmul(
     weight_ty: GgmlType,
     w: &[u8],
@@ -36,53 +51,6 @@ pub fn matmul(
 ) -> Result<(), DotError> {
     matmul_with_isa(weight_ty, w, rows, cols, acts, out, pool, best_isa())
 }
-
-/// [`matmul`] on f32 activations `x` (`n_tokens` rows of `cols`): quantizes them into a
-/// per-thread scratch buffer first.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_f32(
-    weight_ty: GgmlType,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n_tokens: usize,
-    out: &mut [f32],
-    pool: &Pool,
-) -> Result<(), DotError> {
-    thread_local! {
-        static SCRATCH: RefCell<ActBuf> = RefCell::new(ActBuf::new());
-    }
-    SCRATCH.with(|s| {
-        // A nested call (impossible unless a kernel calls back in) gets a fresh buffer rather
-        // than a borrow panic.
-        match s.try_borrow_mut() {
-            Ok(mut buf) => {
-                quantize_acts(weight_ty, x, n_tokens, cols, &mut buf)?;
-                matmul(weight_ty, w, rows, cols, &buf, out, pool)
-            }
-            Err(_) => {
-                let mut buf = ActBuf::new();
-                quantize_acts(weight_ty, x, n_tokens, cols, &mut buf)?;
-                matmul(weight_ty, w, rows, cols, &buf, out, pool)
-            }
-        }
-    })
-}
-
-/// Raw pointers moved into the pool's closure. Threads write disjoint output elements and only
-/// read the inputs.
-#[derive(Clone, Copy)]
-struct Ptrs {
-    w: *const u8,
-    a: *const u8,
-    out: *mut f32,
-}
-// SAFETY: the pointers are only dereferenced inside `matmul_with_isa`'s `pool.run`, which
-// returns before the borrows they came from end; writes go to disjoint elements.
-unsafe impl Send for Ptrs {}
-// SAFETY: as above.
-unsafe impl Sync for Ptrs {}
 
 /// [`matmul`] with an explicit instruction set (for tests and comparisons).
 #[allow(clippy::too_many_arguments)]
@@ -96,17 +64,6 @@ pub fn matmul_with_isa(
     pool: &Pool,
     isa: Isa,
 ) -> Result<(), DotError> {
-    if !isa.available() {
-        return Err(DotError::IsaUnavailable { isa });
-    }
-    let want = act_type(weight_ty)?;
-    if acts.act_type() != want {
-        return Err(DotError::ActType {
-            weight_ty,
-            expected: want,
-            got: acts.act_type(),
-        });
-    }
     if acts.cols() != cols {
         return Err(DotError::Cols {
             weight_ty,
@@ -114,83 +71,298 @@ pub fn matmul_with_isa(
             got: acts.cols(),
         });
     }
-    let wrb = row_bytes(weight_ty, cols)?;
-    let wlen = wrb.checked_mul(rows).ok_or(DotError::Overflow {
-        what: "weight matrix size",
-    })?;
-    if w.len() != wlen {
-        return Err(DotError::Length {
-            what: "weights (bytes)",
-            expected: wlen,
-            got: w.len(),
-        });
+    let mut jobs = [MatJob {
+        weight_ty,
+        w,
+        rows,
+        out,
+    }];
+    run_jobs(&mut jobs, &[acts], pool, isa)
+}
+
+/// Run several products over the same activations in one dispatch. `acts` holds the input
+/// quantized for every activation type the jobs need (one [`ActBuf`] per type, any order, all
+/// with the same tokens and columns).
+pub fn matmul_multi(
+    jobs: &mut [MatJob<'_>],
+    acts: &[&ActBuf],
+    pool: &Pool,
+) -> Result<(), DotError> {
+    run_jobs(jobs, acts, pool, best_isa())
+}
+
+thread_local! {
+    /// Per-thread activation scratch for the `*_f32` entry points: one buffer per activation
+    /// type (Q8_0, Q8_1, Q8_K, F32).
+    static SCRATCH: RefCell<[ActBuf; 4]> = RefCell::new(std::array::from_fn(|_| ActBuf::new()));
+}
+
+fn scratch_slot(act: GgmlType) -> usize {
+    match act {
+        GgmlType::Q8_0 => 0,
+        GgmlType::Q8_1 => 1,
+        GgmlType::Q8K => 2,
+        _ => 3,
     }
-    let n_tokens = acts.n_tokens();
-    let olen = n_tokens.checked_mul(rows).ok_or(DotError::Overflow {
-        what: "output size",
-    })?;
-    if out.len() != olen {
-        return Err(DotError::Length {
-            what: "output (f32)",
-            expected: olen,
-            got: out.len(),
-        });
-    }
-    if olen == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
-    let k = kernels::kernel(weight_ty, isa).ok_or(DotError::Unsupported { ty: weight_ty })?;
-    let nb = cols / weight_ty.block_size();
-    let plan = Plan::new(&k, rows, n_tokens, wrb, pool.n_threads(), cols);
-    let p = Ptrs {
-        w: w.as_ptr(),
-        a: acts.bytes().as_ptr(),
-        out: out.as_mut_ptr(),
-    };
-    let arb = acts.row_bytes();
-    let run_chunk = |c: usize| {
-        // Capture `p` whole (it is Sync), not its raw-pointer fields one by one.
-        let p: Ptrs = p;
-        let (r0, r1, t0, t1) = plan.chunk(c);
-        let mut t = t0;
-        while t < t1 {
-            let tn = (t1 - t).min(k.nt);
-            let mr = if tn == 1 { k.mr1 } else { k.mr };
-            let mut r = r0;
-            while r < r1 {
-                let rn = (r1 - r).min(mr);
-                let tile = Tile {
-                    nb,
-                    w: p.w.wrapping_add(r * wrb),
-                    w_stride: wrb,
-                    a: p.a.wrapping_add(t * arb),
-                    a_stride: arb,
-                    out: p.out.wrapping_add(t * rows + r),
-                    out_stride: rows,
-                    rows: rn,
-                    toks: tn,
-                };
-                // SAFETY: rows r..r+rn < `rows` and tokens t..t+tn < `n_tokens`, whose sizes
-                // were checked against `w`, `acts` and `out` above; rn <= mr (mr1 for one
-                // token), 1 <= tn <= nt;
-                // `isa` is available. Chunks are disjoint, so no two tiles write one element.
-                unsafe { (k.tile)(&tile) };
-                r += rn;
+}
+
+/// [`matmul`] on f32 activations `x` (`n_tokens` rows of `cols`): quantizes them (across the
+/// pool for many tokens) into a per-thread scratch buffer first.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_f32(
+    weight_ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    pool: &Pool,
+) -> Result<(), DotError> {
+    let mut jobs = [MatJob {
+        weight_ty,
+        w,
+        rows,
+        out,
+    }];
+    matmul_f32_multi(&mut jobs, x, n_tokens, cols, pool)
+}
+
+/// Several products of the same f32 activations `x` (`n_tokens` rows of `cols`), e.g. the Q, K
+/// and V projections: the input is quantized once per activation type the jobs need, and all
+/// products run in one dispatch.
+pub fn matmul_f32_multi(
+    jobs: &mut [MatJob<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    cols: usize,
+    pool: &Pool,
+) -> Result<(), DotError> {
+    let isa = best_isa();
+    SCRATCH.with(|s| {
+        let mut fresh: [ActBuf; 4];
+        let mut guard;
+        // A nested call (impossible unless a kernel calls back in) gets fresh buffers rather
+        // than a borrow panic.
+        let bufs: &mut [ActBuf; 4] = match s.try_borrow_mut() {
+            Ok(g) => {
+                guard = g;
+                &mut guard
             }
-            t += tn;
+            Err(_) => {
+                fresh = std::array::from_fn(|_| ActBuf::new());
+                &mut fresh
+            }
+        };
+        let mut needed = [None; 4];
+        for j in jobs.iter() {
+            let at = act_type(j.weight_ty)?;
+            let slot = scratch_slot(at);
+            if needed[slot].is_none() {
+                needed[slot] = Some(j.weight_ty);
+            }
         }
+        for (slot, wt) in needed.iter().enumerate() {
+            if let Some(wt) = wt {
+                quantize_acts_pool(*wt, x, n_tokens, cols, &mut bufs[slot], isa, pool)?;
+            }
+        }
+        let acts: Vec<&ActBuf> = needed
+            .iter()
+            .zip(bufs.iter())
+            .filter(|(n, _)| n.is_some())
+            .map(|(_, b)| b)
+            .collect();
+        run_jobs(jobs, &acts, pool, isa)
+    })
+}
+
+/// [`super::quantize_acts_with_isa`], with the rows spread over `pool` when there are many.
+fn quantize_acts_pool(
+    weight_ty: GgmlType,
+    x: &[f32],
+    n_tokens: usize,
+    cols: usize,
+    buf: &mut ActBuf,
+    isa: Isa,
+    pool: &Pool,
+) -> Result<(), DotError> {
+    if n_tokens < 2 * QUANT_ROWS_PER_ITEM || pool.n_threads() == 1 {
+        return super::quantize_acts_with_isa(weight_ty, x, n_tokens, cols, buf, isa);
+    }
+    // Validate and size the buffer with an empty run, then fill rows in parallel.
+    super::quantize_acts_with_isa(weight_ty, &[], 0, cols, buf, isa)?;
+    let expected = n_tokens.checked_mul(cols).ok_or(DotError::Overflow {
+        what: "activation element count",
+    })?;
+    if x.len() != expected {
+        return Err(DotError::Length {
+            what: "activations x (f32)",
+            expected,
+            got: x.len(),
+        });
+    }
+    let act_ty = buf.act_type();
+    buf.reshape(act_ty, n_tokens, cols)?;
+    let rb = buf.row_bytes();
+    let base = SendPtr(buf.bytes_mut().as_mut_ptr());
+    let items = n_tokens.div_ceil(QUANT_ROWS_PER_ITEM);
+    pool.par_for(items, |i| {
+        let base: SendPtr = base;
+        let t0 = i * QUANT_ROWS_PER_ITEM;
+        let t1 = (t0 + QUANT_ROWS_PER_ITEM).min(n_tokens);
+        for t in t0..t1 {
+            // SAFETY: rows t0..t1 of the buffer (sized by `reshape` for n_tokens rows of `rb`
+            // bytes) belong to this item alone; the buffer outlives `par_for`.
+            let y = unsafe { std::slice::from_raw_parts_mut(base.0.add(t * rb), rb) };
+            kernels::quantize_row(act_ty, isa, &x[t * cols..(t + 1) * cols], y);
+        }
+    });
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: used only to hand disjoint rows of one buffer to pool workers (see the use).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+/// One validated product, as raw pointers for the workers. Threads write disjoint output
+/// elements and only read the inputs.
+#[derive(Clone, Copy)]
+struct Prepared {
+    k: Kernel,
+    nb: usize,
+    rows: usize,
+    wrb: usize,
+    w: *const u8,
+    a: *const u8,
+    arb: usize,
+    out: *mut f32,
+    plan: Plan,
+    /// Index of this job's first chunk in the batch.
+    first: usize,
+}
+// SAFETY: the pointers are only dereferenced inside `run_jobs`'s `pool.run`, which returns
+// before the borrows they came from end; writes go to disjoint elements.
+unsafe impl Send for Prepared {}
+// SAFETY: as above.
+unsafe impl Sync for Prepared {}
+
+fn run_jobs(
+    jobs: &mut [MatJob<'_>],
+    acts: &[&ActBuf],
+    pool: &Pool,
+    isa: Isa,
+) -> Result<(), DotError> {
+    if !isa.available() {
+        return Err(DotError::IsaUnavailable { isa });
+    }
+    let Some(first) = acts.first() else {
+        return match jobs.first() {
+            Some(j) => Err(DotError::ActType {
+                weight_ty: j.weight_ty,
+                expected: act_type(j.weight_ty)?,
+                got: GgmlType::F32,
+            }),
+            None => Ok(()),
+        };
     };
-    if plan.serial || plan.n_chunks == 1 || pool.n_threads() == 1 {
-        (0..plan.n_chunks).for_each(run_chunk);
+    let (n_tokens, cols) = (first.n_tokens(), first.cols());
+    let mut prepared: Vec<Prepared> = Vec::with_capacity(jobs.len());
+    let mut total_chunks = 0usize;
+    let mut total_macs = 0usize;
+    for j in jobs.iter_mut() {
+        let want = act_type(j.weight_ty)?;
+        let a = acts
+            .iter()
+            .find(|a| a.act_type() == want)
+            .ok_or(DotError::ActType {
+                weight_ty: j.weight_ty,
+                expected: want,
+                got: first.act_type(),
+            })?;
+        if a.cols() != cols {
+            return Err(DotError::Cols {
+                weight_ty: j.weight_ty,
+                expected: cols,
+                got: a.cols(),
+            });
+        }
+        if a.n_tokens() != n_tokens {
+            return Err(DotError::Length {
+                what: "activation tokens (per activation type)",
+                expected: n_tokens,
+                got: a.n_tokens(),
+            });
+        }
+        let wrb = row_bytes(j.weight_ty, cols)?;
+        let wlen = wrb.checked_mul(j.rows).ok_or(DotError::Overflow {
+            what: "weight matrix size",
+        })?;
+        if j.w.len() != wlen {
+            return Err(DotError::Length {
+                what: "weights (bytes)",
+                expected: wlen,
+                got: j.w.len(),
+            });
+        }
+        let olen = n_tokens.checked_mul(j.rows).ok_or(DotError::Overflow {
+            what: "output size",
+        })?;
+        if j.out.len() != olen {
+            return Err(DotError::Length {
+                what: "output (f32)",
+                expected: olen,
+                got: j.out.len(),
+            });
+        }
+        if olen == 0 {
+            continue;
+        }
+        if cols == 0 {
+            j.out.fill(0.0);
+            continue;
+        }
+        let k =
+            kernels::kernel(j.weight_ty, isa).ok_or(DotError::Unsupported { ty: j.weight_ty })?;
+        let plan = Plan::new(&k, j.rows, n_tokens, wrb, pool.n_threads(), cols);
+        prepared.push(Prepared {
+            k,
+            nb: cols / j.weight_ty.block_size(),
+            rows: j.rows,
+            wrb,
+            w: j.w.as_ptr(),
+            a: a.bytes().as_ptr(),
+            arb: a.row_bytes(),
+            out: j.out.as_mut_ptr(),
+            plan,
+            first: total_chunks,
+        });
+        total_chunks += plan.n_chunks;
+        total_macs =
+            total_macs.saturating_add(j.rows.saturating_mul(cols).saturating_mul(n_tokens));
+    }
+    if total_chunks == 0 {
+        return Ok(());
+    }
+    let prepared = &prepared[..];
+    let run_chunk = |c: usize| {
+        // Chunks are numbered job after job; few jobs, so a scan is cheap.
+        let Some(p) = prepared.iter().rev().find(|p| p.first <= c) else {
+            return;
+        };
+        // SAFETY: `p` describes a validated job and `c - p.first` one of its chunks.
+        unsafe { run_chunk(p, c - p.first) };
+    };
+    if total_macs < SERIAL_MACS || total_chunks == 1 || pool.n_threads() == 1 {
+        (0..total_chunks).for_each(run_chunk);
     } else {
         let next = AtomicUsize::new(0);
         pool.run(|_| loop {
             let c = next.fetch_add(1, Ordering::Relaxed);
-            if c >= plan.n_chunks {
+            if c >= total_chunks {
                 break;
             }
             run_chunk(c);
@@ -199,10 +371,46 @@ pub fn matmul_with_isa(
     Ok(())
 }
 
+/// Compute chunk `c` of job `p`.
+///
+/// # Safety
+/// `p` was built by `run_jobs` from validated slices that are still borrowed, `c < p.plan.n_chunks`,
+/// and no other thread runs the same chunk.
+unsafe fn run_chunk(p: &Prepared, c: usize) {
+    let (r0, r1, t0, t1) = p.plan.chunk(c);
+    let k = &p.k;
+    let mut t = t0;
+    while t < t1 {
+        let tn = (t1 - t).min(k.nt);
+        let mr = if tn == 1 { k.mr1 } else { k.mr };
+        let mut r = r0;
+        while r < r1 {
+            let rn = (r1 - r).min(mr);
+            let tile = Tile {
+                nb: p.nb,
+                w: p.w.wrapping_add(r * p.wrb),
+                w_stride: p.wrb,
+                a: p.a.wrapping_add(t * p.arb),
+                a_stride: p.arb,
+                out: p.out.wrapping_add(t * p.rows + r),
+                out_stride: p.rows,
+                rows: rn,
+                toks: tn,
+            };
+            // SAFETY: rows r..r+rn < `rows` and tokens t..t+tn < `n_tokens`, whose sizes
+            // were checked against the weights, activations and output; rn <= mr (mr1 for one
+            // token), 1 <= tn <= nt; the instruction set is available. Chunks are disjoint, so
+            // no two tiles write one element.
+            unsafe { (k.tile)(&tile) };
+            r += rn;
+        }
+        t += tn;
+    }
+}
+
 /// How a product is cut into chunks: `row_chunks × tok_chunks`, row-chunk-major.
+#[derive(Clone, Copy)]
 struct Plan {
-    /// Too small to be worth handing out: run every chunk on the calling thread.
-    serial: bool,
     rows: usize,
     n_tokens: usize,
     rc: usize,
@@ -237,14 +445,10 @@ impl Plan {
         let max_rc = (CHUNK_WEIGHT_BYTES / wrb.max(1)).max(1);
         let rc = rc.min(max_rc).max(1);
         // Whole tiles per chunk where possible.
-        let rc = if rc >= k.mr {
-            rc.div_ceil(k.mr) * k.mr
-        } else {
-            rc
-        };
+        let mr = if n_tokens == 1 { k.mr1 } else { k.mr };
+        let rc = if rc >= mr { rc.div_ceil(mr) * mr } else { rc };
         let row_chunks = rows.div_ceil(rc);
         Plan {
-            serial: macs < SERIAL_MACS,
             rows,
             n_tokens,
             rc,

@@ -27,7 +27,7 @@ mod avx2;
 mod avx512;
 
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
-pub use matmul::{matmul, matmul_f32, matmul_with_isa};
+pub use matmul::{matmul, matmul_f32, matmul_f32_multi, matmul_multi, matmul_with_isa, MatJob};
 pub use pool::Pool;
 
 use std::sync::atomic::{AtomicU8, Ordering};
