@@ -11,8 +11,9 @@ Both must agree on the text; the fixture keeps the rendered prompt, its token id
 token ids and the text, so a test can compare the engine's greedy tokens one by one.
 
 Fixture layout (JSON): format "crossover-ref-chat/1", generator, llama_cpp_python,
-model {file, sha256, size_bytes}, max_tokens, cases: list of
-{system, user, prompt_text, prompt_tokens, answer_tokens, answer_text, stopped_on}
+model {file (repo-relative path), name, sha256, size_bytes}, max_tokens, cases: list of
+{system, user, prompt_text, prompt_tokens, answer_tokens, answer_text, chat_completion_text,
+stopped_on}
 (stopped_on: "eog" when an end-of-generation token ended it, "max_tokens" otherwise; the
 end-of-generation token itself is not in answer_tokens).
 """
@@ -42,6 +43,14 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def repo_relative(path: Path) -> str:
+    p = path.resolve()
+    try:
+        return str(p.relative_to(REPO))
+    except ValueError:
+        return str(p)
 
 
 def main() -> int:
@@ -130,7 +139,8 @@ def main() -> int:
             "generator": "scripts/ref_chat.py",
             "llama_cpp_python": llama_cpp.__version__,
             "model": {
-                "file": args.model.name,
+                "file": repo_relative(args.model),
+                "name": args.model.name,
                 "sha256": sha256_file(args.model),
                 "size_bytes": args.model.stat().st_size,
             },

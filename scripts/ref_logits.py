@@ -14,8 +14,10 @@ Fixture layout (JSON object; see docs/reference-tooling.md):
   format          "crossover-ref-logits/1"
   generator       "scripts/ref_logits.py"
   llama_cpp_python  version of the package that produced it
-  model           {file, sha256, size_bytes, synth_command}  (synth_command: null, or the
-                  argument list that regenerates a synthetic model deterministically)
+  model           {file, name, sha256, size_bytes, synth_command}: file is the model's path
+                  relative to the repo root (e.g. .cache/models/x.gguf; absolute if outside),
+                  name its file name; synth_command is null, or the `crossover` argument
+                  list that regenerates a synthetic model deterministically
   text_file, text_sha256   the input text (path relative to the repo root)
   add_special     true: tokenized with llama.cpp's add-special rule (BOS only where the
                   model's metadata asks for it); parse_special false
@@ -159,7 +161,8 @@ def main() -> int:
         "generator": "scripts/ref_logits.py",
         "llama_cpp_python": llama_cpp.__version__,
         "model": {
-            "file": args.model.name,
+            "file": repo_relative(args.model),
+            "name": args.model.name,
             "sha256": sha256_file(args.model),
             "size_bytes": args.model.stat().st_size,
             "synth_command": args.synth_command.split() if args.synth_command else None,
