@@ -115,18 +115,33 @@ impl KvStats {
 }
 
 /// What can go wrong in a step.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("KV cache full: sequence {seq} needs {needed} more blocks, {free} free")]
-    KvFull { seq: SeqId, needed: usize, free: usize },
+    KvFull {
+        seq: SeqId,
+        needed: usize,
+        free: usize,
+    },
     #[error("sequence {seq}: position {pos} is beyond the context of {max} tokens")]
     ContextOverflow { seq: SeqId, pos: usize, max: usize },
     #[error("sequence {seq}: chunk starts at {got} but the cache holds {have} tokens")]
     PositionMismatch { seq: SeqId, got: usize, have: usize },
-    #[error("token id {id} at index {index} of sequence {seq} is outside the vocabulary of {n_vocab}")]
-    InvalidToken { seq: SeqId, index: usize, id: u32, n_vocab: usize },
+    #[error(
+        "token id {id} at index {index} of sequence {seq} is outside the vocabulary of {n_vocab}"
+    )]
+    InvalidToken {
+        seq: SeqId,
+        index: usize,
+        id: u32,
+        n_vocab: usize,
+    },
     #[error("batch of {got} {what} exceeds the backend limit of {max}")]
-    BatchTooLarge { what: &'static str, got: usize, max: usize },
+    BatchTooLarge {
+        what: &'static str,
+        got: usize,
+        max: usize,
+    },
     #[error("model not supported by backend {backend}: {why}")]
     Unsupported { backend: String, why: String },
     #[error("device error on {backend}: {msg}")]

@@ -28,7 +28,12 @@ impl BlockAllocator {
         let block_tokens = block_tokens.max(1);
         // Pop from the end, so hand out low ids first.
         let free = (0..total as u32).rev().collect();
-        BlockAllocator { block_tokens, free, total, seqs: HashMap::new() }
+        BlockAllocator {
+            block_tokens,
+            free,
+            total,
+            seqs: HashMap::new(),
+        }
     }
 
     /// Tokens per block.
@@ -49,7 +54,11 @@ impl BlockAllocator {
         if need > have {
             let extra = need - have;
             if extra > self.free.len() {
-                return Err(BackendError::KvFull { seq, needed: extra, free: self.free.len() });
+                return Err(BackendError::KvFull {
+                    seq,
+                    needed: extra,
+                    free: self.free.len(),
+                });
             }
             let entry = self.seqs.entry(seq).or_default();
             for _ in 0..extra {
@@ -110,7 +119,14 @@ mod tests {
         a.grow(2, 16 * 8).unwrap();
         assert_eq!(a.stats().blocks_used, 10);
         let e = a.grow(1, 33).unwrap_err();
-        assert!(matches!(e, BackendError::KvFull { seq: 1, needed: 1, free: 0 }));
+        assert!(matches!(
+            e,
+            BackendError::KvFull {
+                seq: 1,
+                needed: 1,
+                free: 0
+            }
+        ));
         // A failed grow takes nothing.
         assert_eq!(a.blocks(1).len(), 2);
         let (b, off) = a.locate(1, 16).unwrap();

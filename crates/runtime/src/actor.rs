@@ -1,0 +1,839 @@
+//! One actor per backend instance: a dedicated OS thread that builds the backend, owns it (weights
+//! and KV cache) and runs the continuous-batching loop. Callers talk to it through a cheap,
+//! cloneable [`BackendHandle`] over a bounded channel; the only thing flowing back besides token
+//! events is a published status snapshot (a `watch` channel). Nothing mutable is shared.
+//!
+//! Loop: drain the mailbox; drop cancelled requests (their stream was dropped) and give their KV
+//! blocks back; refuse requests that waited too long; admit waiting requests while their KV
+//! reservation fits; run one step (every generating sequence feeds one token, prompts are fed
+//! in chunks); sample; send events; finish sequences.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokenizer::{IncrementalDecoder, Tokenizer};
+use tokio::sync::{mpsc as tmpsc, watch};
+
+use crate::backend::{
+    Backend, BackendError, BackendInfo, KvStats, SeqChunk, SeqId, StepBatch, Want,
+};
+use crate::event::{
+    FinishReason, GenerateRequest, RuntimeError, Summary, Timings, TokenEvent, Usage,
+};
+use crate::sampling::{Sampler, StopMatcher};
+use crate::scheduler::{self, RunView, SchedConfig};
+
+/// Builds a backend on the actor's own thread (a CUDA context belongs to the thread that made it).
+pub type BackendFactory = Box<dyn FnOnce() -> Result<Box<dyn Backend>, BackendError> + Send>;
+
+/// Settings of one actor.
+#[derive(Clone, Debug)]
+pub struct ActorConfig {
+    /// Name used in routing, headers and metrics; `None` takes the backend's own name.
+    pub name: Option<String>,
+    /// Mailbox capacity; a full mailbox refuses new requests as overloaded.
+    pub mailbox: usize,
+    /// Most requests waiting for admission.
+    pub max_waiting: usize,
+    /// How long a request may wait for KV space before it is refused as overloaded.
+    pub admission_timeout: Duration,
+    /// Prompt tokens per step while other sequences are generating.
+    pub prefill_chunk: usize,
+    /// What an overloaded refusal suggests as Retry-After.
+    pub retry_after: Duration,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        ActorConfig {
+            name: None,
+            mailbox: 1024,
+            max_waiting: 1024,
+            admission_timeout: Duration::from_secs(30),
+            prefill_chunk: 256,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How to stop an actor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Refuse new requests, finish the admitted and waiting ones, then stop.
+    Drain,
+    /// Refuse new requests, end every in-flight one with `FinishReason::Cancelled`, then stop.
+    Cancel,
+}
+
+/// A snapshot of an actor's state, published after every loop iteration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActorStatus {
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// The backend's KV pool.
+    pub kv: KvStats,
+    /// Blocks promised to running sequences (in use or not yet).
+    pub kv_reserved: usize,
+    /// Steps run so far.
+    pub steps: u64,
+    /// Tokens sampled so far.
+    pub tokens_generated: u64,
+    /// Failed steps in a row (0 = healthy).
+    pub consecutive_failures: u32,
+    /// The loop is running (false once it stopped or died).
+    pub alive: bool,
+    /// Shutting down: no new requests.
+    pub draining: bool,
+}
+
+impl ActorStatus {
+    /// Alive, accepting work and its last step did not fail.
+    pub fn healthy(&self) -> bool {
+        self.alive && !self.draining && self.consecutive_failures == 0
+    }
+}
+
+enum Msg {
+    Generate(Box<Submission>),
+    Shutdown(ShutdownMode),
+}
+
+struct Submission {
+    req: GenerateRequest,
+    events: tmpsc::UnboundedSender<TokenEvent>,
+    submitted: Instant,
+    route_reason: String,
+}
+
+struct Shared {
+    name: String,
+    info: BackendInfo,
+    tx: SyncSender<Msg>,
+    status: watch::Receiver<ActorStatus>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    retry_after: Duration,
+}
+
+/// A cheap, cloneable handle to one backend actor. The actor stops once every handle is gone
+/// and its in-flight work is finished.
+#[derive(Clone)]
+pub struct BackendHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for BackendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendHandle")
+            .field("name", &self.shared.name)
+            .finish()
+    }
+}
+
+/// Start an actor: spawn its thread, build the backend there with `factory`, and return once it
+/// is ready (or failed to start).
+pub fn spawn(
+    factory: BackendFactory,
+    tokenizer: Arc<Tokenizer>,
+    cfg: ActorConfig,
+) -> Result<BackendHandle, RuntimeError> {
+    let (tx, rx) = mpsc::sync_channel::<Msg>(cfg.mailbox.max(1));
+    let (status_tx, status_rx) = watch::channel(ActorStatus::default());
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<BackendInfo, String>>();
+    let label = cfg.name.clone().unwrap_or_else(|| "backend".into());
+    let retry_after = cfg.retry_after;
+    let name_override = cfg.name.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("actor-{label}"))
+        .spawn(move || {
+            let backend = match catch_unwind(AssertUnwindSafe(factory)) {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+                Err(p) => {
+                    let _ = ready_tx.send(Err(format!("panicked: {}", panic_text(&p))));
+                    return;
+                }
+            };
+            let info = backend.info().clone();
+            let name = cfg.name.clone().unwrap_or_else(|| info.name.clone());
+            if ready_tx.send(Ok(info)).is_err() {
+                return;
+            }
+            let mut actor = Actor::new(backend, &tokenizer, name, &cfg, status_tx);
+            actor.run(rx);
+        })
+        .map_err(|e| RuntimeError::StartFailed {
+            backend: label.clone(),
+            why: e.to_string(),
+        })?;
+    let info = match ready_rx.recv() {
+        Ok(Ok(info)) => info,
+        Ok(Err(why)) => {
+            let _ = thread.join();
+            return Err(RuntimeError::StartFailed {
+                backend: label,
+                why,
+            });
+        }
+        Err(_) => {
+            let _ = thread.join();
+            return Err(RuntimeError::StartFailed {
+                backend: label,
+                why: "the actor thread exited during start".into(),
+            });
+        }
+    };
+    let name = name_override.unwrap_or_else(|| info.name.clone());
+    Ok(BackendHandle {
+        shared: Arc::new(Shared {
+            name,
+            info,
+            tx,
+            status: status_rx,
+            thread: Mutex::new(Some(thread)),
+            retry_after,
+        }),
+    })
+}
+
+impl BackendHandle {
+    /// The actor's name (routing, headers, metrics).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The backend's description and limits.
+    pub fn info(&self) -> &BackendInfo {
+        &self.shared.info
+    }
+
+    /// The latest published status.
+    pub fn status(&self) -> ActorStatus {
+        self.shared.status.borrow().clone()
+    }
+
+    /// Queue a request. Returns the receiving end of its event stream; dropping it cancels the
+    /// request. Refused at once (overloaded) when the mailbox is full.
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+        route_reason: String,
+    ) -> Result<tmpsc::UnboundedReceiver<TokenEvent>, RuntimeError> {
+        let (etx, erx) = tmpsc::unbounded_channel();
+        let sub = Submission {
+            req,
+            events: etx,
+            submitted: Instant::now(),
+            route_reason,
+        };
+        match self.shared.tx.try_send(Msg::Generate(Box::new(sub))) {
+            Ok(()) => Ok(erx),
+            Err(TrySendError::Full(_)) => Err(RuntimeError::Overloaded {
+                backend: self.shared.name.clone(),
+                why: "request mailbox full".into(),
+                retry_after: self.shared.retry_after,
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(RuntimeError::ActorGone {
+                backend: self.shared.name.clone(),
+            }),
+        }
+    }
+
+    /// Ask the actor to stop (returns at once; see [`BackendHandle::wait_stopped`]).
+    pub fn shutdown(&self, mode: ShutdownMode) {
+        // Blocks only while the mailbox is full, which the actor drains every step.
+        let _ = self.shared.tx.send(Msg::Shutdown(mode));
+    }
+
+    /// Wait (async) until the actor's loop has ended.
+    pub async fn wait_stopped(&self) {
+        let mut rx = self.shared.status.clone();
+        // The status sender lives as long as the loop: its end closes the channel.
+        while rx.changed().await.is_ok() {}
+    }
+
+    /// Wait (blocking) until the actor's thread has ended.
+    pub fn join(&self) {
+        let t = self.shared.thread.lock().ok().and_then(|mut g| g.take());
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+struct Waiting {
+    sub: Submission,
+    sampler: Sampler,
+    max_new: usize,
+    blocks: usize,
+}
+
+struct Running<'t> {
+    id: SeqId,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    fed: usize,
+    max_new: usize,
+    generated: usize,
+    blocks: usize,
+    sampler: Sampler,
+    decoder: IncrementalDecoder<'t>,
+    stop: StopMatcher,
+    events: tmpsc::UnboundedSender<TokenEvent>,
+    route_reason: String,
+    submitted: Instant,
+    admitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Instant,
+}
+
+struct Actor<'t> {
+    backend: Box<dyn Backend>,
+    tok: &'t Tokenizer,
+    name: String,
+    sched: SchedConfig,
+    retry_after: Duration,
+    ctx: usize,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running<'t>>,
+    next_id: SeqId,
+    status: ActorStatus,
+    status_tx: watch::Sender<ActorStatus>,
+    disconnected: bool,
+    shutdown: Option<ShutdownMode>,
+}
+
+impl<'t> Actor<'t> {
+    fn new(
+        backend: Box<dyn Backend>,
+        tok: &'t Tokenizer,
+        name: String,
+        cfg: &ActorConfig,
+        status_tx: watch::Sender<ActorStatus>,
+    ) -> Self {
+        let info = backend.info();
+        let sched = SchedConfig {
+            max_batch_tokens: info.max_batch_tokens.max(1),
+            max_batch_seqs: info.max_batch_seqs.max(1),
+            prefill_chunk: cfg.prefill_chunk.max(1),
+            block_tokens: backend.kv().block_tokens.max(1),
+            max_waiting: cfg.max_waiting,
+            admission_timeout: cfg.admission_timeout,
+        };
+        let ctx = info.max_seq_tokens;
+        let status = ActorStatus {
+            kv: backend.kv(),
+            alive: true,
+            ..Default::default()
+        };
+        status_tx.send_replace(status.clone());
+        Actor {
+            backend,
+            tok,
+            name,
+            sched,
+            retry_after: cfg.retry_after,
+            ctx,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            status,
+            status_tx,
+            disconnected: false,
+            shutdown: None,
+        }
+    }
+
+    fn run(&mut self, rx: Receiver<Msg>) {
+        loop {
+            if self.running.is_empty() {
+                if self.waiting.is_empty() {
+                    if self.disconnected || self.shutdown.is_some() {
+                        break;
+                    }
+                    self.publish();
+                    match rx.recv() {
+                        Ok(m) => self.handle(m),
+                        Err(_) => self.disconnected = true,
+                    }
+                } else if !self.disconnected {
+                    // Only reachable while the head cannot be admitted: sleep until a message
+                    // or its deadline.
+                    let now = Instant::now();
+                    let deadline = self
+                        .waiting
+                        .iter()
+                        .map(|w| w.sub.submitted + self.sched.admission_timeout)
+                        .min()
+                        .unwrap_or(now);
+                    match rx.recv_timeout(deadline.saturating_duration_since(now)) {
+                        Ok(m) => self.handle(m),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
+                    }
+                }
+            }
+            while !self.disconnected {
+                match rx.try_recv() {
+                    Ok(m) => self.handle(m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => self.disconnected = true,
+                }
+            }
+            self.reap_cancelled();
+            self.expire_waiting();
+            self.admit();
+            if !self.running.is_empty() {
+                if !self.step() {
+                    break;
+                }
+            } else if self.disconnected && !self.waiting.is_empty() {
+                // No handle can add work, nothing runs and the head cannot be admitted: wait
+                // for deadlines without spinning.
+                let now = Instant::now();
+                if let Some(d) = self
+                    .waiting
+                    .iter()
+                    .map(|w| w.sub.submitted + self.sched.admission_timeout)
+                    .min()
+                {
+                    std::thread::sleep(
+                        d.saturating_duration_since(now)
+                            .min(Duration::from_millis(50)),
+                    );
+                }
+            }
+            self.publish();
+        }
+        self.status.alive = false;
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        self.status.waiting = self.waiting.len();
+        self.status.running = self.running.len();
+        self.status.kv = self.backend.kv();
+        self.status.kv_reserved = self.running.iter().map(|r| r.blocks).sum();
+        self.status.draining = self.shutdown.is_some();
+        self.status_tx.send_replace(self.status.clone());
+    }
+
+    fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Shutdown(mode) => {
+                self.shutdown = Some(match (self.shutdown, mode) {
+                    (Some(ShutdownMode::Cancel), _) => ShutdownMode::Cancel,
+                    _ => mode,
+                });
+                if mode == ShutdownMode::Cancel {
+                    for w in std::mem::take(&mut self.waiting) {
+                        let _ = w.sub.events.send(TokenEvent::Done(cancelled_summary(
+                            &w.sub,
+                            &self.name,
+                            w.sampler.seed(),
+                        )));
+                    }
+                    for mut r in std::mem::take(&mut self.running) {
+                        self.backend.release(r.id);
+                        let s = self.summary(&mut r, FinishReason::Cancelled);
+                        let _ = r.events.send(TokenEvent::Done(s));
+                    }
+                }
+            }
+            Msg::Generate(sub) => self.enqueue(*sub),
+        }
+    }
+
+    fn enqueue(&mut self, sub: Submission) {
+        let refuse = |sub: &Submission, e: RuntimeError| {
+            let _ = sub.events.send(TokenEvent::Error(e));
+        };
+        if self.shutdown.is_some() {
+            return refuse(
+                &sub,
+                RuntimeError::ShuttingDown {
+                    backend: self.name.clone(),
+                },
+            );
+        }
+        let prompt_len = sub.req.prompt.len();
+        if prompt_len == 0 {
+            return refuse(&sub, RuntimeError::EmptyPrompt);
+        }
+        if prompt_len >= self.ctx {
+            return refuse(
+                &sub,
+                RuntimeError::PromptTooLong {
+                    prompt_tokens: prompt_len,
+                    ctx: self.ctx,
+                },
+            );
+        }
+        let n_vocab = self.tok.vocab_size();
+        if let Some((index, &id)) = sub
+            .req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= n_vocab)
+        {
+            return refuse(&sub, RuntimeError::InvalidToken { index, id, n_vocab });
+        }
+        let sampler = match Sampler::new(&sub.req.params) {
+            Ok(s) => s,
+            Err(e) => return refuse(&sub, RuntimeError::InvalidParams(e)),
+        };
+        let max_new = scheduler::max_new_tokens(prompt_len, sub.req.params.max_tokens, self.ctx);
+        let blocks = scheduler::blocks_for(
+            scheduler::kv_tokens_needed(prompt_len, max_new),
+            self.sched.block_tokens,
+        );
+        let total = self.backend.kv().blocks_total;
+        if blocks > total {
+            return refuse(
+                &sub,
+                RuntimeError::PromptTooLong {
+                    prompt_tokens: prompt_len,
+                    ctx: total * self.sched.block_tokens,
+                },
+            );
+        }
+        if self.waiting.len() >= self.sched.max_waiting {
+            let e = RuntimeError::Overloaded {
+                backend: self.name.clone(),
+                why: format!("{} requests already waiting", self.waiting.len()),
+                retry_after: self.retry_after,
+            };
+            return refuse(&sub, e);
+        }
+        self.waiting.push_back(Waiting {
+            sub,
+            sampler,
+            max_new,
+            blocks,
+        });
+    }
+
+    fn reap_cancelled(&mut self) {
+        self.waiting.retain(|w| !w.sub.events.is_closed());
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].events.is_closed() {
+                let r = self.running.remove(i);
+                self.backend.release(r.id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn expire_waiting(&mut self) {
+        let now = Instant::now();
+        let timeout = self.sched.admission_timeout;
+        let name = &self.name;
+        let retry_after = self.retry_after;
+        self.waiting.retain(|w| {
+            let waited = now.saturating_duration_since(w.sub.submitted);
+            if waited < timeout {
+                return true;
+            }
+            let _ = w
+                .sub
+                .events
+                .send(TokenEvent::Error(RuntimeError::Overloaded {
+                    backend: name.clone(),
+                    why: format!("no KV space within {:.1} s", timeout.as_secs_f64()),
+                    retry_after,
+                }));
+            false
+        });
+    }
+
+    fn admit(&mut self) {
+        if self.shutdown == Some(ShutdownMode::Cancel) {
+            return;
+        }
+        let total = self.backend.kv().blocks_total;
+        let reserved: usize = self.running.iter().map(|r| r.blocks).sum();
+        let needs: Vec<usize> = self.waiting.iter().map(|w| w.blocks).collect();
+        let n = scheduler::admit_count(&self.sched, total, reserved, self.running.len(), &needs);
+        let now = Instant::now();
+        for _ in 0..n {
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            let prompt_len = w.sub.req.prompt.len();
+            let stop = StopMatcher::new(&w.sub.req.params.stop);
+            self.running.push(Running {
+                id,
+                tokens: w.sub.req.prompt,
+                prompt_len,
+                fed: 0,
+                max_new: w.max_new,
+                generated: 0,
+                blocks: w.blocks,
+                sampler: w.sampler,
+                decoder: IncrementalDecoder::new(self.tok),
+                stop,
+                events: w.sub.events,
+                route_reason: w.sub.route_reason,
+                submitted: w.sub.submitted,
+                admitted: now,
+                first_token: None,
+                last_token: now,
+            });
+        }
+    }
+
+    /// One step. Returns false when the backend is unusable and the actor must stop.
+    fn step(&mut self) -> bool {
+        let views: Vec<RunView> = self
+            .running
+            .iter()
+            .map(|r| RunView {
+                pending: r.tokens.len() - r.fed,
+                decoding: r.fed >= r.prompt_len,
+            })
+            .collect();
+        let plan = scheduler::plan_step(&self.sched, &views);
+        if plan.is_empty() {
+            return true;
+        }
+        let mut batch = StepBatch {
+            chunks: Vec::with_capacity(plan.len()),
+        };
+        for &(i, n) in &plan {
+            let r = &self.running[i];
+            let end = r.fed + n;
+            batch.chunks.push(SeqChunk {
+                seq: r.id,
+                tokens: r.tokens[r.fed..end].to_vec(),
+                start_pos: r.fed,
+                want: if end == r.tokens.len() {
+                    Want::Last
+                } else {
+                    Want::None
+                },
+            });
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch)));
+        self.status.steps += 1;
+        let mut out = match result {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => {
+                self.status.consecutive_failures += 1;
+                tracing::warn!(backend = %self.name, error = %e, "step failed");
+                let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                self.fail(&failed, |name| RuntimeError::Backend {
+                    backend: name.to_string(),
+                    source: e.clone(),
+                });
+                return true;
+            }
+            Err(p) => {
+                // The backend's state is unknown after a panic: fail everything and stop.
+                let msg = format!("panicked in step: {}", panic_text(&p));
+                tracing::error!(backend = %self.name, "{msg}");
+                self.status.consecutive_failures += 1;
+                let all: Vec<usize> = (0..self.running.len()).collect();
+                self.fail(&all, |name| RuntimeError::Backend {
+                    backend: name.to_string(),
+                    source: BackendError::Device {
+                        backend: name.to_string(),
+                        msg: msg.clone(),
+                    },
+                });
+                for w in std::mem::take(&mut self.waiting) {
+                    let _ = w
+                        .sub
+                        .events
+                        .send(TokenEvent::Error(RuntimeError::ActorGone {
+                            backend: self.name.clone(),
+                        }));
+                }
+                return false;
+            }
+        };
+        let want_rows = batch.chunks.iter().filter(|c| c.want == Want::Last).count();
+        if out.n_rows() != want_rows {
+            self.status.consecutive_failures += 1;
+            let msg = format!(
+                "step returned {} logit rows, expected {want_rows}",
+                out.n_rows()
+            );
+            let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+            self.fail(&failed, |name| RuntimeError::Backend {
+                backend: name.to_string(),
+                source: BackendError::Device {
+                    backend: name.to_string(),
+                    msg: msg.clone(),
+                },
+            });
+            return true;
+        }
+        self.status.consecutive_failures = 0;
+        let n_vocab = out.n_vocab;
+        let mut row = 0usize;
+        let mut finished: Vec<(usize, Option<FinishReason>)> = Vec::new();
+        for (k, &(i, n)) in plan.iter().enumerate() {
+            let r = &mut self.running[i];
+            r.fed += n;
+            if batch.chunks[k].want != Want::Last {
+                continue;
+            }
+            let a = row * n_vocab;
+            row += 1;
+            let Some(logits) = out.logits.get_mut(a..a + n_vocab) else {
+                continue;
+            };
+            if let Some(reason) = sample_and_send(r, logits, self.tok) {
+                finished.push((i, Some(reason)));
+            } else if r.events.is_closed() {
+                finished.push((i, None));
+            }
+            self.status.tokens_generated += 1;
+        }
+        // Remove from the back so indices stay valid.
+        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let mut r = self.running.remove(i);
+            self.backend.release(r.id);
+            if let Some(reason) = reason {
+                let s = self.summary(&mut r, reason);
+                let _ = r.events.send(TokenEvent::Done(s));
+            }
+        }
+        true
+    }
+
+    /// End the running sequences at `idx` with an error, releasing their KV blocks.
+    fn fail(&mut self, idx: &[usize], err: impl Fn(&str) -> RuntimeError) {
+        let mut idx = idx.to_vec();
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        idx.dedup();
+        for i in idx {
+            if i >= self.running.len() {
+                continue;
+            }
+            let r = self.running.remove(i);
+            self.backend.release(r.id);
+            let _ = r.events.send(TokenEvent::Error(err(&self.name)));
+        }
+    }
+
+    fn summary(&self, r: &mut Running<'_>, finish_reason: FinishReason) -> Summary {
+        let first = r.first_token.unwrap_or(r.last_token);
+        Summary {
+            usage: Usage {
+                prompt_tokens: r.prompt_len,
+                completion_tokens: r.generated,
+            },
+            timings: Timings {
+                queue_wait: r.admitted.saturating_duration_since(r.submitted),
+                time_to_first_token: first.saturating_duration_since(r.submitted),
+                prompt_time: first.saturating_duration_since(r.admitted),
+                generation_time: r.last_token.saturating_duration_since(first),
+            },
+            backend: self.name.clone(),
+            route_reason: r.route_reason.clone(),
+            finish_reason,
+            seed: r.sampler.seed(),
+        }
+    }
+}
+
+/// Sample one token for `r`, send its event, and say whether the sequence is finished.
+fn sample_and_send(
+    r: &mut Running<'_>,
+    logits: &mut [f32],
+    tok: &Tokenizer,
+) -> Option<FinishReason> {
+    let id = r.sampler.sample(logits, &r.tokens);
+    let now = Instant::now();
+    r.first_token.get_or_insert(now);
+    r.last_token = now;
+    r.generated += 1;
+    let mut finish = None;
+    let text = if !r.sampler.params().ignore_eos && tok.is_eog(id) {
+        finish = Some(FinishReason::Stop);
+        flush(r, &mut finish)
+    } else {
+        let piece = match r.decoder.push(id) {
+            Ok(p) => p,
+            Err(e) => {
+                // An id past the tokenizer's vocabulary (a padded output layer): no text.
+                tracing::warn!(id, error = %e, "sampled a token without text");
+                String::new()
+            }
+        };
+        let o = r.stop.push(&piece);
+        if o.stopped {
+            finish = Some(FinishReason::Stop);
+            o.text
+        } else if r.generated >= r.max_new {
+            finish = Some(FinishReason::Length);
+            let mut t = o.text;
+            t.push_str(&flush(r, &mut finish));
+            t
+        } else {
+            r.tokens.push(id);
+            o.text
+        }
+    };
+    if r.events.send(TokenEvent::Token { id, text }).is_err() {
+        return None;
+    }
+    finish
+}
+
+/// Release held-back text at the end of generation; a stop string completed by the flushed
+/// bytes still counts.
+fn flush(r: &mut Running<'_>, finish: &mut Option<FinishReason>) -> String {
+    let tail = r.decoder.finish();
+    let o = r.stop.push(&tail);
+    if o.stopped {
+        *finish = Some(FinishReason::Stop);
+        return o.text;
+    }
+    let mut t = o.text;
+    t.push_str(&r.stop.finish());
+    t
+}
+
+fn cancelled_summary(sub: &Submission, name: &str, seed: u64) -> Summary {
+    let waited = sub.submitted.elapsed();
+    Summary {
+        usage: Usage {
+            prompt_tokens: sub.req.prompt.len(),
+            completion_tokens: 0,
+        },
+        timings: Timings {
+            queue_wait: waited,
+            ..Default::default()
+        },
+        backend: name.to_string(),
+        route_reason: sub.route_reason.clone(),
+        finish_reason: FinishReason::Cancelled,
+        seed,
+    }
+}
