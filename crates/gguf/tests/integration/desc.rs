@@ -276,3 +276,37 @@ fn encoded_len(v: &Value) -> u64 {
         v => v.value_type().fixed_size().unwrap_or(0) as u64,
     }
 }
+
+/// CRC-32 (IEEE, as zlib.crc32 computes it), for describing large tensors compactly.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// The description of a file as our reader sees it (tensor data as CRC-32), for checking our reading
+/// of real files against gguf-py's.
+pub fn desc_of_file(f: &GgufFile) -> J {
+    json!({
+        "version": f.version(), "alignment": f.alignment(), "data_offset": f.data_offset(),
+        "file_size": f.file_size(),
+        "kv": f.metadata().iter().map(|(k, v)| {
+            let mut d = value_desc(v);
+            if let Some(o) = d.as_object_mut() { o.insert("key".into(), json!(k)); }
+            d
+        }).collect::<Vec<_>>(),
+        "tensors": f.tensors().iter().map(|t| json!({
+            "name": t.name, "dims": t.dims, "type": t.ty.id(), "offset": t.offset,
+            "n_bytes": t.n_bytes(), "data_crc32": crc32(f.tensor_data(t)),
+        })).collect::<Vec<_>>(),
+    })
+}
