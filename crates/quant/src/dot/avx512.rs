@@ -52,15 +52,15 @@ unsafe fn ld2x256(p0: *const u8, p1: *const u8) -> __m512i {
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(p0)), ld256(p1)) }
 }
 
-/// Eight f16 fields `stride` bytes apart starting at `p` (only the first `n` read; the rest 0),
-/// as f32.
+/// Eight pairs of adjacent f16 fields (at `p + offs[i]` and 2 bytes later; only the first `n`
+/// read, the rest 0), as f32: `(first fields, second fields)`. One 32-bit gather fetches both
+/// fields of a block (`d` and `m` of Q4_1/Q5_1, `d` and `s` of Q8_1).
 ///
 /// # Safety
-/// `p + i * stride` valid for 4 bytes for every `i < n` (an f16 field followed by at least two
-/// more bytes of its block).
+/// `p + offs[i]` valid for 4 bytes for every `i < n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 #[inline]
-unsafe fn f16x8(p: *const u8, offs: __m256i, n: usize) -> __m256 {
+unsafe fn f16x8x2(p: *const u8, offs: __m256i, n: usize) -> (__m256, __m256) {
     let m: __mmask8 = if n >= 8 {
         0xff
     } else {
@@ -70,7 +70,10 @@ unsafe fn f16x8(p: *const u8, offs: __m256i, n: usize) -> __m256 {
     let g = unsafe {
         _mm256_mmask_i32gather_epi32::<1>(_mm256_setzero_si256(), m, offs, p as *const i32)
     };
-    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g))
+    (
+        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)),
+        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(g))),
+    )
 }
 
 /// Spread lanes `2p` and `2p + 1` of `v` over the low and high eight lanes.
@@ -267,18 +270,15 @@ unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
             let mut dw = [zf; R];
             let mut mw = [zf; R];
             for r in 0..R {
-                dw[r] = f16x8(wrow[r].add(b0 * L::WB), woffs, n);
-                if L::MIN {
-                    mw[r] = f16x8(wrow[r].add(b0 * L::WB + 2), woffs, n);
-                }
+                (dw[r], mw[r]) = f16x8x2(wrow[r].add(b0 * L::WB), woffs, n);
             }
             let mut dy = [zf; T];
             let mut sy = [zf; T];
             for k in 0..T {
-                dy[k] = f16x8(arow[k].add(b0 * L::AB), aoffs, n);
+                let (d, s) = f16x8x2(arow[k].add(b0 * L::AB), aoffs, n);
+                dy[k] = d;
                 if L::MIN {
                     // The activation's s is spread over 8 lanes per block: scale by 1/8 (exact).
-                    let s = f16x8(arow[k].add(b0 * L::AB + 2), aoffs, n);
                     sy[k] = _mm256_mul_ps(s, _mm256_set1_ps(0.125));
                 }
             }
@@ -366,13 +366,26 @@ legacy_kernel!(t_q8_0, Q8_0);
 
 /// One row's super-block, prepared: scale `d`, min scale `dmin` (types with mins), the 16 i16
 /// multipliers of the activation's 16 `bsums` for the correction (mins, or scales for the
-/// value offset), and the sub-block scales as i16 in the low 16 lanes of `sc`.
+/// value offset), and the sub-block scales as i16: scales 0..8 repeated in every 128-bit lane
+/// of `sc_lo`, scales 8..16 (types with 16 scales) likewise in `sc_hi`, so that one in-lane
+/// byte shuffle places a chunk's scales (see [`chunk_scales`]).
 #[derive(Clone, Copy)]
 struct Prep {
     d: f32,
     dmin: f32,
     m16: __m256i,
-    sc: __m512i,
+    sc_lo: __m512i,
+    sc_hi: __m512i,
+}
+
+/// `sc_lo`/`sc_hi` of a [`Prep`] from 16 i16 scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn lane_scales(sc: __m256i) -> (__m512i, __m512i) {
+    (
+        _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)),
+        _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc)),
+    )
 }
 
 impl Prep {
@@ -409,33 +422,64 @@ unsafe fn f16_at(p: *const u8, i: usize) -> f32 {
     super::avx2::lane(unsafe { super::avx2::f16x4(p) }, i)
 }
 
-/// `vpermw` indices that spread the sub-block scales over the 32 i16 pair sums of chunk `c`
-/// (elements 64c..64c+64; pair j covers elements 2j, 2j+1): `[per-16 scales][c]` and
-/// `[per-32 scales][c]`.
-static SCALE_IDX: [[[i16; 32]; 4]; 2] = {
-    let mut t = [[[0i16; 32]; 4]; 2];
+/// `acc + pairwise(a * b)` (i16 pairs summed into i32 lanes), as one `vpdpwssd`. Written as
+/// inline assembly because LLVM otherwise re-associates the accumulation chain into
+/// `vpmaddwd` + `vpaddd`, one more micro-op per use in the hottest loop.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: a register-only instruction of an enabled feature; no memory, stack or flags.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// `vpshufb` controls placing a chunk's scales (elements 64c..64c+64; 128-bit lane j of the
+/// 32 i16 pair sums covers elements 64c + 16j .. + 16): `[0][c % 2]` for 16 per-16-element
+/// scales (lane j takes scale 4c + j, from the 8 of `sc_lo` or `sc_hi` holding it), `[1][c]` for
+/// 8 per-32-element scales (lanes 0-1 take scale 2c, lanes 2-3 scale 2c + 1).
+static SCALE_SHUF: [[[u8; 64]; 4]; 2] = {
+    let mut t = [[[0u8; 64]; 4]; 2];
     let mut c = 0;
     while c < 4 {
-        let mut j = 0;
-        while j < 32 {
-            t[0][c][j] = (4 * c + j / 8) as i16;
-            t[1][c][j] = (2 * c + j / 16) as i16;
-            j += 1;
+        let mut b = 0;
+        while b < 64 {
+            let lane = b / 16;
+            let i16 = [(4 * c + lane) % 8, 2 * c + lane / 2];
+            let mut k = 0;
+            while k < 2 {
+                t[k][c][b] = (2 * i16[k] + b % 2) as u8;
+                k += 1;
+            }
+            b += 1;
         }
         c += 1;
     }
     t
 };
 
-/// Scales (16 i16 in the low half of `sc`) spread over chunk `c`'s pair sums, for scales that
-/// each cover `per` = 16 or 32 elements.
+/// The i16 scale of each of chunk `c`'s 32 pair sums, for scales that each cover `per` = 16
+/// or 32 elements.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-fn chunk_scales(sc: __m512i, c: usize, per: usize) -> __m512i {
-    let tab = &SCALE_IDX[usize::from(per == 32)][c & 3];
+fn chunk_scales(p: &Prep, c: usize, per: usize) -> __m512i {
+    let c = c & 3;
+    let (tab, src) = if per == 32 {
+        (&SCALE_SHUF[1][c], p.sc_lo)
+    } else {
+        (&SCALE_SHUF[0][c], if c < 2 { p.sc_lo } else { p.sc_hi })
+    };
     // SAFETY: `tab` is 64 readable bytes.
-    let idx = unsafe { _mm512_loadu_si512(tab.as_ptr() as *const __m512i) };
-    _mm512_permutexvar_epi16(idx, sc)
+    let ctrl = unsafe { _mm512_loadu_si512(tab.as_ptr() as *const __m512i) };
+    _mm512_shuffle_epi8(src, ctrl)
 }
 
 /// The low (`hi = false`) or high nibble of every byte.
@@ -459,11 +503,13 @@ impl KQuant for Q2K {
             let sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0f)));
             let mn =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), _mm_set1_epi8(0x0f)));
+            let (sc_lo, sc_hi) = lane_scales(sc);
             Prep {
                 d: f16_at(x.add(76), 2),
                 dmin: f16_at(x.add(76), 3),
                 m16: mn,
-                sc: _mm512_castsi256_si512(sc),
+                sc_lo,
+                sc_hi,
             }
         }
     }
@@ -480,7 +526,7 @@ impl KQuant for Q2K {
             2 * s0 as i16 + 2,
         );
         let q = _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(3));
-        (q, chunk_scales(p.sc, c, 16))
+        (q, chunk_scales(p, c, 16))
     }
 }
 
@@ -491,16 +537,16 @@ impl KQuant for Q3K {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[inline]
     unsafe fn prep(x: *const u8) -> Prep {
-        // SAFETY: whole block: scales at 96..108, d at 108 (read as bytes 102..110).
+        // SAFETY: whole block: scales at 96..108 (read as 94..110), d at 108 (read as 102..110).
         unsafe {
-            let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
-            let s8 = scalar::q3k_scales(&packed);
-            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(s8.as_ptr() as *const __m128i));
+            let sc = _mm256_cvtepi8_epi16(q3k_scales(x.add(94)));
+            let (sc_lo, sc_hi) = lane_scales(sc);
             Prep {
                 d: f16_at(x.add(102), 3),
                 dmin: 0.0,
                 m16: sc,
-                sc: _mm512_castsi256_si512(sc),
+                sc_lo,
+                sc_hi,
             }
         }
     }
@@ -531,8 +577,57 @@ impl KQuant for Q3K {
         );
         let k = _mm512_test_epi8_mask(hm, bits);
         let q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(4));
-        (q, chunk_scales(p.sc, c, 16))
+        (q, chunk_scales(p, c, 16))
     }
+}
+
+/// The 8 six-bit scales and 8 mins packed in the 12 bytes at `p` (Q4_K/Q5_K), unpacked to
+/// bytes `[sc0..sc8, m0..m8]` with shuffles (the scalar form is [`scalar::k4_scale_min`]).
+///
+/// # Safety
+/// `p` valid for 16 bytes (the 12 packed bytes and 4 more of the block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn k4_scales(p: *const u8) -> __m128i {
+    // SAFETY: caller's contract.
+    let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    // Lanes 0..4: s[0..4] & 63 (scales 0-3); 8..12: s[4..8] & 63 (mins 0-3);
+    // 4..8: (s[8..12] & 15) | (s[0..4] >> 6) << 4 (scales 4-7);
+    // 12..16: (s[8..12] >> 4) | (s[4..8] >> 6) << 4 (mins 4-7).
+    let a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    let t = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    let h = _mm_and_si128(
+        _mm_srli_epi16::<4>(a),
+        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15),
+    );
+    let b = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    // Bits 6-7 of each byte to bits 4-5 (the bits shifted in from the next byte are masked).
+    let u = _mm_and_si128(_mm_srli_epi16::<2>(b), _mm_set1_epi8(0x30));
+    _mm_or_si128(_mm_or_si128(t, h), u)
+}
+
+/// The 16 signed scales of a Q3_K block (the scalar form is [`scalar::q3k_scales`]), from the
+/// 16 bytes at `p`: two bytes before the 12 packed scale bytes, then the scales, then `d`.
+///
+/// # Safety
+/// `p` valid for 16 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn q3k_scales(p: *const u8) -> __m128i {
+    // SAFETY: caller's contract.
+    let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    // Low 4 bits: s[0..8] low nibbles for scales 0-7, high nibbles for 8-15.
+    let lo = _mm_shuffle_epi8(v, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+    let lo = _mm_mask_blend_epi8(
+        0xff00,
+        _mm_and_si128(lo, _mm_set1_epi8(0x0f)),
+        _mm_and_si128(_mm_srli_epi16::<4>(lo), _mm_set1_epi8(0x0f)),
+    );
+    // High 2 bits: bits 2g..2g+2 of s[8 + k] for scale 4g + k.
+    let hi = _mm_shuffle_epi8(v, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
+    let hi = _mm_and_si128(_mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)), _mm_set1_epi8(3));
+    let q = _mm_or_si128(lo, _mm_slli_epi16::<4>(hi));
+    _mm_sub_epi8(q, _mm_set1_epi8(32))
 }
 
 /// Scales and mins of a Q4_K/Q5_K block, as 16 i16 (scales 0..8, mins 8..16).
@@ -544,9 +639,7 @@ impl KQuant for Q3K {
 unsafe fn k45_prep(x: *const u8) -> Prep {
     // SAFETY: whole block: d at 0, dmin at 2, packed scales at 4..16.
     unsafe {
-        let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
-        let sm = super::avx2::k4_unpack(&packed);
-        let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+        let ms = _mm256_cvtepu8_epi16(k4_scales(x.add(4)));
         // Each min covers two bsums: [m0, m0, m1, m1, ...].
         let m16 = _mm256_permutexvar_epi16(
             _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
@@ -556,7 +649,9 @@ unsafe fn k45_prep(x: *const u8) -> Prep {
             d: f16_at(x, 0),
             dmin: f16_at(x, 1),
             m16,
-            sc: _mm512_castsi256_si512(ms),
+            // Eight scales: only `sc_lo` is read.
+            sc_lo: _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms)),
+            sc_hi: _mm512_setzero_si512(),
         }
     }
 }
@@ -590,7 +685,7 @@ impl KQuant for Q4K {
     unsafe fn chunk(x: *const u8, p: &Prep, c: usize) -> (__m512i, __m512i) {
         // SAFETY: whole block: quants at 16..144.
         let q = unsafe { k45_nibbles(x.add(16), c) };
-        (q, chunk_scales(p.sc, c, 32))
+        (q, chunk_scales(p, c, 32))
     }
 }
 
@@ -622,7 +717,7 @@ impl KQuant for Q5K {
         );
         let k = _mm512_test_epi8_mask(hb, bits);
         let q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
-        (q, chunk_scales(p.sc, c, 32))
+        (q, chunk_scales(p, c, 32))
     }
 }
 
@@ -636,11 +731,13 @@ impl KQuant for Q6K {
         // SAFETY: whole block: scales at 192..208, d at 208 (read as bytes 202..210).
         unsafe {
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
+            let (sc_lo, sc_hi) = lane_scales(sc);
             Prep {
                 d: f16_at(x.add(202), 3),
                 dmin: 0.0,
                 m16: sc,
-                sc: _mm512_castsi256_si512(sc),
+                sc_lo,
+                sc_hi,
             }
         }
     }
@@ -663,7 +760,7 @@ impl KQuant for Q6K {
         let sh = _mm512_mask_set1_epi16(_mm512_set1_epi16(2 * s0), 0xffff_0000, 2 * s0 + 2);
         let hb = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(3));
         let q = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hb));
-        (q, chunk_scales(p.sc, c, 16))
+        (q, chunk_scales(p, c, 16))
     }
 }
 
@@ -707,8 +804,7 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                 for r in 0..R {
                     let (q, s) = K::chunk(xs[r], &prep[r], c);
                     for k in 0..T {
-                        isum[r][k] =
-                            _mm512_dpwssd_epi32(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
+                        isum[r][k] = dpwssd(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
                     }
                 }
             }
@@ -861,7 +957,7 @@ macro_rules! float_kernel {
                 unsafe { float_tile::<$ty, R, T>(t) }
             }
             // SAFETY: forwarded.
-            unsafe { tile_dispatch!(t, f, 4, [1, 2, 3, 4], 4) }
+            unsafe { tile_dispatch!(t, f, 2, [1, 2, 3, 4], 4) }
         }
     };
 }
