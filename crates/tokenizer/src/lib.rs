@@ -22,7 +22,7 @@ mod pretok;
 mod spm;
 pub mod vocab;
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 pub use chat::{render_chat, ChatMessage, ChatTemplate};
 pub use decode::IncrementalDecoder;
@@ -200,6 +200,9 @@ pub struct Tokenizer {
     special_cache: Vec<u32>,
     pieces: Vec<Vec<u8>>,
     byte_tokens: [Option<u32>; 256],
+    /// SentencePiece text can be merged word by word: no token joins a character to a
+    /// following U+2581 (see `spm::encode`).
+    spm_word_split: bool,
     special: SpecialTokens,
     eog: HashSet<u32>,
     add_bos: bool,
@@ -415,7 +418,7 @@ impl Tokenizer {
             None => vec![TokenAttr::NORMAL; n],
         };
         let mut tokens = v.tokens;
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = HashMap::with_capacity_and_hasher(n, Default::default());
         for (i, t) in tokens.iter_mut().enumerate() {
             if t.is_empty() {
                 warnings.push(format!("empty token at index {i}"));
@@ -426,8 +429,8 @@ impl Tokenizer {
         }
 
         // Merges: interned parts, (left, right) -> rank; the first occurrence of a pair wins.
-        let mut merge_parts: HashMap<String, u32> = HashMap::new();
-        let mut merge_ranks: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut merge_parts: HashMap<String, u32> = HashMap::default();
+        let mut merge_ranks: HashMap<(u32, u32), u32> = HashMap::default();
         let mut n_merges = 0;
         if kind == TokenizerKind::Bpe {
             let merges = v
@@ -514,12 +517,15 @@ impl Tokenizer {
         // Detection by token text. llama.cpp walks a hash map (unordered); walking the ids in
         // order makes the choice deterministic: the lowest id whose text matches.
         let canonical = |i: usize, t: &str| token_to_id.get(t) == Some(&(i as u32));
+        // Every name looked for below starts with one of these and is short; checking that
+        // first keeps the scans over 100k+ tokens cheap.
+        let maybe_name = |t: &str| t.len() <= 32 && t.starts_with(['<', '[', '_', '\u{2581}']);
         let detect = |slot: &mut Option<u32>, names: &[&str], attrs: &mut Vec<TokenAttr>| {
             if slot.is_some() {
                 return;
             }
             for (i, t) in tokens.iter().enumerate() {
-                if names.contains(&t.as_str()) && canonical(i, t) {
+                if maybe_name(t) && names.contains(&t.as_str()) && canonical(i, t) {
                     *slot = Some(i as u32);
                     attrs[i] = attrs[i].with(TokenAttr::CONTROL);
                     return;
@@ -537,13 +543,13 @@ impl Tokenizer {
 
         // Control tokens named "unused" are unused.
         for (i, t) in tokens.iter().enumerate() {
-            if canonical(i, t) && attrs[i].intersects(TokenAttr::CONTROL) && t.contains("unused") {
+            if attrs[i].intersects(TokenAttr::CONTROL) && t.contains("unused") && canonical(i, t) {
                 attrs[i] = attrs[i].with(TokenAttr::UNUSED);
             }
         }
 
         // End-of-generation set.
-        let mut eog: HashSet<u32> = HashSet::new();
+        let mut eog: HashSet<u32> = HashSet::default();
         for id in [special.fim_pad, special.fim_rep, special.fim_sep]
             .into_iter()
             .flatten()
@@ -551,7 +557,7 @@ impl Tokenizer {
             eog.insert(id);
         }
         for (i, t) in tokens.iter().enumerate() {
-            if !canonical(i, t) {
+            if !maybe_name(t) || !canonical(i, t) {
                 continue;
             }
             if EOG_NAMES.contains(&t.as_str()) {
@@ -633,6 +639,11 @@ impl Tokenizer {
             };
         }
 
+        let spm_word_split = kind == TokenizerKind::Spm
+            && tokens.iter().all(|t| {
+                t.chars().skip(1).all(|c| c != '\u{2581}') || t.chars().all(|c| c == '\u{2581}')
+            });
+
         let mut tok = Tokenizer {
             kind,
             model: v.model,
@@ -650,6 +661,7 @@ impl Tokenizer {
             special_cache,
             pieces: Vec::new(),
             byte_tokens,
+            spm_word_split,
             special,
             eog,
             add_bos,

@@ -47,28 +47,71 @@ impl Eq for Bigram {}
 
 /// Encodes `text` (spaces already written as U+2581) and appends the ids to `out`.
 /// `base` is the byte offset of the fragment in the caller's text, for error messages.
+///
+/// The merge loop is greedy over the whole text, but when no vocabulary token joins a character
+/// to a following U+2581 (`Tokenizer::spm_word_split`), no merge can cross the start of a word
+/// (a U+2581 after a non-U+2581 character). Merges in different words then never interact, and
+/// each word's merges happen in the same relative order (score, then position) as in the
+/// global loop, so merging word by word gives the same tokens with small heaps.
 pub(crate) fn encode(
     tok: &Tokenizer,
     text: &str,
     base: usize,
     out: &mut Vec<u32>,
 ) -> Result<(), TokenizerError> {
-    let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
-    for (start, c) in text.char_indices() {
+    let mut work = Work::default();
+    if !tok.spm_word_split {
+        return encode_segment(tok, text, 0, text.len(), base, out, &mut work);
+    }
+    let mut seg_start = 0;
+    let mut prev_is_space = true;
+    for (i, c) in text.char_indices() {
+        let is_space = c == '\u{2581}';
+        if is_space && !prev_is_space && i > seg_start {
+            encode_segment(tok, text, seg_start, i, base, out, &mut work)?;
+            seg_start = i;
+        }
+        prev_is_space = is_space;
+    }
+    encode_segment(tok, text, seg_start, text.len(), base, out, &mut work)
+}
+
+#[derive(Default)]
+struct Work {
+    symbols: Vec<Symbol>,
+    heap: BinaryHeap<Bigram>,
+}
+
+fn encode_segment(
+    tok: &Tokenizer,
+    text: &str,
+    from: usize,
+    to: usize,
+    base: usize,
+    out: &mut Vec<u32>,
+    work: &mut Work,
+) -> Result<(), TokenizerError> {
+    let Some(seg) = text.get(from..to) else {
+        return Ok(());
+    };
+    let symbols = &mut work.symbols;
+    let heap = &mut work.heap;
+    symbols.clear();
+    heap.clear();
+    for (off, c) in seg.char_indices() {
         let len = c.len_utf8();
         let idx = symbols.len();
         symbols.push(Symbol {
-            start,
+            start: from + off,
             len,
             prev: if idx == 0 { NONE } else { idx - 1 },
-            next: if start + len == text.len() {
+            next: if off + len == seg.len() {
                 NONE
             } else {
                 idx + 1
             },
         });
     }
-    let mut heap = BinaryHeap::new();
     let try_add = |symbols: &[Symbol], heap: &mut BinaryHeap<Bigram>, left: usize, right: usize| {
         if left == NONE || right == NONE {
             return;
@@ -88,7 +131,7 @@ pub(crate) fn encode(
         }
     };
     for i in 1..symbols.len() {
-        try_add(&symbols, &mut heap, i - 1, i);
+        try_add(symbols, heap, i - 1, i);
     }
     while let Some(b) = heap.pop() {
         let (l, r) = (symbols[b.left], symbols[b.right]);
@@ -101,8 +144,8 @@ pub(crate) fn encode(
         if r.next != NONE {
             symbols[r.next].prev = b.left;
         }
-        try_add(&symbols, &mut heap, symbols[b.left].prev, b.left);
-        try_add(&symbols, &mut heap, b.left, symbols[b.left].next);
+        try_add(symbols, heap, symbols[b.left].prev, b.left);
+        try_add(symbols, heap, b.left, symbols[b.left].next);
     }
 
     let mut i = if symbols.is_empty() { NONE } else { 0 };
