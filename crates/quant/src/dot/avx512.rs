@@ -594,13 +594,22 @@ unsafe fn k4_scales(p: *const u8) -> __m128i {
     // Lanes 0..4: s[0..4] & 63 (scales 0-3); 8..12: s[4..8] & 63 (mins 0-3);
     // 4..8: (s[8..12] & 15) | (s[0..4] >> 6) << 4 (scales 4-7);
     // 12..16: (s[8..12] >> 4) | (s[4..8] >> 6) << 4 (mins 4-7).
-    let a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    let t = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    let a = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
+    );
+    let t = _mm_and_si128(
+        a,
+        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
+    );
     let h = _mm_and_si128(
         _mm_srli_epi16::<4>(a),
         _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15),
     );
-    let b = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    let b = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
+    );
     // Bits 6-7 of each byte to bits 4-5 (the bits shifted in from the next byte are masked).
     let u = _mm_and_si128(_mm_srli_epi16::<2>(b), _mm_set1_epi8(0x30));
     _mm_or_si128(_mm_or_si128(t, h), u)
@@ -617,15 +626,26 @@ unsafe fn q3k_scales(p: *const u8) -> __m128i {
     // SAFETY: caller's contract.
     let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
     // Low 4 bits: s[0..8] low nibbles for scales 0-7, high nibbles for 8-15.
-    let lo = _mm_shuffle_epi8(v, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+    let lo = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9),
+    );
     let lo = _mm_mask_blend_epi8(
         0xff00,
         _mm_and_si128(lo, _mm_set1_epi8(0x0f)),
         _mm_and_si128(_mm_srli_epi16::<4>(lo), _mm_set1_epi8(0x0f)),
     );
     // High 2 bits: bits 2g..2g+2 of s[8 + k] for scale 4g + k.
-    let hi = _mm_shuffle_epi8(v, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
-    let hi = _mm_and_si128(_mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)), _mm_set1_epi8(3));
+    let hi = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(
+            10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+        ),
+    );
+    let hi = _mm_and_si128(
+        _mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)),
+        _mm_set1_epi8(3),
+    );
     let q = _mm_or_si128(lo, _mm_slli_epi16::<4>(hi));
     _mm_sub_epi8(q, _mm_set1_epi8(32))
 }
@@ -790,10 +810,10 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                 prep[r] = K::prep(xs[r]);
             }
             let mut ys = [t.a; T];
-            let mut yd = [0f32; T];
+            let mut yd = [_mm512_setzero_ps(); T];
             for k in 0..T {
                 ys[k] = arow[k].add(b * 292);
-                yd[k] = std::ptr::read_unaligned(ys[k] as *const f32);
+                yd[k] = _mm512_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
             }
             let mut isum = [[zi; T]; R];
             for c in 0..4 {
@@ -808,6 +828,13 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                     }
                 }
             }
+            // Scales as vectors once per row and token; per (row, token) they only multiply.
+            let mut dv = [_mm512_setzero_ps(); R];
+            let mut mv = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                dv[r] = _mm512_set1_ps(prep[r].d);
+                mv[r] = _mm512_set1_ps(-prep[r].dmin);
+            }
             for k in 0..T {
                 let bs = ld256(ys[k].add(260));
                 for r in 0..R {
@@ -817,13 +844,12 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                         let m = _mm256_sll_epi32(m, _mm_cvtsi32_si128(K::OFFSET_SHIFT));
                         i = _mm512_sub_epi32(i, _mm512_zextsi256_si512(m));
                     } else {
-                        let f = _mm256_cvtepi32_ps(m);
-                        let v = _mm256_mul_ps(f, _mm256_set1_ps(-prep[r].dmin * yd[k]));
-                        acc[r][k] = _mm512_add_ps(acc[r][k], _mm512_zextps256_ps512(v));
+                        let f = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(m));
+                        acc[r][k] = _mm512_fmadd_ps(f, _mm512_mul_ps(mv[r], yd[k]), acc[r][k]);
                     }
                     acc[r][k] = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(i),
-                        _mm512_set1_ps(prep[r].d * yd[k]),
+                        _mm512_mul_ps(dv[r], yd[k]),
                         acc[r][k],
                     );
                 }
