@@ -685,6 +685,21 @@ fn dot_pool_runs_every_index_once() {
             );
         }
     }
+    // Oversubscribed (more threads than cores) and with jobs of every size, each item still
+    // runs exactly once: workers that arrive after the job closed must skip it.
+    let pool = Pool::new(6).unwrap();
+    let mut rng = Rng(0x5eed_000c);
+    for round in 0..3000 {
+        let items = 1 + (rng.next_u64() % 40) as usize;
+        let seen: Vec<AtomicUsize> = (0..items).map(|_| AtomicUsize::new(0)).collect();
+        pool.par_for(items, |i| {
+            seen[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(
+            seen.iter().all(|s| s.load(Ordering::Relaxed) == 1),
+            "round {round}, {items} items"
+        );
+    }
     // After idling past the spin window the workers sleep, and still wake for the next job.
     let pool = Pool::with_spin(3, std::time::Duration::from_micros(50)).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));

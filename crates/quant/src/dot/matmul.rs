@@ -8,7 +8,6 @@
 //! the hand-offs per layer and balances small matrices against large ones.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gguf::GgmlType;
 
@@ -359,14 +358,7 @@ fn run_jobs(
     if total_macs < SERIAL_MACS || total_chunks == 1 || pool.n_threads() == 1 {
         (0..total_chunks).for_each(run_chunk);
     } else {
-        let next = AtomicUsize::new(0);
-        pool.run(|_| loop {
-            let c = next.fetch_add(1, Ordering::Relaxed);
-            if c >= total_chunks {
-                break;
-            }
-            run_chunk(c);
-        });
+        pool.par_for(total_chunks, run_chunk);
     }
     Ok(())
 }

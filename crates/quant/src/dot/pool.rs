@@ -5,6 +5,12 @@
 //! that waking parked threads costs. Workers therefore spin on a generation counter for a while
 //! after each job (as ggml's workers do) and only park on a condition variable after
 //! [`Pool::spin`] of idleness.
+//!
+//! A job is a set of numbered items taken from a shared counter. The dispatching thread works on
+//! items too and, once every item is taken, closes the job: a worker that had not joined by then
+//! (descheduled, or still waking up) skips it instead of being waited for. So on a busy machine
+//! a call is only held up by a worker that is preempted while running an item, never by one that
+//! has not started.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -15,15 +21,39 @@ use std::time::{Duration, Instant};
 
 use super::DotError;
 
-type Job<'a> = &'a (dyn Fn(usize) + Sync);
+/// The job being run: items `0..n`, handed out by `next`.
+struct Job<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+    n: usize,
+    next: AtomicUsize,
+}
+
+impl Job<'_> {
+    /// Take and run items until none are left; returns false if one panicked.
+    fn work(&self) -> bool {
+        let mut ok = true;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                return ok;
+            }
+            if catch_unwind(AssertUnwindSafe(|| (self.f)(i))).is_err() {
+                ok = false;
+            }
+        }
+    }
+}
 
 struct Shared {
-    /// Points at a `Job` on the dispatching thread's stack while a job runs.
+    /// Points at the `Job` on the dispatching thread's stack while the job is open or any
+    /// worker that joined it still runs.
     job: AtomicPtr<()>,
-    /// Bumped once per job (and at shutdown); workers run each generation exactly once.
+    /// Bumped once per job (and at shutdown); workers look at each generation once.
     generation: AtomicUsize,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
+    /// The generation open for joining, or 0 once its dispatcher has closed it.
+    open: AtomicUsize,
+    /// Workers inside a job (joined and not yet left).
+    joined: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
@@ -33,14 +63,15 @@ struct Shared {
 }
 
 thread_local! {
-    /// Set while this thread runs a pool job, so a nested `run` executes inline instead of
+    /// Set while this thread runs a pool item, so a nested call runs inline instead of
     /// deadlocking on the pool it is already part of.
     static IN_JOB: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A fixed set of threads that run a closure on every thread at once ([`Pool::run`]).
+/// A fixed set of threads that share out numbered work items ([`Pool::par_for`],
+/// [`Pool::run`]).
 ///
-/// The calling thread takes part as thread 0, so `Pool::new(n)` starts `n - 1` workers.
+/// The calling thread takes part, so `Pool::new(n)` starts `n - 1` workers.
 pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -80,7 +111,8 @@ impl Pool {
         let shared = Arc::new(Shared {
             job: AtomicPtr::new(std::ptr::null_mut()),
             generation: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
+            joined: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -98,7 +130,7 @@ impl Pool {
             let s = Arc::clone(&pool.shared);
             let h = std::thread::Builder::new()
                 .name(format!("crossover-cpu-{index}"))
-                .spawn(move || worker(s, index))
+                .spawn(move || worker(s))
                 .map_err(|e| DotError::Spawn {
                     index,
                     reason: e.to_string(),
@@ -117,70 +149,68 @@ impl Pool {
         self.n
     }
 
-    /// Run `f(i)` once for every thread index `i` in `0..n_threads()`, concurrently, and return
-    /// when all have finished. The caller runs index 0. A panic in any of them is re-raised here
-    /// after all have finished. Called from inside a job, it runs every index inline.
+    /// Run `f(i)` exactly once for every `i` in `0..n_threads()`, spread over the pool's
+    /// threads (a thread may run several), and return when all have finished. See
+    /// [`Pool::par_for`].
     pub fn run<F: Fn(usize) + Sync>(&self, f: F) {
-        if self.n == 1 || IN_JOB.with(|c| c.get()) {
-            (0..self.n).for_each(&f);
+        self.par_for(self.n, f)
+    }
+
+    /// Run `f(i)` exactly once for every `i` in `0..n`, the threads taking the next index from a
+    /// shared counter (so uneven items balance out), and return when all have finished. A panic
+    /// in any item is re-raised here after all items have finished. Called from inside an
+    /// item, it runs every index inline on the calling thread.
+    pub fn par_for<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
+        if n == 0 {
+            return;
+        }
+        if n == 1 || self.n == 1 || IN_JOB.with(|c| c.get()) {
+            (0..n).for_each(f);
             return;
         }
         let _g = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
-        let job: Job<'_> = &f;
+        let job = Job {
+            f: &f,
+            n,
+            next: AtomicUsize::new(0),
+        };
         sh.job
-            .store(&job as *const Job<'_> as *mut (), Ordering::Relaxed);
-        sh.pending.store(self.n - 1, Ordering::Relaxed);
+            .store(&job as *const Job<'_> as *mut (), Ordering::SeqCst);
+        // Only this thread (holding `dispatch`) writes the generation.
+        let g = sh.generation.load(Ordering::SeqCst).wrapping_add(1).max(1);
+        sh.open.store(g, Ordering::SeqCst);
         // SeqCst pairs with the worker's SeqCst `sleepers` increment: either we see the sleeper
         // and wake it, or it sees the new generation before waiting.
-        sh.generation.fetch_add(1, Ordering::SeqCst);
+        sh.generation.store(g, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _l = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake.notify_all();
         }
         IN_JOB.with(|c| c.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let mine = catch_unwind(AssertUnwindSafe(|| job.work()));
         IN_JOB.with(|c| c.set(false));
-        // `f` and `job` live on this stack frame: no return (or unwind) before every worker is
-        // done with them.
+        // Every item is taken: late workers must not join any more. `job` and `f` live on this
+        // stack frame, so no return (or unwind) before every joined worker has left.
+        sh.open.store(0, Ordering::SeqCst);
         let mut spins = 0u32;
-        while sh.pending.load(Ordering::Acquire) != 0 {
+        while sh.joined.load(Ordering::SeqCst) != 0 {
             spins = spins.wrapping_add(1);
-            if spins < 1 << 14 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
-                // A worker was descheduled (more threads than free cores): let it run.
+                // A joined worker was preempted mid-item: let it run.
                 std::thread::yield_now();
             }
         }
-        sh.job.store(std::ptr::null_mut(), Ordering::Relaxed);
-        if let Err(p) = mine {
-            sh.panicked.store(false, Ordering::Relaxed);
-            resume_unwind(p);
+        sh.job.store(std::ptr::null_mut(), Ordering::SeqCst);
+        let worker_panicked = sh.panicked.swap(false, Ordering::SeqCst);
+        match mine {
+            Err(p) => resume_unwind(p),
+            Ok(false) => panic!("a pool item panicked on the calling thread"),
+            Ok(true) if worker_panicked => panic!("a pool item panicked on a worker thread"),
+            Ok(true) => {}
         }
-        if sh.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a crossover CPU worker thread panicked");
-        }
-    }
-
-    /// Run `f(i)` for every `i` in `0..n`, spread over the threads: each thread takes the next
-    /// index from a shared counter, so uneven items balance out.
-    pub fn par_for<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
-        if n == 0 {
-            return;
-        }
-        if n == 1 || self.n == 1 {
-            (0..n).for_each(f);
-            return;
-        }
-        let next = AtomicUsize::new(0);
-        self.run(|_| loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
-            }
-            f(i);
-        });
     }
 }
 
@@ -200,24 +230,29 @@ impl Drop for Pool {
     }
 }
 
-fn worker(sh: Arc<Shared>, index: usize) {
+fn worker(sh: Arc<Shared>) {
     let mut seen = 0usize;
     loop {
         seen = wait_for_job(&sh, seen);
         if sh.shutdown.load(Ordering::SeqCst) {
             return;
         }
-        let jp = sh.job.load(Ordering::Relaxed) as *const Job<'_>;
-        // SAFETY: the dispatcher stored a pointer to a live `Job` before bumping the generation
-        // we just observed (SeqCst orders the two), and keeps it alive until `pending` reaches
-        // zero, which needs our decrement below.
-        let job: Job<'_> = unsafe { *jp };
-        IN_JOB.with(|c| c.set(true));
-        if catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
-            sh.panicked.store(true, Ordering::Relaxed);
+        sh.joined.fetch_add(1, Ordering::SeqCst);
+        // Joining counts only while the job is still open; the dispatcher closes it before it
+        // waits for `joined` to drop to zero, so either it waits for us or we see it closed.
+        if sh.open.load(Ordering::SeqCst) == seen {
+            let jp = sh.job.load(Ordering::SeqCst) as *const Job<'_>;
+            // SAFETY: the job of generation `seen` is open, so its dispatcher stored this
+            // pointer before opening it and keeps the `Job` alive until `joined` is zero, which
+            // needs our decrement below.
+            let job = unsafe { &*jp };
+            IN_JOB.with(|c| c.set(true));
+            if !job.work() {
+                sh.panicked.store(true, Ordering::SeqCst);
+            }
+            IN_JOB.with(|c| c.set(false));
         }
-        IN_JOB.with(|c| c.set(false));
-        sh.pending.fetch_sub(1, Ordering::Release);
+        sh.joined.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
