@@ -45,6 +45,8 @@ pub struct ActorConfig {
     pub prefill_chunk: usize,
     /// What an overloaded refusal suggests as Retry-After.
     pub retry_after: Duration,
+    /// While unhealthy and idle, how often to try a probe step.
+    pub probe_interval: Duration,
 }
 
 impl Default for ActorConfig {
@@ -56,6 +58,7 @@ impl Default for ActorConfig {
             admission_timeout: Duration::from_secs(30),
             prefill_chunk: 256,
             retry_after: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(1),
         }
     }
 }
@@ -164,10 +167,11 @@ pub fn spawn(
             };
             let info = backend.info().clone();
             let name = cfg.name.clone().unwrap_or_else(|| info.name.clone());
+            // Publishes its first status (alive) before the caller gets the handle.
+            let mut actor = Actor::new(backend, &tokenizer, name, &cfg, status_tx);
             if ready_tx.send(Ok(info)).is_err() {
                 return;
             }
-            let mut actor = Actor::new(backend, &tokenizer, name, &cfg, status_tx);
             actor.run(rx);
         })
         .map_err(|e| RuntimeError::StartFailed {
@@ -311,6 +315,7 @@ struct Actor<'t> {
     name: String,
     sched: SchedConfig,
     retry_after: Duration,
+    probe_interval: Duration,
     ctx: usize,
     waiting: VecDeque<Waiting>,
     running: Vec<Running<'t>>,
@@ -351,6 +356,7 @@ impl<'t> Actor<'t> {
             name,
             sched,
             retry_after: cfg.retry_after,
+            probe_interval: cfg.probe_interval,
             ctx,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -370,9 +376,19 @@ impl<'t> Actor<'t> {
                         break;
                     }
                     self.publish();
-                    match rx.recv() {
-                        Ok(m) => self.handle(m),
-                        Err(_) => self.disconnected = true,
+                    if self.status.consecutive_failures > 0 {
+                        // Unhealthy and idle: the router sends nothing here, so probe the
+                        // backend now and then to find out when it works again.
+                        match rx.recv_timeout(self.probe_interval) {
+                            Ok(m) => self.handle(m),
+                            Err(RecvTimeoutError::Timeout) => self.probe(),
+                            Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
+                        }
+                    } else {
+                        match rx.recv() {
+                            Ok(m) => self.handle(m),
+                            Err(_) => self.disconnected = true,
+                        }
                     }
                 } else if !self.disconnected {
                     // Only reachable while the head cannot be admitted: sleep until a message
@@ -425,6 +441,30 @@ impl<'t> Actor<'t> {
         }
         self.status.alive = false;
         self.publish();
+    }
+
+    /// A one-token step on a throw-away sequence; success clears the failure count.
+    fn probe(&mut self) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let token = self.tok.bos().unwrap_or(0);
+        let batch = StepBatch {
+            chunks: vec![SeqChunk {
+                seq: id,
+                tokens: vec![token],
+                start_pos: 0,
+                want: Want::Last,
+            }],
+        };
+        let ok = matches!(
+            catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch))),
+            Ok(Ok(ref out)) if out.n_rows() == 1
+        );
+        self.backend.release(id);
+        if ok {
+            tracing::info!(backend = %self.name, "probe step succeeded: healthy again");
+            self.status.consecutive_failures = 0;
+        }
     }
 
     fn publish(&mut self) {

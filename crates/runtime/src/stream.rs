@@ -33,6 +33,16 @@ pub struct TokenStream {
     finished: bool,
 }
 
+impl std::fmt::Debug for TokenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenStream")
+            .field("backend", &self.backend)
+            .field("route_reason", &self.route_reason)
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
 enum Next {
     Yield(TokenEvent),
     Retry,

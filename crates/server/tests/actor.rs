@@ -1,0 +1,481 @@
+//! End-to-end tests of the actor, streams, cancellation, admission and failover on the real CPU
+//! backend with the real default model (SmolLM2-135M Q4_1).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use runtime::fault::{Fault, FaultSwitch};
+use runtime::{
+    Coordinator, FinishReason, GenerateRequest, RoutingPolicy, RuntimeError, SamplingParams,
+    Summary, TokenEvent, TokenStream,
+};
+
+struct Collected {
+    ids: Vec<u32>,
+    text: String,
+    summary: Option<Summary>,
+    error: Option<RuntimeError>,
+}
+
+fn collect(stream: TokenStream) -> Collected {
+    let mut c = Collected {
+        ids: Vec::new(),
+        text: String::new(),
+        summary: None,
+        error: None,
+    };
+    for ev in stream.into_blocking() {
+        match ev {
+            TokenEvent::Token { id, text } => {
+                c.ids.push(id);
+                c.text.push_str(&text);
+            }
+            TokenEvent::Done(s) => c.summary = Some(s),
+            TokenEvent::Error(e) => c.error = Some(e),
+        }
+    }
+    c
+}
+
+fn greedy(max: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(max),
+        ..SamplingParams::greedy()
+    }
+}
+
+fn single(
+    c: Cpu,
+) -> (
+    Coordinator,
+    std::sync::Arc<tokenizer::Tokenizer>,
+    std::sync::Arc<gguf::GgufFile>,
+) {
+    let (file, tok) = open();
+    let h = cpu_actor(&file, &tok, c);
+    (
+        Coordinator::new(vec![h], RoutingPolicy::default()).unwrap(),
+        tok,
+        file,
+    )
+}
+
+#[test]
+fn batched_greedy_streams_equal_solo_runs_and_text_equals_decode() {
+    let (coord, tok, file) = single(Cpu {
+        max_seqs: 4,
+        ..Cpu::default()
+    });
+    let questions = [
+        "What is the capital of France?",
+        "Which planet is the largest in our solar system?",
+        "Name three colors.",
+    ];
+    // A long prompt (several prefill chunks of 64) joins while the others generate.
+    let long_text = "Summarize the following. ".repeat(2)
+        + &"The quick brown fox jumps over the lazy dog near the river bank. ".repeat(20);
+    let mut prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat_prompt(&tok, q)).collect();
+    prompts.push(chat_prompt(&tok, &long_text));
+    assert!(
+        prompts[3].len() > 200,
+        "long prompt has {} tokens",
+        prompts[3].len()
+    );
+
+    let n = 24;
+    let streams: Vec<TokenStream> = prompts
+        .iter()
+        .map(|p| {
+            coord
+                .submit(GenerateRequest::new(p.clone(), greedy(n)))
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<Collected> = std::thread::scope(|s| {
+        let hs: Vec<_> = streams
+            .into_iter()
+            .map(|st| s.spawn(move || collect(st)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, r) in prompts.iter().zip(&results) {
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let s = r.summary.as_ref().expect("summary");
+        let want = direct_greedy(&file, p, n, &|t| tok.is_eog(t));
+        assert_eq!(r.ids, want, "batched run differs from the solo run");
+        let ends_eog = want.last().is_some_and(|&t| tok.is_eog(t));
+        assert_eq!(
+            s.finish_reason,
+            if ends_eog {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            }
+        );
+        assert_eq!(s.usage.prompt_tokens, p.len());
+        assert_eq!(s.usage.completion_tokens, r.ids.len());
+        assert_eq!(s.backend, "cpu");
+        assert!(s.timings.time_to_first_token >= s.timings.queue_wait);
+        // Streamed text equals decoding the ids at once (EOG ids render as nothing).
+        assert_eq!(r.text, tok.decode(&r.ids).unwrap());
+    }
+    assert!(results[0].text.contains("Paris"), "{}", results[0].text);
+    assert!(results[1].text.contains("Jupiter"), "{}", results[1].text);
+}
+
+#[test]
+fn dropping_the_stream_frees_its_kv_blocks_within_a_step() {
+    let (coord, tok, _file) = single(Cpu::default());
+    let h = coord.backends()[0].clone();
+    assert_eq!(h.status().kv.blocks_used, 0);
+    let prompt = chat_prompt(&tok, "Write a long story about a dragon.");
+    let params = SamplingParams {
+        max_tokens: Some(400),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let mut it = coord
+        .submit(GenerateRequest::new(prompt.clone(), params))
+        .unwrap()
+        .into_blocking();
+    for _ in 0..5 {
+        assert!(matches!(it.next(), Some(TokenEvent::Token { .. })));
+    }
+    let used = h.status().kv.blocks_used;
+    assert!(
+        used >= prompt.len().div_ceil(16),
+        "blocks in use while generating: {used}"
+    );
+    let steps_at_drop = h.status().steps;
+    drop(it);
+    let t0 = Instant::now();
+    loop {
+        let s = h.status();
+        if s.kv.blocks_used == 0 && s.running == 0 {
+            // Freed at the latest one step after the drop was noticed.
+            assert!(
+                s.steps <= steps_at_drop + 2,
+                "took {} steps",
+                s.steps - steps_at_drop
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "blocks never came back: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn stop_strings_max_tokens_and_seeds() {
+    let (coord, tok, _file) = single(Cpu::default());
+    let prompt = chat_prompt(&tok, "Which planet is the largest in our solar system?");
+    let run = |p: SamplingParams| {
+        collect(
+            coord
+                .submit(GenerateRequest::new(prompt.clone(), p))
+                .unwrap(),
+        )
+    };
+    let full = run(greedy(40));
+    assert!(full.text.len() > 20, "{:?}", full.text);
+    // A stop string taken from the middle of the model's own answer: the output ends right
+    // before its first occurrence.
+    let words: Vec<&str> = full.text.split_whitespace().collect();
+    let stop = words[words.len() / 2].to_string();
+    let at = full.text.find(&stop).unwrap();
+    let cut = run(SamplingParams {
+        stop: vec![stop.clone()],
+        ..greedy(40)
+    });
+    assert_eq!(cut.text, full.text[..at], "stop {stop:?}");
+    assert_eq!(cut.summary.unwrap().finish_reason, FinishReason::Stop);
+    // max_tokens.
+    let short = run(greedy(3));
+    assert_eq!(short.ids, full.ids[..3]);
+    assert_eq!(short.summary.unwrap().finish_reason, FinishReason::Length);
+    // Same seed, same sampled output; the summary reports the seed.
+    let sampled = |seed| SamplingParams {
+        seed: Some(seed),
+        temperature: 1.0,
+        ..greedy(30)
+    };
+    let a = run(sampled(1234));
+    let b = run(sampled(1234));
+    assert_eq!(a.ids, b.ids);
+    assert_eq!(a.summary.unwrap().seed, 1234);
+    let c = run(sampled(99));
+    assert_ne!(a.ids, c.ids);
+}
+
+#[test]
+fn request_errors_are_typed() {
+    let (coord, tok, _file) = single(Cpu {
+        ctx: 128,
+        ..Cpu::default()
+    });
+    let long = tok
+        .encode(&"hello world ".repeat(100), true, false)
+        .unwrap();
+    assert!(long.len() >= 128);
+    let e = coord
+        .submit(GenerateRequest::new(long.clone(), greedy(4)))
+        .unwrap_err();
+    assert!(
+        matches!(e, RuntimeError::PromptTooLong { ctx: 128, .. }),
+        "{e}"
+    );
+    assert!(e.is_request_error());
+    let e = coord
+        .submit(GenerateRequest::new(vec![], greedy(4)))
+        .unwrap_err();
+    assert!(matches!(e, RuntimeError::EmptyPrompt));
+    let bad = SamplingParams {
+        top_p: 2.0,
+        ..greedy(4)
+    };
+    let e = coord
+        .submit(GenerateRequest::new(vec![1, 2, 3], bad))
+        .unwrap_err();
+    assert!(e.to_string().contains("top_p"), "{e}");
+    // An out-of-vocabulary id is refused by the actor with its index, as a stream event.
+    let r = collect(
+        coord
+            .submit(GenerateRequest::new(vec![1, 2, 999_999], greedy(4)))
+            .unwrap(),
+    );
+    assert!(
+        matches!(
+            r.error,
+            Some(RuntimeError::InvalidToken {
+                index: 2,
+                id: 999_999,
+                ..
+            })
+        ),
+        "{:?}",
+        r.error
+    );
+}
+
+#[test]
+fn admission_waits_then_refuses_as_overloaded() {
+    // One sequence slot's worth of KV: a second request waits, then is refused.
+    let (coord, tok, _file) = single(Cpu {
+        ctx: 256,
+        max_seqs: 1,
+        admission_timeout: Duration::from_millis(300),
+        ..Cpu::default()
+    });
+    let prompt = chat_prompt(&tok, "Tell me a story.");
+    let forever = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let mut first = coord
+        .submit(GenerateRequest::new(prompt.clone(), forever))
+        .unwrap()
+        .into_blocking();
+    assert!(matches!(first.next(), Some(TokenEvent::Token { .. })));
+    let t0 = Instant::now();
+    let second = collect(
+        coord
+            .submit(GenerateRequest::new(prompt.clone(), greedy(4)))
+            .unwrap(),
+    );
+    let waited = t0.elapsed();
+    match second.error {
+        Some(RuntimeError::Overloaded { retry_after, .. }) => assert!(retry_after > Duration::ZERO),
+        other => panic!("expected overloaded, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(300),
+        "refused after {waited:?}"
+    );
+    // Once the first is gone, the next one is admitted.
+    drop(first);
+    let third = collect(
+        coord
+            .submit(GenerateRequest::new(prompt, greedy(4)))
+            .unwrap(),
+    );
+    assert!(third.error.is_none(), "{:?}", third.error);
+    assert_eq!(third.ids.len(), 4);
+}
+
+#[test]
+fn two_cpu_actors_route_by_policy_and_fail_over_before_the_first_token() {
+    let (file, tok) = open();
+    let switch = FaultSwitch::new(Fault::Off);
+    let a = cpu_actor(
+        &file,
+        &tok,
+        Cpu {
+            name: "cpu:a",
+            fault: Some(switch.clone()),
+            ..Cpu::default()
+        },
+    );
+    let b = cpu_actor(
+        &file,
+        &tok,
+        Cpu {
+            name: "cpu:b",
+            ..Cpu::default()
+        },
+    );
+    let policy = RoutingPolicy::from_toml(
+        r#"
+default = ["cpu:a", "cpu:b"]
+[[rule]]
+name = "long"
+backend = "cpu:b"
+prompt_tokens_min = 20
+"#,
+        "test",
+    )
+    .unwrap();
+    let coord = Coordinator::new(vec![a.clone(), b.clone()], policy).unwrap();
+    let short = tok.encode("The capital of France is", true, false).unwrap();
+    let long = chat_prompt(&tok, "What is the capital of France?");
+    assert!(short.len() < 20 && long.len() >= 20);
+
+    let r = collect(
+        coord
+            .submit(GenerateRequest::new(short.clone(), greedy(8)))
+            .unwrap(),
+    );
+    let s = r.summary.unwrap();
+    assert_eq!(
+        (
+            s.backend.as_str(),
+            s.route_reason.starts_with("no rule matched; default")
+        ),
+        ("cpu:a", true)
+    );
+    let r = collect(
+        coord
+            .submit(GenerateRequest::new(long.clone(), greedy(8)))
+            .unwrap(),
+    );
+    let s = r.summary.unwrap();
+    assert_eq!(s.backend, "cpu:b");
+    assert!(
+        s.route_reason.contains("prompt_tokens") && s.route_reason.contains(">= 20"),
+        "{}",
+        s.route_reason
+    );
+
+    // cpu:a fails every step: the short request moves to cpu:b and yields exactly the tokens a
+    // healthy run yields.
+    let want = direct_greedy(&file, &short, 8, &|t| tok.is_eog(t));
+    switch.set(Fault::Error);
+    let st = coord
+        .submit(GenerateRequest::new(short.clone(), greedy(8)))
+        .unwrap();
+    let r = collect(st);
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let s = r.summary.unwrap();
+    assert_eq!(s.backend, "cpu:b");
+    assert!(
+        s.route_reason.contains("failover from cpu:a"),
+        "{}",
+        s.route_reason
+    );
+    assert_eq!(r.ids, want);
+    assert_eq!(
+        a.status().kv.blocks_used,
+        0,
+        "the failed sequence released its blocks"
+    );
+    // cpu:a is now unhealthy: the router skips it without trying.
+    assert!(!a.status().healthy());
+    let r = collect(
+        coord
+            .submit(GenerateRequest::new(short.clone(), greedy(2)))
+            .unwrap(),
+    );
+    let s = r.summary.unwrap();
+    assert_eq!(s.backend, "cpu:b");
+    assert!(!s.route_reason.contains("failover"), "{}", s.route_reason);
+
+    // After the first token there is no failover: the error reaches the caller.
+    switch.set(Fault::Off);
+    // Idle and unhealthy, cpu:a probes itself and becomes eligible again.
+    let t0 = Instant::now();
+    while !a.status().healthy() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never healthy again: {:?}",
+            a.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut it = coord
+        .submit(GenerateRequest::new(
+            short.clone(),
+            SamplingParams {
+                ignore_eos: true,
+                ..greedy(200)
+            },
+        ))
+        .unwrap()
+        .into_blocking();
+    assert_eq!(it.stream().backend(), "cpu:a");
+    assert!(matches!(it.next(), Some(TokenEvent::Token { .. })));
+    switch.set(Fault::Error);
+    let rest: Vec<TokenEvent> = it.collect();
+    assert!(
+        matches!(
+            rest.last(),
+            Some(TokenEvent::Error(RuntimeError::Backend { .. }))
+        ),
+        "{rest:?}"
+    );
+    switch.set(Fault::Off);
+}
+
+#[test]
+fn shutdown_cancels_or_drains_in_flight_work() {
+    let (coord, tok, _file) = single(Cpu::default());
+    let prompt = chat_prompt(&tok, "Count from one to one hundred.");
+    let long = SamplingParams {
+        ignore_eos: true,
+        ..greedy(300)
+    };
+    let mut it = coord
+        .submit(GenerateRequest::new(prompt.clone(), long))
+        .unwrap()
+        .into_blocking();
+    assert!(matches!(it.next(), Some(TokenEvent::Token { .. })));
+    let drained = coord
+        .submit(GenerateRequest::new(prompt.clone(), greedy(3)))
+        .unwrap();
+    coord.shutdown(runtime::ShutdownMode::Cancel);
+    let rest: Vec<TokenEvent> = it.collect();
+    match rest.last() {
+        Some(TokenEvent::Done(s)) => assert_eq!(s.finish_reason, FinishReason::Cancelled),
+        other => panic!("{other:?}"),
+    }
+    let d = collect(drained);
+    let cancelled = d
+        .summary
+        .as_ref()
+        .is_some_and(|s| s.finish_reason == FinishReason::Cancelled);
+    assert!(cancelled, "{:?} {:?}", d.summary, d.error);
+    coord.backends()[0].join();
+    // A stopped actor refuses new work.
+    let e = coord.submit(GenerateRequest::new(prompt, greedy(3)));
+    assert!(
+        matches!(
+            e,
+            Err(RuntimeError::NoBackend { .. }) | Err(RuntimeError::ActorGone { .. })
+        ),
+        "{:?}",
+        e.err()
+    );
+}
