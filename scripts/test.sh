@@ -7,6 +7,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
 # Python references the tests call (the gguf package for cross-checks).
 "$PY" -m pip install -q -r scripts/requirements-test.txt
+# NVRTC from PyPI so the CUDA kernels are compiled for sm_90 on a machine without a GPU
+# (crates/cuda/tests/nvrtc_compile.rs fails, rather than skips, when CROSSOVER_REQUIRE_NVRTC=1).
+"$PY" -m pip install -q "nvidia-cuda-nvrtc>=13,<14"
+NVRTC_LIB=$("$PY" -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CROSSOVER_REQUIRE_NVRTC=1
 # Data the tests read: the default model and llama.cpp's tokenizer test vectors.
 scripts/fetch_model.sh >/dev/null
 if [[ -x scripts/fetch_vocabs.sh ]]; then scripts/fetch_vocabs.sh >/dev/null; fi

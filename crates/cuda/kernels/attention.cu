@@ -1,0 +1,123 @@
+// Attention over the paged f16 KV cache, split along the context ("split-K"): block
+// (t, kvh, s) handles positions [s*split_len, (s+1)*split_len) of token t's context for the
+// G = n_head / n_kv query heads that share key/value head kvh, keeping an online softmax
+// (running max m, sum l, weighted sum acc). attn_combine merges the splits. Decode at 4K
+// context thus spreads one token's 4096 positions over many blocks, and prefill runs the
+// same code with each token's own context length (causal mask = length pos + 1).
+//
+// The cache row of position p of token t's sequence is
+// btab[tok_seq[t] * max_blocks + p / bt] * bt + p % bt.
+
+#define ATT_WARPS 4
+#define ATT_MAXG 8
+
+template <int D>  // D = head_dim / 32 elements per lane
+__device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
+                                  const int* tok_seq, const int* btab, int max_blocks, int bt,
+                                  int n_head, int n_kv, float scale, int split_len, float* part) {
+    constexpr int HD = 32 * D;
+    __shared__ float sm[ATT_WARPS][ATT_MAXG], sl[ATT_WARPS][ATT_MAXG];
+    __shared__ float sacc[ATT_WARPS][ATT_MAXG][HD];
+    int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_split = gridDim.z;
+    int G = n_head / n_kv;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int len = tok_pos[t] + 1;
+    int p0 = s * split_len, p1 = min(len, p0 + split_len);
+    const int* bl = btab + (long long)tok_seq[t] * max_blocks;
+    long long kv_row = (long long)n_kv * HD;
+
+    float qv[ATT_MAXG][D], acc[ATT_MAXG][D], m[ATT_MAXG], l[ATT_MAXG];
+#pragma unroll
+    for (int g = 0; g < ATT_MAXG; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            acc[g][d] = 0.0f;
+            qv[g][d] = g < G ? q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d] * scale : 0.0f;
+        }
+    }
+    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
+        long long row = (long long)bl[p / bt] * bt + p % bt;
+        const u16* kr = kc + row * kv_row + kvh * HD + lane * D;
+        const u16* vr = vc + row * kv_row + kvh * HD + lane * D;
+        float kf[D], vf[D];
+#pragma unroll
+        for (int d = 0; d < D; d++) { kf[d] = h2f(kr[d]); vf[d] = h2f(vr[d]); }
+#pragma unroll
+        for (int g = 0; g < ATT_MAXG; g++) {
+            if (g < G) {
+                float sc = 0.0f;
+#pragma unroll
+                for (int d = 0; d < D; d++) sc += qv[g][d] * kf[d];
+                sc = warp_sum(sc);
+                float mn = fmaxf(m[g], sc);
+                float c = expf(m[g] - mn), e = expf(sc - mn);
+                l[g] = l[g] * c + e;
+#pragma unroll
+                for (int d = 0; d < D; d++) acc[g][d] = acc[g][d] * c + e * vf[d];
+                m[g] = mn;
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < ATT_MAXG; g++) {
+        if (g < G) {
+            if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = l[g]; }
+#pragma unroll
+            for (int d = 0; d < D; d++) sacc[warp][g][lane * D + d] = acc[g][d];
+        }
+    }
+    __syncthreads();
+    // Merge the warps: thread i handles element i of every head.
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int g = e / HD, d = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float c = sm[w][g] == NEG_INF ? 0.0f : expf(sm[w][g] - M);
+                L += sl[w][g] * c;
+                A += sacc[w][g][d] * c;
+            }
+        }
+        int h = kvh * G + g;
+        float* o = part + (((long long)t * n_head + h) * n_split + s) * (HD + 2);
+        o[2 + d] = A;
+        if (d == 0) { o[0] = M; o[1] = L; }
+    }
+}
+
+// out[t, h*HD + d] = merge of the n_split partial results. grid = (tokens, n_head), block = HD.
+extern "C" __global__ void attn_combine(const float* part, int n_head, int hd, int n_split,
+                                        float* out) {
+    int t = blockIdx.x, h = blockIdx.y;
+    const float* pp = part + ((long long)t * n_head + h) * n_split * (hd + 2);
+    float M = NEG_INF;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            float ms = pp[s * (hd + 2)];
+            if (ms == NEG_INF) continue;
+            float c = expf(ms - M);
+            L += pp[s * (hd + 2) + 1] * c;
+            A += pp[s * (hd + 2) + 2 + d] * c;
+        }
+        out[((long long)t * n_head + h) * hd + d] = A / L;
+    }
+}
+
+#define DEF_ATTN(D) \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_partial_d##D( \
+        const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
+        const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, int split_len, \
+        float* part) { \
+        attn_partial_impl<D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
+                             scale, split_len, part); \
+    }
+DEF_ATTN(2)
+DEF_ATTN(3)
+DEF_ATTN(4)
+DEF_ATTN(8)

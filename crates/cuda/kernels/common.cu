@@ -1,0 +1,60 @@
+// Shared helpers for every kernel file. The files are concatenated in the order
+// `src/compile.rs` lists them and compiled as one NVRTC program, so nothing here may
+// depend on CUDA headers: NVRTC ships none by default and the CI check has none.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+// f16 bits to f32 through the hardware conversion (no cuda_fp16.h needed).
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// f32 to f16 bits, round to nearest even (what the CPU's `half::f16::from_f32` does).
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// Loads at the widths a block's alignment allows. GGUF blocks are packed, so a block of 18,
+// 22, 34, 110 or 210 bytes is only 2-byte aligned inside a row.
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
+// A 4-byte value at a 2-byte aligned address.
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of up to 1024 threads; every thread gets the result. `sh` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(t);
+}

@@ -1,0 +1,114 @@
+// Row and element-wise operations of the forward pass.
+
+// out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid.x = output rows.
+// out_h (optional) receives the same row as f16, the GEMM path's activation operand.
+extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
+                                    float* out, u16* out_h) {
+    __shared__ float sh[32];
+    long long i = blockIdx.x;
+    long long r = rows ? rows[i] : i;
+    const float* xr = x + r * n;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) s += xr[c] * xr[c];
+    s = block_sum(s, sh);
+    float scale = rsqrtf(s / (float)n + eps);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        float o = xr[c] * scale * w[c];
+        if (out) out[i * n + c] = o;
+        if (out_h) out_h[i * n + c] = f2h(o);
+    }
+}
+
+// Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.
+// grid.x = tokens. q is rotated in place (it feeds attention next); k and v go to row slot[t]
+// of kc/vc (rows of n_kv*hd). neox selects pairs (i, i + hd/2) instead of (2i, 2i+1).
+extern "C" __global__ void rope_store(float* q, const float* k, const float* v, const float* bq,
+                                      const float* bk, const float* bv, const int* pos,
+                                      const int* slot, const float* inv_freq, int n_head, int n_kv,
+                                      int hd, int neox, u16* kc, u16* vc) {
+    int t = blockIdx.x;
+    float p = (float)pos[t];
+    int half = hd / 2;
+    long long kv_row = (long long)n_kv * hd;
+    long long dst = (long long)slot[t] * kv_row;
+    float* qt = q + (long long)t * n_head * hd;
+    const float* kt = k + t * kv_row;
+    const float* vt = v + t * kv_row;
+    for (int e = threadIdx.x; e < (n_head + n_kv) * half; e += blockDim.x) {
+        bool is_q = e < n_head * half;
+        int pe = is_q ? e : e - n_head * half;
+        int h = pe / half, i = pe % half;
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        int ia = h * hd + a, ib = h * hd + b;
+        float x0, x1;
+        if (is_q) {
+            x0 = qt[ia] + (bq ? bq[ia] : 0.0f);
+            x1 = qt[ib] + (bq ? bq[ib] : 0.0f);
+        } else {
+            x0 = kt[ia] + (bk ? bk[ia] : 0.0f);
+            x1 = kt[ib] + (bk ? bk[ib] : 0.0f);
+        }
+        float s, c;
+        sincosf(p * inv_freq[i], &s, &c);
+        float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        if (is_q) {
+            qt[ia] = y0;
+            qt[ib] = y1;
+        } else {
+            kc[dst + ia] = f2h(y0);
+            kc[dst + ib] = f2h(y1);
+        }
+    }
+    for (int e = threadIdx.x; e < kv_row; e += blockDim.x)
+        vc[dst + e] = f2h(vt[e] + (bv ? bv[e] : 0.0f));
+}
+
+// g = silu(g) * u (the GEMM path; the decode path fuses this into the gate/up product).
+extern "C" __global__ void swiglu(float* g, const float* u, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+extern "C" __global__ void to_f16(const float* x, long long n, u16* out) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = f2h(x[i]);
+}
+
+// Index of the largest logit of each row (the lowest index among equals; NaN never wins).
+// grid.x = rows, blockDim.x = 1024.
+extern "C" __global__ void argmax_rows(const float* x, int n, int* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* r = x + (long long)blockIdx.x * n;
+    float best = NEG_INF;
+    int bi = n;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        float v = r[c];
+        if (v > best) { best = v; bi = c; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : NEG_INF;
+        bi = lane < nw ? si[lane] : n;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (lane == 0) out[blockIdx.x] = bi < n ? bi : 0;
+    }
+}

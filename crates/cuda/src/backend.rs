@@ -1,0 +1,1010 @@
+//! The CUDA backend: a Llama-family forward pass over a paged f16 KV cache, on one GPU.
+//!
+//! Decode steps (one new token per sequence, at most 8 sequences) run fused dequantize+matvec
+//! kernels and are replayed from CUDA graphs captured per batch-size bucket (1, 2, 4, 8); every
+//! per-step value those graphs read (token ids, positions, cache slots, block tables) lives in
+//! device buffers refreshed before each replay. Larger steps (prefill, wide batches) run eagerly
+//! with cuBLAS GEMMs over f16 copies of the weights.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gguf::{GgmlType, GgufFile, TensorInfo};
+use model::{ModelConfig, ModelWeights, RopeStyle};
+use runtime::kv::BlockAllocator;
+use runtime::{
+    Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqId, StepBatch, StepOutput, Support,
+    Want,
+};
+
+use crate::device::{DevBuf, Gpu};
+use crate::error::CudaError;
+use crate::kernels::{self, matrix_bytes, MV_MAX_NT};
+
+/// How f16 weight copies for the GEMM (prefill) path are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmWeights {
+    /// Every matrix also kept as f16 (fastest prefill; 2 bytes per weight of extra memory).
+    Cached,
+    /// Dequantized into one scratch buffer right before each GEMM.
+    OnTheFly,
+    /// Decide at load: cached when the copies take under half the free memory.
+    Auto,
+}
+
+/// How to set up the CUDA backend.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// Device index.
+    pub device: usize,
+    /// Most tokens one sequence may hold.
+    pub ctx_size: usize,
+    /// Sequences live at once (KV pool = ctx_size * max_seqs tokens).
+    pub max_seqs: usize,
+    /// Tokens per KV block.
+    pub block_tokens: usize,
+    /// Most tokens in one step.
+    pub max_batch_tokens: usize,
+    /// Replay decode steps from CUDA graphs (eager launches when false or when capture fails).
+    pub graphs: bool,
+    /// f16 weight copies for the GEMM path.
+    pub gemm_weights: GemmWeights,
+    /// Steps with more tokens than this use cuBLAS GEMMs (when present); smaller ones the fused
+    /// matrix-vector kernels.
+    pub gemm_min_tokens: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            ctx_size: 4096,
+            max_seqs: 8,
+            block_tokens: 32,
+            max_batch_tokens: 512,
+            graphs: true,
+            gemm_weights: GemmWeights::Auto,
+            gemm_min_tokens: MV_MAX_NT,
+        }
+    }
+}
+
+struct Mat {
+    name: String,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    q: DevBuf,
+    f16: Option<DevBuf>,
+}
+
+struct Layer {
+    attn_norm: DevBuf,
+    ffn_norm: DevBuf,
+    wq: Mat,
+    wk: Mat,
+    wv: Mat,
+    wo: Mat,
+    bq: Option<DevBuf>,
+    bk: Option<DevBuf>,
+    bv: Option<DevBuf>,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+struct Scratch {
+    x: DevBuf,
+    xn: DevBuf,
+    xh: DevBuf,
+    q: DevBuf,
+    k: DevBuf,
+    v: DevBuf,
+    att: DevBuf,
+    g: DevBuf,
+    u: DevBuf,
+    part: DevBuf,
+    hn: DevBuf,
+    logits: DevBuf,
+    argmax: DevBuf,
+    wf16: Option<DevBuf>,
+    tok_ids: DevBuf,
+    tok_pos: DevBuf,
+    tok_slot: DevBuf,
+    tok_seq: DevBuf,
+    out_rows: DevBuf,
+    btab: DevBuf,
+}
+
+/// Host copies of one step's metadata.
+#[derive(Default)]
+struct Meta {
+    ids: Vec<i32>,
+    pos: Vec<i32>,
+    slot: Vec<i32>,
+    seq: Vec<i32>,
+    out_rows: Vec<i32>,
+    btab: Vec<i32>,
+}
+
+/// One captured decode graph: batch bucket and attention split it was captured with.
+struct Graph {
+    bucket: usize,
+    graph: cudarc::driver::CudaGraph,
+}
+
+/// The CUDA backend. Lives on one actor thread.
+pub struct CudaBackend {
+    graphs: Vec<Graph>,
+    graph_failed: Option<String>,
+    s: Scratch,
+    kc: Vec<DevBuf>,
+    vc: Vec<DevBuf>,
+    layers: Vec<Layer>,
+    embd: Mat,
+    output: Option<Mat>,
+    output_norm: DevBuf,
+    inv_freq: DevBuf,
+    alloc: BlockAllocator,
+    cfg: ModelConfig,
+    opts: CudaOptions,
+    info: BackendInfo,
+    max_blocks: usize,
+    n_blocks: usize,
+    max_split: usize,
+    meta: Meta,
+    /// Graph replays and eager steps so far (for reports).
+    pub stats: StepStats,
+    gpu: Gpu,
+}
+
+/// Counters of how steps ran.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepStats {
+    pub graph_steps: u64,
+    pub eager_steps: u64,
+    pub gemm_calls: u64,
+}
+
+fn model_err(path: &str, why: impl Into<String>) -> CudaError {
+    CudaError::Model {
+        path: path.to_string(),
+        why: why.into(),
+    }
+}
+
+fn vector(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<DevBuf, CudaError> {
+    let n = info.n_elements() as usize;
+    let v = quant::dequantize_to_vec(info.ty, file.tensor_data(info), n)
+        .map_err(|e| model_err(&info.name, e.to_string()))?;
+    gpu.upload(&v)
+}
+
+fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, CudaError> {
+    let cols = info.dims.first().copied().unwrap_or(0) as usize;
+    let rows = info.dims.iter().skip(1).product::<u64>() as usize;
+    if !kernels::supports(info.ty) {
+        return Err(model_err(
+            &info.name,
+            format!("type {} has no GPU kernel", info.ty),
+        ));
+    }
+    let be = info.ty.block_size().max(32);
+    if !cols.is_multiple_of(be) {
+        return Err(model_err(
+            &info.name,
+            format!("{cols} columns is not a multiple of {be}"),
+        ));
+    }
+    let data = file.tensor_data(info);
+    if data.len() != matrix_bytes(info.ty, rows, cols) {
+        return Err(model_err(
+            &info.name,
+            format!("{} bytes of data for {rows}x{cols} {}", data.len(), info.ty),
+        ));
+    }
+    Ok(Mat {
+        name: info.name.clone(),
+        ty: info.ty,
+        rows,
+        cols,
+        q: gpu.upload(data)?,
+        f16: None,
+    })
+}
+
+/// Inverse frequencies `base^(-2i/n_rot) * freq_scale / factor_i`, as the CPU backend computes them.
+fn inv_freq(cfg: &ModelConfig, factors: Option<&[f32]>) -> Vec<f32> {
+    let n_rot = cfg.n_rot;
+    let scale = cfg.rope_freq_scale();
+    (0..n_rot / 2)
+        .map(|i| {
+            let f = cfg.rope_freq_base.powf(-2.0 * i as f32 / n_rot as f32) * scale;
+            match factors.and_then(|ff| ff.get(i)) {
+                Some(&d) if d != 0.0 => f / d,
+                _ => f,
+            }
+        })
+        .collect()
+}
+
+fn dev(e: CudaError) -> BackendError {
+    BackendError::Device {
+        backend: "cuda".into(),
+        msg: e.to_string(),
+    }
+}
+
+impl CudaBackend {
+    /// Open a GGUF file and load it onto the GPU.
+    pub fn load(path: impl AsRef<Path>, opts: &CudaOptions) -> Result<CudaBackend, CudaError> {
+        let p = path.as_ref().display().to_string();
+        let file = GgufFile::open(path.as_ref()).map_err(|source| CudaError::Open {
+            path: p.clone(),
+            source,
+        })?;
+        Self::from_file(Arc::new(file), &p, opts)
+    }
+
+    /// Load an already opened file.
+    pub fn from_file(
+        file: Arc<GgufFile>,
+        label: &str,
+        opts: &CudaOptions,
+    ) -> Result<CudaBackend, CudaError> {
+        for (name, v) in [
+            ("ctx_size", opts.ctx_size),
+            ("max_seqs", opts.max_seqs),
+            ("block_tokens", opts.block_tokens),
+            ("max_batch_tokens", opts.max_batch_tokens),
+        ] {
+            if v == 0 {
+                return Err(CudaError::Option {
+                    name,
+                    value: "0".into(),
+                    why: "must be > 0",
+                });
+            }
+        }
+        let gpu = Gpu::new(opts.device)?;
+        let cfg = ModelConfig::from_gguf(&file).map_err(|e| model_err(label, e.to_string()))?;
+        let w =
+            ModelWeights::from_gguf(&cfg, &file).map_err(|e| model_err(label, e.to_string()))?;
+        if !kernels::HEAD_DIMS.contains(&cfg.head_dim) {
+            return Err(model_err(
+                label,
+                format!(
+                    "head size {} has no attention kernel (64, 96, 128, 256)",
+                    cfg.head_dim
+                ),
+            ));
+        }
+        if cfg.n_gqa() > 8 {
+            return Err(model_err(label, "more than 8 query heads per KV head"));
+        }
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for l in &w.layers {
+            let opt =
+                |t: &Option<TensorInfo>| t.as_ref().map(|i| vector(&gpu, &file, i)).transpose();
+            layers.push(Layer {
+                attn_norm: vector(&gpu, &file, &l.attn_norm)?,
+                ffn_norm: vector(&gpu, &file, &l.ffn_norm)?,
+                wq: upload_mat(&gpu, &file, &l.attn_q)?,
+                wk: upload_mat(&gpu, &file, &l.attn_k)?,
+                wv: upload_mat(&gpu, &file, &l.attn_v)?,
+                wo: upload_mat(&gpu, &file, &l.attn_output)?,
+                bq: opt(&l.attn_q_bias)?,
+                bk: opt(&l.attn_k_bias)?,
+                bv: opt(&l.attn_v_bias)?,
+                gate: upload_mat(&gpu, &file, &l.ffn_gate)?,
+                up: upload_mat(&gpu, &file, &l.ffn_up)?,
+                down: upload_mat(&gpu, &file, &l.ffn_down)?,
+            });
+        }
+        let embd = upload_mat(&gpu, &file, &w.token_embd)?;
+        let output = if cfg.tied_output {
+            None
+        } else {
+            Some(upload_mat(&gpu, &file, &w.output)?)
+        };
+        let output_norm = vector(&gpu, &file, &w.output_norm)?;
+        let factors = match &w.rope_freqs {
+            Some(i) => Some(
+                quant::dequantize_to_vec(i.ty, file.tensor_data(i), i.n_elements() as usize)
+                    .map_err(|e| model_err(&i.name, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let inv = gpu.upload(&inv_freq(&cfg, factors.as_deref()))?;
+
+        // KV cache: one extra block receives the writes of padding tokens in graph replays.
+        let bt = opts.block_tokens;
+        let max_blocks = opts.ctx_size.div_ceil(bt);
+        let n_blocks = max_blocks * opts.max_seqs;
+        let kv_row = cfg.n_embd_kv();
+        let kv_bytes = (n_blocks + 1) * bt * kv_row * 2;
+        let mut kc = Vec::with_capacity(cfg.n_layer);
+        let mut vc = Vec::with_capacity(cfg.n_layer);
+        for _ in 0..cfg.n_layer {
+            kc.push(gpu.alloc_zeroed(kv_bytes)?);
+            vc.push(gpu.alloc_zeroed(kv_bytes)?);
+        }
+
+        let n = opts.max_batch_tokens;
+        let (e, qd, kvd, ff, nv) = (cfg.n_embd, cfg.n_embd_q(), kv_row, cfg.n_ff, cfg.n_vocab);
+        let widest = e.max(qd).max(ff);
+        let max_split = max_split(gpu.sms as usize, opts.ctx_size);
+        // Every step has tokens * splits <= 2 * SMs / n_kv + tokens (see `splits`).
+        let part_floats = (n + 2 * gpu.sms as usize + MV_MAX_NT) * cfg.n_head * (cfg.head_dim + 2);
+        let f4 = 4usize;
+        let mut s = Scratch {
+            x: gpu.alloc(n * e * f4)?,
+            xn: gpu.alloc(n * e * f4)?,
+            xh: gpu.alloc(n * widest * 2)?,
+            q: gpu.alloc(n * qd * f4)?,
+            k: gpu.alloc(n * kvd * f4)?,
+            v: gpu.alloc(n * kvd * f4)?,
+            att: gpu.alloc(n * qd * f4)?,
+            g: gpu.alloc(n * ff * f4)?,
+            u: gpu.alloc(n * ff * f4)?,
+            part: gpu.alloc(part_floats * f4)?,
+            hn: gpu.alloc(n * e * f4)?,
+            logits: gpu.alloc(n * nv * f4)?,
+            argmax: gpu.alloc(n * 4)?,
+            wf16: None,
+            tok_ids: gpu.alloc(n * 4)?,
+            tok_pos: gpu.alloc(n * 4)?,
+            tok_slot: gpu.alloc(n * 4)?,
+            tok_seq: gpu.alloc(n * 4)?,
+            out_rows: gpu.alloc(n * 4)?,
+            btab: gpu.alloc((opts.max_seqs + 1) * max_blocks * 4)?,
+        };
+
+        // f16 weight copies for the GEMM path.
+        let mut layers = layers;
+        let mut embd = embd;
+        let mut output = output;
+        if gpu.has_blas() && n > opts.gemm_min_tokens {
+            let mut all: Vec<&Mat> = Vec::new();
+            for l in &layers {
+                all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+            }
+            all.push(output.as_ref().unwrap_or(&embd));
+            let total: usize = all.iter().map(|m| m.rows * m.cols * 2).sum();
+            let largest = all.iter().map(|m| m.rows * m.cols * 2).max().unwrap_or(0);
+            let (free, _) = gpu.mem_info()?;
+            let cache = match opts.gemm_weights {
+                GemmWeights::Cached => true,
+                GemmWeights::OnTheFly => false,
+                GemmWeights::Auto => (total as u64) < free / 2,
+            };
+            if cache {
+                let conv = |m: &mut Mat| -> Result<(), CudaError> {
+                    let b = gpu.alloc(m.rows * m.cols * 2)?;
+                    gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
+                    m.f16 = Some(b);
+                    Ok(())
+                };
+                for l in &mut layers {
+                    for m in [
+                        &mut l.wq,
+                        &mut l.wk,
+                        &mut l.wv,
+                        &mut l.wo,
+                        &mut l.gate,
+                        &mut l.up,
+                        &mut l.down,
+                    ] {
+                        conv(m)?;
+                    }
+                }
+                match output.as_mut() {
+                    Some(o) => conv(o)?,
+                    None => conv(&mut embd)?,
+                }
+            } else {
+                s.wf16 = Some(gpu.alloc(largest)?);
+            }
+        }
+        gpu.sync()?;
+
+        let info = BackendInfo {
+            name: format!("cuda:{}", opts.device),
+            device: format!(
+                "{} (sm_{}{}, {} SMs, {:.0} GiB)",
+                gpu.name,
+                gpu.cc.0,
+                gpu.cc.1,
+                gpu.sms,
+                gpu.total_mem as f64 / (1u64 << 30) as f64
+            ),
+            max_batch_tokens: n,
+            max_batch_seqs: opts.max_seqs,
+            max_seq_tokens: opts.ctx_size,
+            kv_block_tokens: bt,
+        };
+        Ok(CudaBackend {
+            graphs: Vec::new(),
+            graph_failed: None,
+            s,
+            kc,
+            vc,
+            layers,
+            embd,
+            output,
+            output_norm,
+            inv_freq: inv,
+            alloc: BlockAllocator::new(n_blocks, bt),
+            cfg,
+            opts: opts.clone(),
+            info,
+            max_blocks,
+            n_blocks,
+            max_split,
+            meta: Meta::default(),
+            stats: StepStats::default(),
+            gpu,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Why graph capture was given up, if it was.
+    pub fn graph_failure(&self) -> Option<&str> {
+        self.graph_failed.as_deref()
+    }
+
+    fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
+        let n = batch.n_tokens();
+        if n > self.info.max_batch_tokens {
+            return Err(BackendError::BatchTooLarge {
+                what: "tokens",
+                got: n,
+                max: self.info.max_batch_tokens,
+            });
+        }
+        if batch.chunks.len() > self.info.max_batch_seqs {
+            return Err(BackendError::BatchTooLarge {
+                what: "sequences",
+                got: batch.chunks.len(),
+                max: self.info.max_batch_seqs,
+            });
+        }
+        let mut need = 0;
+        for (i, c) in batch.chunks.iter().enumerate() {
+            if batch.chunks[..i].iter().any(|o| o.seq == c.seq) {
+                return Err(BackendError::BatchTooLarge {
+                    what: "chunks of one sequence",
+                    got: 2,
+                    max: 1,
+                });
+            }
+            let have = self.alloc.seq_len(c.seq);
+            if c.start_pos != have {
+                return Err(BackendError::PositionMismatch {
+                    seq: c.seq,
+                    got: c.start_pos,
+                    have,
+                });
+            }
+            let end = c.start_pos + c.tokens.len();
+            if end > self.info.max_seq_tokens {
+                return Err(BackendError::ContextOverflow {
+                    seq: c.seq,
+                    pos: end.saturating_sub(1),
+                    max: self.info.max_seq_tokens,
+                });
+            }
+            if let Some((index, &id)) = c
+                .tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id as usize >= self.cfg.n_vocab)
+            {
+                return Err(BackendError::InvalidToken {
+                    seq: c.seq,
+                    index,
+                    id,
+                    n_vocab: self.cfg.n_vocab,
+                });
+            }
+            need += self.alloc.blocks_needed(c.seq, end);
+        }
+        let free = self.alloc.stats().blocks_free();
+        if need > free {
+            let seq = batch.chunks.first().map_or(0, |c| c.seq);
+            return Err(BackendError::KvFull {
+                seq,
+                needed: need,
+                free,
+            });
+        }
+        Ok(())
+    }
+
+    /// Fill the host metadata for `batch` padded to `padded` tokens; returns the number of
+    /// logits rows and the longest context in the step.
+    fn build_meta(&mut self, batch: &StepBatch, padded: usize, all_rows: bool) -> (usize, usize) {
+        let bt = self.opts.block_tokens;
+        let trash_block = self.n_blocks as i32;
+        let mb = self.max_blocks;
+        let m = &mut self.meta;
+        m.ids.clear();
+        m.pos.clear();
+        m.slot.clear();
+        m.seq.clear();
+        m.out_rows.clear();
+        m.btab.clear();
+        m.btab.resize((batch.chunks.len() + 1) * mb, trash_block);
+        let mut max_len = 1;
+        for (ci, c) in batch.chunks.iter().enumerate() {
+            let blocks = self.alloc.blocks(c.seq);
+            for (j, &b) in blocks.iter().enumerate().take(mb) {
+                m.btab[ci * mb + j] = b as i32;
+            }
+            for (ti, &id) in c.tokens.iter().enumerate() {
+                let p = c.start_pos + ti;
+                let b = blocks.get(p / bt).copied().unwrap_or(self.n_blocks as u32);
+                let want = match c.want {
+                    Want::All => true,
+                    Want::Last => ti + 1 == c.tokens.len(),
+                    Want::None => false,
+                };
+                if want || all_rows {
+                    m.out_rows.push(m.ids.len() as i32);
+                }
+                m.ids.push(id as i32);
+                m.pos.push(p as i32);
+                m.slot.push((b as usize * bt + p % bt) as i32);
+                m.seq.push(ci as i32);
+                max_len = max_len.max(p + 1);
+            }
+        }
+        // Padding tokens: position 0 of a sequence whose every block is the spare one.
+        let pad_row = batch.chunks.len() as i32;
+        while m.ids.len() < padded {
+            if all_rows {
+                m.out_rows.push(m.ids.len() as i32);
+            }
+            m.ids.push(0);
+            m.pos.push(0);
+            m.slot.push(self.n_blocks as i32 * bt as i32);
+            m.seq.push(pad_row);
+        }
+        (m.out_rows.len(), max_len)
+    }
+
+    fn upload_meta(&self) -> Result<(), CudaError> {
+        let g = &self.gpu;
+        let s = &self.s;
+        g.write(&s.tok_ids, 0, &self.meta.ids)?;
+        g.write(&s.tok_pos, 0, &self.meta.pos)?;
+        g.write(&s.tok_slot, 0, &self.meta.slot)?;
+        g.write(&s.tok_seq, 0, &self.meta.seq)?;
+        g.write(&s.out_rows, 0, &self.meta.out_rows)?;
+        g.write(&s.btab, 0, &self.meta.btab)?;
+        Ok(())
+    }
+
+    /// Splits of the attention for `n` tokens whose longest context is `max_len`.
+    fn splits(&self, n: usize, max_len: usize) -> (usize, usize) {
+        let want = (2 * self.gpu.sms as usize)
+            .div_ceil(n * self.cfg.n_head_kv)
+            .max(1);
+        let n_split = want.min(max_len.div_ceil(32)).min(self.max_split).max(1);
+        let split_len = max_len.div_ceil(n_split).div_ceil(32) * 32;
+        (max_len.div_ceil(split_len), split_len)
+    }
+
+    /// `y (+)= W x` for `n` tokens, choosing matvec or GEMM.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        gpu: &Gpu,
+        opts: &CudaOptions,
+        m: &Mat,
+        x: u64,
+        xh: u64,
+        wf16: Option<&DevBuf>,
+        n: usize,
+        y: u64,
+        acc: bool,
+        stats: &mut StepStats,
+    ) -> Result<(), CudaError> {
+        if n > opts.gemm_min_tokens && gpu.has_blas() {
+            let w = match (&m.f16, wf16) {
+                (Some(b), _) => b.ptr(),
+                (None, Some(b)) => {
+                    gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
+                    b.ptr()
+                }
+                (None, None) => 0,
+            };
+            if w != 0 {
+                gpu.to_f16(x, n * m.cols, xh)?;
+                stats.gemm_calls += 1;
+                return gpu.gemm_f16(w, xh, y, m.rows, n, m.cols, if acc { 1.0 } else { 0.0 });
+            }
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(MV_MAX_NT);
+            gpu.matvec(
+                m.ty,
+                m.q.ptr(),
+                m.rows,
+                m.cols,
+                x + (t0 * m.cols * 4) as u64,
+                nt,
+                y + (t0 * m.rows * 4) as u64,
+                acc,
+            )
+            .map_err(|e| match e {
+                CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
+                o => o,
+            })?;
+            t0 += nt;
+        }
+        Ok(())
+    }
+
+    /// Queue the whole forward pass for `n` tokens whose metadata is on the device; logits of
+    /// the `n_out` rows listed in `out_rows` land in `logits`.
+    fn enqueue(
+        &mut self,
+        n: usize,
+        n_out: usize,
+        n_split: usize,
+        split_len: usize,
+    ) -> Result<(), CudaError> {
+        let gpu = &self.gpu;
+        let cfg = &self.cfg;
+        let s = &self.s;
+        let o = &self.opts;
+        let st = &mut self.stats;
+        let (e, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_head_kv);
+        let wf = s.wf16.as_ref();
+        gpu.get_rows(
+            self.embd.ty,
+            self.embd.q.ptr(),
+            e,
+            s.tok_ids.ptr(),
+            n,
+            s.x.ptr(),
+        )?;
+        let matvec_path = n <= o.gemm_min_tokens || !gpu.has_blas();
+        for (li, l) in self.layers.iter().enumerate() {
+            gpu.rms_norm(
+                s.x.ptr(),
+                0,
+                l.attn_norm.ptr(),
+                e,
+                cfg.rms_norm_eps,
+                n,
+                s.xn.ptr(),
+                0,
+            )?;
+            Self::linear(
+                gpu,
+                o,
+                &l.wq,
+                s.xn.ptr(),
+                s.xh.ptr(),
+                wf,
+                n,
+                s.q.ptr(),
+                false,
+                st,
+            )?;
+            Self::linear(
+                gpu,
+                o,
+                &l.wk,
+                s.xn.ptr(),
+                s.xh.ptr(),
+                wf,
+                n,
+                s.k.ptr(),
+                false,
+                st,
+            )?;
+            Self::linear(
+                gpu,
+                o,
+                &l.wv,
+                s.xn.ptr(),
+                s.xh.ptr(),
+                wf,
+                n,
+                s.v.ptr(),
+                false,
+                st,
+            )?;
+            let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
+            gpu.rope_store(
+                n,
+                s.q.ptr(),
+                s.k.ptr(),
+                s.v.ptr(),
+                [b(&l.bq), b(&l.bk), b(&l.bv)],
+                s.tok_pos.ptr(),
+                s.tok_slot.ptr(),
+                self.inv_freq.ptr(),
+                nh,
+                nkv,
+                hd,
+                cfg.rope_style == RopeStyle::Neox,
+                self.kc[li].ptr(),
+                self.vc[li].ptr(),
+            )?;
+            gpu.attn_partial(
+                n,
+                s.q.ptr(),
+                self.kc[li].ptr(),
+                self.vc[li].ptr(),
+                s.tok_pos.ptr(),
+                s.tok_seq.ptr(),
+                s.btab.ptr(),
+                self.max_blocks,
+                o.block_tokens,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                split_len,
+                s.part.ptr(),
+            )?;
+            gpu.attn_combine(n, s.part.ptr(), nh, hd, n_split, s.att.ptr())?;
+            Self::linear(
+                gpu,
+                o,
+                &l.wo,
+                s.att.ptr(),
+                s.xh.ptr(),
+                wf,
+                n,
+                s.x.ptr(),
+                true,
+                st,
+            )?;
+            gpu.rms_norm(
+                s.x.ptr(),
+                0,
+                l.ffn_norm.ptr(),
+                e,
+                cfg.rms_norm_eps,
+                n,
+                s.xn.ptr(),
+                0,
+            )?;
+            if matvec_path && l.gate.ty == l.up.ty && n <= MV_MAX_NT {
+                gpu.matvec_swiglu(
+                    l.gate.ty,
+                    l.gate.q.ptr(),
+                    l.up.q.ptr(),
+                    l.gate.rows,
+                    l.gate.cols,
+                    s.xn.ptr(),
+                    n,
+                    s.g.ptr(),
+                )?;
+            } else {
+                Self::linear(
+                    gpu,
+                    o,
+                    &l.gate,
+                    s.xn.ptr(),
+                    s.xh.ptr(),
+                    wf,
+                    n,
+                    s.g.ptr(),
+                    false,
+                    st,
+                )?;
+                Self::linear(
+                    gpu,
+                    o,
+                    &l.up,
+                    s.xn.ptr(),
+                    s.xh.ptr(),
+                    wf,
+                    n,
+                    s.u.ptr(),
+                    false,
+                    st,
+                )?;
+                gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
+            }
+            Self::linear(
+                gpu,
+                o,
+                &l.down,
+                s.g.ptr(),
+                s.xh.ptr(),
+                wf,
+                n,
+                s.x.ptr(),
+                true,
+                st,
+            )?;
+        }
+        if n_out == 0 {
+            return Ok(());
+        }
+        gpu.rms_norm(
+            s.x.ptr(),
+            s.out_rows.ptr(),
+            self.output_norm.ptr(),
+            e,
+            cfg.rms_norm_eps,
+            n_out,
+            s.hn.ptr(),
+            0,
+        )?;
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        Self::linear(
+            gpu,
+            o,
+            out,
+            s.hn.ptr(),
+            s.xh.ptr(),
+            wf,
+            n_out,
+            s.logits.ptr(),
+            false,
+            st,
+        )
+    }
+
+    fn is_decode(&self, batch: &StepBatch) -> bool {
+        let n = batch.chunks.len();
+        self.opts.graphs
+            && self.graph_failed.is_none()
+            && n > 0
+            && n <= MV_MAX_NT
+            && batch
+                .chunks
+                .iter()
+                .all(|c| c.tokens.len() == 1 && c.want != Want::None)
+    }
+
+    /// Run a step, leaving logits of the wanted rows on the device. Returns the row count.
+    fn run_step(&mut self, batch: &StepBatch) -> Result<usize, BackendError> {
+        self.check(batch)?;
+        for c in &batch.chunks {
+            self.alloc.grow(c.seq, c.start_pos + c.tokens.len())?;
+        }
+        let n = batch.n_tokens();
+        if n == 0 {
+            return Ok(0);
+        }
+        if self.is_decode(batch) {
+            let bucket = kernels::MV_NT
+                .iter()
+                .copied()
+                .find(|&b| n <= b)
+                .unwrap_or(MV_MAX_NT);
+            let (n_out, _) = self.build_meta(batch, bucket, true);
+            self.upload_meta().map_err(dev)?;
+            match self.replay(bucket, n_out) {
+                Ok(()) => {
+                    self.stats.graph_steps += 1;
+                    // Rows of padding tokens are computed but never read.
+                    return Ok(n);
+                }
+                Err(e) => {
+                    // Capture can fail on drivers or tools that forbid it: fall back to eager
+                    // launches for the rest of the run, and say why.
+                    self.graph_failed = Some(e.to_string());
+                    self.graphs.clear();
+                }
+            }
+        }
+        let (n_out, max_len) = self.build_meta(batch, n, false);
+        self.upload_meta().map_err(dev)?;
+        let (n_split, split_len) = self.splits(n, max_len);
+        self.enqueue(n, n_out, n_split, split_len).map_err(dev)?;
+        self.stats.eager_steps += 1;
+        Ok(n_out)
+    }
+
+    fn replay(&mut self, bucket: usize, n_out: usize) -> Result<(), CudaError> {
+        if let Some(g) = self.graphs.iter().find(|g| g.bucket == bucket) {
+            return g.graph.launch().map_err(crate::error::drv("graph launch"));
+        }
+        // Capture with splits sized for the longest context, so one graph serves any length.
+        let (n_split, split_len) = self.splits(bucket, self.opts.ctx_size);
+        let stream = self.gpu.stream.clone();
+        stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(crate::error::drv("begin capture"))?;
+        let r = self.enqueue(bucket, n_out, n_split, split_len);
+        let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        r?;
+        let graph = g
+            .map_err(crate::error::drv("end capture"))?
+            .ok_or_else(|| CudaError::Arg("capture produced no graph".into()))?;
+        graph.upload().map_err(crate::error::drv("graph upload"))?;
+        graph.launch().map_err(crate::error::drv("graph launch"))?;
+        self.graphs.push(Graph { bucket, graph });
+        Ok(())
+    }
+
+    /// Run a step and return the greedy (argmax) token of each wanted row, computed on the GPU:
+    /// 4 bytes per row cross the bus instead of a row of logits.
+    pub fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
+        let rows = self.run_step(batch)?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let g = &self.gpu;
+        g.argmax_rows(
+            self.s.logits.ptr(),
+            self.cfg.n_vocab,
+            rows,
+            self.s.argmax.ptr(),
+        )
+        .map_err(dev)?;
+        let mut ids = vec![0i32; rows];
+        g.read(&self.s.argmax, 0, &mut ids).map_err(dev)?;
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// Wait for queued work (for timing).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.gpu.sync()
+    }
+}
+
+/// Most attention splits any step uses: enough to spread one token's context over twice the
+/// multiprocessors, never slices shorter than 32 positions.
+fn max_split(sms: usize, ctx: usize) -> usize {
+    (2 * sms).min(ctx.div_ceil(32)).max(1)
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn support(&self, op: &OpDesc) -> Support {
+        match op.ty {
+            Some(ty) if (op.op == "matmul" || op.op == "get_rows") && !kernels::supports(ty) => {
+                Support::Fallback {
+                    to: "none".into(),
+                    why: format!("no CUDA kernel for {ty}"),
+                }
+            }
+            _ => Support::Native,
+        }
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, BackendError> {
+        let rows = self.run_step(batch)?;
+        let nv = self.cfg.n_vocab;
+        // Graph steps compute a row for every padded token; the wanted rows are the first ones.
+        let mut logits = vec![0f32; rows * nv];
+        self.gpu.read(&self.s.logits, 0, &mut logits).map_err(dev)?;
+        Ok(StepOutput {
+            n_vocab: nv,
+            logits,
+        })
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.alloc.release(seq);
+    }
+
+    fn kv(&self) -> KvStats {
+        self.alloc.stats()
+    }
+}

@@ -1,0 +1,381 @@
+//! One GPU: its context, stream, compiled kernels and cuBLAS handle, plus device buffers.
+//!
+//! Lives on the thread that made it (a CUDA context is bound to its thread). Kernels are launched
+//! through the driver API with raw device pointers: the backend owns every buffer for the whole
+//! run and orders all work on one stream, so cudarc's per-buffer event tracking would only add
+//! host work to every launch (and get in the way of graph capture).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
+use cudarc::driver::{result as drv_result, CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use crate::compile;
+use crate::error::{drv, CudaError};
+use crate::kernels::all_kernel_names;
+
+/// Whether this machine can run the CUDA backend, and if not, why.
+pub fn available() -> Result<usize, CudaError> {
+    // SAFETY: only attempts to dlopen libcuda by its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    drv_result::init().map_err(drv("cuInit"))?;
+    let n = drv_result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    if n <= 0 {
+        return Err(CudaError::NoDevice);
+    }
+    if !compile::nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    Ok(n as usize)
+}
+
+/// Device memory owned by one allocation; freed on drop.
+pub struct DevBuf {
+    ptr: CUdeviceptr,
+    bytes: usize,
+}
+
+impl DevBuf {
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Device address `off` bytes in.
+    pub fn at(&self, off: usize) -> u64 {
+        self.ptr + off as u64
+    }
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed once, here. Errors (a context
+            // already torn down, which frees everything anyway) are ignored.
+            unsafe {
+                let _ = drv_result::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+/// cuBLAS handle bound to the GPU's stream.
+pub struct Blas {
+    handle: cudarc::cublas::sys::cublasHandle_t,
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasCreate, destroyed once.
+        unsafe {
+            let _ = cudarc::cublas::result::destroy_handle(self.handle);
+        }
+    }
+}
+
+/// One GPU ready to run the kernels.
+pub struct Gpu {
+    funcs: Vec<CudaFunction>,
+    names: Vec<String>,
+    _module: Arc<CudaModule>,
+    blas: Option<Blas>,
+    /// The stream all work goes to.
+    pub stream: Arc<CudaStream>,
+    /// The context (kept last so it outlives the stream and module).
+    pub ctx: Arc<CudaContext>,
+    /// Device index.
+    pub ordinal: usize,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+    /// Multiprocessors.
+    pub sms: u32,
+    /// Total memory in bytes.
+    pub total_mem: u64,
+    /// Whether the kernels came from the disk cache.
+    pub kernels_cached: bool,
+    /// Seconds spent compiling or loading kernels.
+    pub kernel_load_s: f64,
+    /// Why cuBLAS is not used, when it is not.
+    pub blas_missing: Option<String>,
+}
+
+/// Build a kernel argument list: pointers to each value, alive for the enclosing statement.
+#[macro_export]
+macro_rules! kargs {
+    ($($a:expr),* $(,)?) => {
+        &mut [$( (&$a) as *const _ as *mut ::std::ffi::c_void ),*]
+    };
+}
+
+impl Gpu {
+    /// Open device `ordinal`: create its context and stream, compile (or load from the cache)
+    /// the kernels for its architecture, and open cuBLAS when present.
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        let count = available()?;
+        if ordinal >= count {
+            return Err(CudaError::BadDevice {
+                index: ordinal,
+                count,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the context"))?;
+        let name = ctx.name().map_err(drv("device name"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(drv("compute capability"))?;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("multiprocessor count"))? as u32;
+        let total_mem = ctx.total_mem().map_err(drv("total memory"))? as u64;
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let t = std::time::Instant::now();
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let (image, kernels_cached) = compile::compile_cached(&arch)?;
+        let ptx = cudarc::nvrtc::Ptx::from_binary(image.bytes().to_vec());
+        let module = ctx.load_module(ptx).map_err(drv("loading the kernels"))?;
+        let names = all_kernel_names();
+        let mut funcs = Vec::with_capacity(names.len());
+        for n in &names {
+            funcs.push(
+                module
+                    .load_function(n)
+                    .map_err(drv(format!("kernel {n}")))?,
+            );
+        }
+        let kernel_load_s = t.elapsed().as_secs_f64();
+        // SAFETY: only attempts to dlopen libcublas.
+        let (blas, blas_missing) = if unsafe { cudarc::cublas::sys::is_culib_present() } {
+            match cudarc::cublas::result::create_handle() {
+                Ok(handle) => {
+                    // SAFETY: the handle is fresh; the stream belongs to this context and outlives
+                    // the handle (fields drop in order: blas before stream).
+                    let r = unsafe {
+                        cudarc::cublas::result::set_stream(handle, stream.cu_stream() as *mut _)
+                    };
+                    match r {
+                        Ok(()) => (Some(Blas { handle }), None),
+                        Err(e) => (None, Some(format!("cublasSetStream: {e:?}"))),
+                    }
+                }
+                Err(e) => (None, Some(format!("cublasCreate: {e:?}"))),
+            }
+        } else {
+            (None, Some("libcublas.so could not be loaded".to_string()))
+        };
+        Ok(Gpu {
+            funcs,
+            names,
+            _module: module,
+            blas,
+            stream,
+            ctx,
+            ordinal,
+            name,
+            cc,
+            sms,
+            total_mem,
+            kernels_cached,
+            kernel_load_s,
+            blas_missing,
+        })
+    }
+
+    /// Whether cuBLAS is available for the GEMM path.
+    pub fn has_blas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    /// Free and total device memory.
+    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(f, t)| (f as u64, t as u64))
+            .map_err(drv("cuMemGetInfo"))
+    }
+
+    /// Allocate `bytes` (at least 1) of device memory, uninitialized.
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        // SAFETY: plain cuMemAlloc; the returned pointer is owned by the DevBuf.
+        let ptr = unsafe { drv_result::malloc_sync(bytes.max(1)) }.map_err(|e| {
+            let free = self.mem_info().map(|m| m.0).unwrap_or(0);
+            if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                CudaError::OutOfMemory {
+                    what: format!("an allocation of {bytes} bytes"),
+                    need: bytes as u64,
+                    free,
+                }
+            } else {
+                CudaError::Driver {
+                    what: format!("cuMemAlloc({bytes})"),
+                    err: format!("{e:?}"),
+                }
+            }
+        })?;
+        Ok(DevBuf { ptr, bytes })
+    }
+
+    /// Allocate and fill with zeros.
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        let b = self.alloc(bytes)?;
+        // SAFETY: `b` holds at least `bytes` bytes.
+        unsafe { drv_result::memset_d8_async(b.ptr, 0, bytes.max(1), self.stream.cu_stream()) }
+            .map_err(drv("cuMemsetD8"))?;
+        Ok(b)
+    }
+
+    /// Copy a host slice into a new device buffer (synchronously).
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf, CudaError> {
+        let bytes = std::mem::size_of_val(data);
+        let b = self.alloc(bytes)?;
+        self.write(&b, 0, data)?;
+        self.sync()?;
+        Ok(b)
+    }
+
+    /// Copy a host slice to `dst` at byte offset `off`, ordered on the stream. The host data may
+    /// be reused as soon as this returns (pageable copies are staged by the driver).
+    pub fn write<T: Copy>(&self, dst: &DevBuf, off: usize, data: &[T]) -> Result<(), CudaError> {
+        let bytes = std::mem::size_of_val(data);
+        if off + bytes > dst.bytes {
+            return Err(CudaError::Arg(format!(
+                "write of {bytes} bytes at {off} into a buffer of {}",
+                dst.bytes
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; `data` is plain old data (`Copy`) of `bytes` bytes.
+        unsafe {
+            drv_result::memcpy_htod_async(dst.at(off), data, self.stream.cu_stream())
+                .map_err(drv("cuMemcpyHtoD"))
+        }
+    }
+
+    /// Copy `out.len()` elements from `src` at byte offset `off` to the host; waits for the stream.
+    pub fn read<T: Copy>(&self, src: &DevBuf, off: usize, out: &mut [T]) -> Result<(), CudaError> {
+        let bytes = std::mem::size_of_val(out);
+        if off + bytes > src.bytes {
+            return Err(CudaError::Arg(format!(
+                "read of {bytes} bytes at {off} from a buffer of {}",
+                src.bytes
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked; the host slice is written only by this copy, and the stream
+        // synchronize below completes it before `out` is used again.
+        unsafe {
+            drv_result::memcpy_dtoh_async(out, src.at(off), self.stream.cu_stream())
+                .map_err(drv("cuMemcpyDtoH"))?;
+        }
+        self.sync()
+    }
+
+    /// Copy a whole buffer of `T` to a new vector.
+    pub fn download<T: Copy + Default>(&self, src: &DevBuf, n: usize) -> Result<Vec<T>, CudaError> {
+        let mut v = vec![T::default(); n];
+        self.read(src, 0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Wait for all queued work; reports errors of earlier kernels.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(drv("stream synchronize"))
+    }
+
+    /// Launch kernel number `id` of [`all_kernel_names`] on the stream.
+    pub(crate) fn launch_id(
+        &self,
+        id: usize,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        let f = self
+            .funcs
+            .get(id)
+            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
+        let name = self.names.get(id).map_or("?", String::as_str);
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // SAFETY: the argument list matches the kernel's C signature (each launch site in
+        // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
+        // size the kernel indexes, and the stream belongs to this context.
+        unsafe {
+            drv_result::launch_kernel(
+                f.cu_function(),
+                grid,
+                block,
+                0,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(drv(format!("launching {name}")))
+    }
+
+    /// `C[n, m] (+)= A[n, k] * W[m, k]^T` with f16 `W` (row-major `m x k`) and f16 `A` (row-major
+    /// `n x k`), f32 output and accumulation (tensor cores). `beta` 1 adds into `C`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f16(
+        &self,
+        w: u64,
+        a: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+        };
+        let blas = self.blas.as_ref().ok_or_else(|| CudaError::Cublas {
+            what: "gemm".into(),
+            err: self.blas_missing.clone().unwrap_or_default(),
+        })?;
+        let alpha = 1.0f32;
+        // Column-major view: C^T (m x n, ldc m) = op(W_cm)^T ... W row-major m x k is column-major
+        // k x m (lda k), transposed; A row-major n x k is column-major k x n (ldb k).
+        // SAFETY: pointers are live device buffers of at least m*k, n*k halves and n*m floats;
+        // alpha/beta are host scalars (the handle's default pointer mode).
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                blas.handle,
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                (&alpha) as *const f32 as *const c_void,
+                w as *const c_void,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                a as *const c_void,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                (&beta) as *const f32 as *const c_void,
+                c as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                m as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Cublas {
+            what: format!("gemm m={m} n={n} k={k}"),
+            err: format!("{e:?}"),
+        })
+    }
+}

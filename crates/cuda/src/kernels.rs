@@ -1,0 +1,352 @@
+//! Typed launch wrappers, one per kernel family of `kernels/*.cu`. Each mirrors its kernel's C
+//! signature; the backend and the kernel tests both go through these.
+
+use gguf::GgmlType;
+
+use crate::device::Gpu;
+use crate::error::CudaError;
+use crate::kargs;
+
+/// The weight types with GPU kernels, in the order of the kernel table (`FOR_EACH_TYPE` in
+/// quant.cu lists the same names in the same order).
+pub const TYPES: &[(GgmlType, &str)] = &[
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q2K, "q2_k"),
+    (GgmlType::Q3K, "q3_k"),
+    (GgmlType::Q4K, "q4_k"),
+    (GgmlType::Q5K, "q5_k"),
+    (GgmlType::Q6K, "q6_k"),
+];
+
+/// Token-count buckets of the matrix-vector kernels (a kernel for bucket B takes 1..=B tokens).
+pub const MV_NT: [usize; 4] = [1, 2, 4, 8];
+/// Most tokens one matrix-vector launch handles.
+pub const MV_MAX_NT: usize = 8;
+const PER_TYPE: usize = 2 + 2 * MV_NT.len();
+const OPS: &[&str] = &[
+    "rms_norm",
+    "rope_store",
+    "swiglu",
+    "to_f16",
+    "argmax_rows",
+    "attn_combine",
+    "attn_partial_d2",
+    "attn_partial_d3",
+    "attn_partial_d4",
+    "attn_partial_d8",
+];
+const K_RMS_NORM: usize = 0;
+const K_ROPE_STORE: usize = 1;
+const K_SWIGLU: usize = 2;
+const K_TO_F16: usize = 3;
+const K_ARGMAX: usize = 4;
+const K_ATTN_COMBINE: usize = 5;
+const K_ATTN_PARTIAL: usize = 6;
+/// Head sizes the attention kernel is built for (32 x its lane width).
+pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
+
+/// Every kernel name, in kernel-table order.
+pub fn all_kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for (_, t) in TYPES {
+        v.push(format!("get_rows_{t}"));
+        v.push(format!("dequant_f16_{t}"));
+        for nt in MV_NT {
+            v.push(format!("matvec_{t}_{nt}"));
+        }
+        for nt in MV_NT {
+            v.push(format!("matvec_swiglu_{t}_{nt}"));
+        }
+    }
+    v.extend(OPS.iter().map(|s| s.to_string()));
+    v
+}
+
+fn type_index(ty: GgmlType) -> Result<usize, CudaError> {
+    TYPES
+        .iter()
+        .position(|(t, _)| *t == ty)
+        .ok_or_else(|| CudaError::Arg(format!("no GPU kernel for tensor type {ty}")))
+}
+
+/// Whether a weight type has GPU kernels.
+pub fn supports(ty: GgmlType) -> bool {
+    type_index(ty).is_ok()
+}
+
+fn op(k: usize) -> usize {
+    TYPES.len() * PER_TYPE + k
+}
+
+fn nt_bucket(nt: usize) -> Result<usize, CudaError> {
+    MV_NT
+        .iter()
+        .position(|&b| nt <= b)
+        .ok_or_else(|| CudaError::Arg(format!("{nt} tokens in one matrix-vector launch (max 8)")))
+}
+
+fn check_cols(ty: GgmlType, cols: usize) -> Result<(), CudaError> {
+    let be = ty.block_size().max(32);
+    if cols == 0 || !cols.is_multiple_of(be) {
+        return Err(CudaError::Arg(format!(
+            "{cols} columns is not a multiple of {be} ({ty} kernels decode 32-element units of whole blocks)"
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes of a `rows x cols` matrix of `ty`.
+pub fn matrix_bytes(ty: GgmlType, rows: usize, cols: usize) -> usize {
+    ty.bytes_for(cols as u64).unwrap_or(0) as usize * rows
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Arg(format!("{what} = {v} does not fit in i32")))
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32, CudaError> {
+    u32::try_from(v).map_err(|_| CudaError::Arg(format!("{what} = {v} does not fit in u32")))
+}
+
+impl Gpu {
+    /// `out[i, :] = w[ids[i], :]` as f32 for `n` ids (device i32 array `ids`).
+    pub fn get_rows(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        cols: usize,
+        ids: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = type_index(ty)? * PER_TYPE;
+        let c = i32_of(cols, "cols")?;
+        self.launch_id(
+            k,
+            (u32_of(n, "rows")?, 1, 1),
+            (128, 1, 1),
+            kargs![w, c, ids, out],
+        )
+    }
+
+    /// Dequantize a whole `rows x cols` matrix to f16 (row-major) into `out`.
+    pub fn dequant_f16(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = type_index(ty)? * PER_TYPE + 1;
+        let units = rows * cols / 32;
+        let blocks = units.div_ceil(256).min(self.sms as usize * 32) as u32;
+        let (r, c) = (rows as i64, i32_of(cols, "cols")?);
+        self.launch_id(k, (blocks, 1, 1), (256, 1, 1), kargs![w, r, c, out])
+    }
+
+    /// `y[t, :] (+)= W x[t, :]` for `nt <= 8` tokens; `accumulate` adds into `y`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = type_index(ty)? * PER_TYPE + 2 + nt_bucket(nt)?;
+        let (r, c, n, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            nt as i32,
+            accumulate as i32,
+        );
+        let grid = u32_of(rows.div_ceil(4), "rows")?;
+        self.launch_id(k, (grid, 1, 1), (128, 1, 1), kargs![w, r, c, x, n, y, a])
+    }
+
+    /// `y[t, :] = silu(Wg x[t, :]) * (Wu x[t, :])` for `nt <= 8` tokens; both matrices `ty`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_swiglu(
+        &self,
+        ty: GgmlType,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        nt: usize,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = type_index(ty)? * PER_TYPE + 2 + MV_NT.len() + nt_bucket(nt)?;
+        let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, nt as i32);
+        let grid = u32_of(rows.div_ceil(4), "rows")?;
+        self.launch_id(k, (grid, 1, 1), (128, 1, 1), kargs![wg, wu, r, c, x, n, y])
+    }
+
+    /// RMSNorm of `n_rows` rows of width `n`: row `i` of `out` normalizes row `rows[i]` of `x`
+    /// (`rows` = 0: row `i`). `out_h` (0 = none) gets an f16 copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        rows: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        out_h: u64,
+    ) -> Result<(), CudaError> {
+        let nn = i32_of(n, "width")?;
+        self.launch_id(
+            op(K_RMS_NORM),
+            (u32_of(n_rows, "rows")?, 1, 1),
+            (256, 1, 1),
+            kargs![x, rows, w, nn, eps, out, out_h],
+        )
+    }
+
+    /// Biases, RoPE and the KV-cache write for `n` tokens (see rope_store in ops.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_store(
+        &self,
+        n: usize,
+        q: u64,
+        k: u64,
+        v: u64,
+        bias: [u64; 3],
+        pos: u64,
+        slot: u64,
+        inv_freq: u64,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        neox: bool,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
+        let (nh, nk, h, nx) = (n_head as i32, n_kv as i32, hd as i32, neox as i32);
+        let [bq, bk, bv] = bias;
+        self.launch_id(
+            op(K_ROPE_STORE),
+            (u32_of(n, "tokens")?, 1, 1),
+            (256, 1, 1),
+            kargs![q, k, v, bq, bk, bv, pos, slot, inv_freq, nh, nk, h, nx, kc, vc],
+        )
+    }
+
+    /// `g = silu(g) * u` over `n` elements.
+    pub fn swiglu(&self, g: u64, u: u64, n: usize) -> Result<(), CudaError> {
+        let blocks = n.div_ceil(256).min(self.sms as usize * 16) as u32;
+        let nn = n as i64;
+        self.launch_id(op(K_SWIGLU), (blocks, 1, 1), (256, 1, 1), kargs![g, u, nn])
+    }
+
+    /// f32 to f16 over `n` elements.
+    pub fn to_f16(&self, x: u64, n: usize, out: u64) -> Result<(), CudaError> {
+        let blocks = n.div_ceil(256).min(self.sms as usize * 16) as u32;
+        let nn = n as i64;
+        self.launch_id(
+            op(K_TO_F16),
+            (blocks, 1, 1),
+            (256, 1, 1),
+            kargs![x, nn, out],
+        )
+    }
+
+    /// Index of the largest element of each of `rows` rows of width `n` (i32 per row).
+    pub fn argmax_rows(&self, x: u64, n: usize, rows: usize, out: u64) -> Result<(), CudaError> {
+        let nn = i32_of(n, "width")?;
+        self.launch_id(
+            op(K_ARGMAX),
+            (u32_of(rows, "rows")?, 1, 1),
+            (1024, 1, 1),
+            kargs![x, nn, out],
+        )
+    }
+
+    /// Split-K attention: partial results of `n_split` context slices of `split_len` positions.
+    /// `part` holds `n * n_head * n_split * (hd + 2)` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_partial(
+        &self,
+        n: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        tok_pos: u64,
+        tok_seq: u64,
+        btab: u64,
+        max_blocks: usize,
+        block_tokens: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        part: u64,
+    ) -> Result<(), CudaError> {
+        let d = HEAD_DIMS
+            .iter()
+            .position(|&h| h == hd)
+            .ok_or_else(|| CudaError::Arg(format!("head size {hd} (kernels: 64, 96, 128, 256)")))?;
+        if n_kv == 0 || n_head % n_kv != 0 || n_head / n_kv > 8 {
+            return Err(CudaError::Arg(format!(
+                "{n_head} query heads over {n_kv} KV heads (at most 8 per KV head)"
+            )));
+        }
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let (mb, bt, nh, nk, sl) = (
+            i32_of(max_blocks, "max_blocks")?,
+            i32_of(block_tokens, "block_tokens")?,
+            n_head as i32,
+            n_kv as i32,
+            i32_of(split_len, "split_len")?,
+        );
+        self.launch_id(
+            op(K_ATTN_PARTIAL + d),
+            (
+                u32_of(n, "tokens")?,
+                n_kv as u32,
+                u32_of(n_split, "splits")?,
+            ),
+            (128, 1, 1),
+            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, sl, part],
+        )
+    }
+
+    /// Merge the split results into `out[t, h*hd + d]`.
+    pub fn attn_combine(
+        &self,
+        n: usize,
+        part: u64,
+        n_head: usize,
+        hd: usize,
+        n_split: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (nh, h, ns) = (n_head as i32, hd as i32, i32_of(n_split, "splits")?);
+        self.launch_id(
+            op(K_ATTN_COMBINE),
+            (u32_of(n, "tokens")?, n_head as u32, 1),
+            (hd as u32, 1, 1),
+            kargs![part, nh, h, ns, out],
+        )
+    }
+}

@@ -1,0 +1,19 @@
+//! The CUDA backend: runs Llama-family GGUF models on NVIDIA GPUs.
+//!
+//! Libraries are loaded at run time (`cudarc` dynamic loading), so the same binary builds and
+//! runs on machines without CUDA; [`available`] says why a GPU cannot be used. Kernels are CUDA
+//! C in `crates/cuda/kernels/`, compiled by NVRTC for the device's architecture at start and
+//! cached on disk ([`compile`]).
+
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod kernels;
+
+pub use device::{available, DevBuf, Gpu};
+pub use error::CudaError;
+pub mod backend;
+pub mod power;
+
+pub use backend::{CudaBackend, CudaOptions, GemmWeights, StepStats};
+pub use power::PowerMeter;

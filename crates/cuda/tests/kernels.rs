@@ -1,0 +1,454 @@
+//! Each GPU kernel against a scalar CPU reference (crates/quant's dequantizer and plain f64
+//! math) on fresh random inputs. Skips, saying so, where no GPU is present.
+
+use cuda::kernels::{matrix_bytes, TYPES};
+use cuda::{DevBuf, Gpu};
+use gguf::GgmlType;
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    match cuda::available() {
+        Ok(_) => Some(Gpu::new(0).unwrap_or_else(|e| panic!("GPU present but unusable: {e}"))),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            None
+        }
+    }
+}
+
+fn rng(test: &str) -> ChaCha8Rng {
+    // Fresh inputs every run (the seed is printed so a failure can be replayed).
+    let seed = std::env::var("CROSSOVER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn randn(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            // Sum of uniforms: roughly normal, with outliers rare enough.
+            let s: f32 = (0..4).map(|_| r.gen::<f32>() - 0.5).sum();
+            s * scale
+        })
+        .collect()
+}
+
+fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite GPU output");
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn quantized(ty: GgmlType, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let q = quant::quantize_to_vec(ty, vals).expect("quantize");
+    let d = quant::dequantize_to_vec(ty, &q, vals.len()).expect("dequantize");
+    (q, d)
+}
+
+/// Poisoned output buffer (NaN bytes), so an unwritten element fails the comparison.
+fn poisoned(g: &Gpu, floats: usize) -> DevBuf {
+    g.upload(&vec![f32::NAN; floats]).expect("alloc")
+}
+
+#[test]
+fn get_rows_and_dequant_match_cpu_dequantizer_for_every_type() {
+    let Some(g) = gpu_or_skip("get_rows") else {
+        return;
+    };
+    let mut r = rng("get_rows");
+    let (rows, cols) = (7, 512);
+    for &(ty, name) in TYPES {
+        let vals = randn(&mut r, rows * cols, 1.0);
+        let (q, want) = quantized(ty, &vals);
+        assert_eq!(q.len(), matrix_bytes(ty, rows, cols));
+        let w = g.upload(&q).unwrap();
+        // Rows in a shuffled order with a repeat.
+        let ids: Vec<i32> = vec![3, 0, 6, 3, 1, 5, 2, 4];
+        let idb = g.upload(&ids).unwrap();
+        let out = poisoned(&g, ids.len() * cols);
+        g.get_rows(ty, w.ptr(), cols, idb.ptr(), ids.len(), out.ptr())
+            .unwrap();
+        let got: Vec<f32> = g.download(&out, ids.len() * cols).unwrap();
+        for (i, &id) in ids.iter().enumerate() {
+            for c in 0..cols {
+                let (a, b) = (got[i * cols + c], want[id as usize * cols + c]);
+                // Same formula as the CPU; only fused multiply-add rounding may differ.
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{name}: row {id} col {c}: gpu {a} cpu {b}"
+                );
+            }
+        }
+        let h = g.upload(&vec![0xffffu16; rows * cols]).unwrap();
+        g.dequant_f16(ty, w.ptr(), rows, cols, h.ptr()).unwrap();
+        let got: Vec<u16> = g.download(&h, rows * cols).unwrap();
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            let a = f16::from_bits(a).to_f32();
+            assert!(
+                (a - b).abs() <= 1e-3 * b.abs() + 1e-6,
+                "{name} f16 element {i}: gpu {a} cpu {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matvec_matches_f64_reference_for_every_type_and_token_count() {
+    let Some(g) = gpu_or_skip("matvec") else {
+        return;
+    };
+    let mut r = rng("matvec");
+    let (rows, cols) = (37, 768);
+    for &(ty, name) in TYPES {
+        let vals = randn(&mut r, rows * cols, 0.5);
+        let (q, wd) = quantized(ty, &vals);
+        let w = g.upload(&q).unwrap();
+        let wu_vals = randn(&mut r, rows * cols, 0.5);
+        let (qu, wud) = quantized(ty, &wu_vals);
+        let wu = g.upload(&qu).unwrap();
+        for nt in [1usize, 2, 3, 5, 8] {
+            let x = randn(&mut r, nt * cols, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let refy = |wm: &[f32]| -> Vec<f64> {
+                let mut y = vec![0f64; nt * rows];
+                for t in 0..nt {
+                    for rr in 0..rows {
+                        y[t * rows + rr] = (0..cols)
+                            .map(|c| wm[rr * cols + c] as f64 * x[t * cols + c] as f64)
+                            .sum();
+                    }
+                }
+                y
+            };
+            let want = refy(&wd);
+            let y = poisoned(&g, nt * rows);
+            g.matvec(ty, w.ptr(), rows, cols, xb.ptr(), nt, y.ptr(), false)
+                .unwrap();
+            let got: Vec<f32> = g.download(&y, nt * rows).unwrap();
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-5, "{name} nt={nt}: relative error {e:e}");
+
+            // Accumulate into a random residual.
+            let y0 = randn(&mut r, nt * rows, 1.0);
+            let yb = g.upload(&y0).unwrap();
+            g.matvec(ty, w.ptr(), rows, cols, xb.ptr(), nt, yb.ptr(), true)
+                .unwrap();
+            let got: Vec<f32> = g.download(&yb, nt * rows).unwrap();
+            let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            let e = rel_err(&got, &want2);
+            assert!(e < 1e-5, "{name} nt={nt} accumulate: relative error {e:e}");
+
+            // Gate/up with SwiGLU.
+            let wantu = refy(&wud);
+            let want3: Vec<f64> = want
+                .iter()
+                .zip(&wantu)
+                .map(|(&gg, &u)| gg / (1.0 + (-gg).exp()) * u)
+                .collect();
+            let ys = poisoned(&g, nt * rows);
+            g.matvec_swiglu(ty, w.ptr(), wu.ptr(), rows, cols, xb.ptr(), nt, ys.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&ys, nt * rows).unwrap();
+            let e = rel_err(&got, &want3);
+            assert!(e < 1e-5, "{name} nt={nt} swiglu: relative error {e:e}");
+        }
+    }
+}
+
+#[test]
+fn gemm_f16_matches_reference() {
+    let Some(g) = gpu_or_skip("gemm") else { return };
+    if !g.has_blas() {
+        eprintln!(
+            "SKIPPED gemm: {}",
+            g.blas_missing.clone().unwrap_or_default()
+        );
+        return;
+    }
+    let mut r = rng("gemm");
+    let (m, n, k) = (300, 70, 512);
+    let w = randn(&mut r, m * k, 0.5);
+    let x = randn(&mut r, n * k, 1.0);
+    let wh: Vec<u16> = w.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    let wb = g.upload(&wh).unwrap();
+    let xb = g.upload(&x).unwrap();
+    let xh = g.alloc(n * k * 2).unwrap();
+    g.to_f16(xb.ptr(), n * k, xh.ptr()).unwrap();
+    let c0 = randn(&mut r, n * m, 1.0);
+    let cb = g.upload(&c0).unwrap();
+    g.gemm_f16(wb.ptr(), xh.ptr(), cb.ptr(), m, n, k, 1.0)
+        .unwrap();
+    let got: Vec<f32> = g.download(&cb, n * m).unwrap();
+    let mut want = vec![0f64; n * m];
+    for t in 0..n {
+        for rr in 0..m {
+            let s: f64 = (0..k)
+                .map(|c| {
+                    f16::from_f32(w[rr * k + c]).to_f64() * f16::from_f32(x[t * k + c]).to_f64()
+                })
+                .sum();
+            want[t * m + rr] = s + c0[t * m + rr] as f64;
+        }
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "gemm relative error {e:e}");
+}
+
+#[test]
+fn rms_norm_and_argmax_match_reference() {
+    let Some(g) = gpu_or_skip("rms_norm") else {
+        return;
+    };
+    let mut r = rng("rms_norm");
+    let (rows, n) = (5, 3072);
+    let x = randn(&mut r, rows * n, 2.0);
+    let w = randn(&mut r, n, 1.0);
+    let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+    let sel: Vec<i32> = vec![4, 1, 1];
+    let selb = g.upload(&sel).unwrap();
+    let out = poisoned(&g, sel.len() * n);
+    let outh = g.upload(&vec![0xffffu16; sel.len() * n]).unwrap();
+    g.rms_norm(
+        xb.ptr(),
+        selb.ptr(),
+        wb.ptr(),
+        n,
+        1e-5,
+        sel.len(),
+        out.ptr(),
+        outh.ptr(),
+    )
+    .unwrap();
+    let got: Vec<f32> = g.download(&out, sel.len() * n).unwrap();
+    let goth: Vec<u16> = g.download(&outh, sel.len() * n).unwrap();
+    let mut want = Vec::new();
+    for &s in &sel {
+        let xr = &x[s as usize * n..(s as usize + 1) * n];
+        let ms: f64 = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+        let sc = 1.0 / (ms + 1e-5).sqrt();
+        want.extend(xr.iter().zip(&w).map(|(&v, &ww)| v as f64 * sc * ww as f64));
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-6, "rms_norm relative error {e:e}");
+    for (i, (&h, &f)) in goth.iter().zip(&got).enumerate() {
+        assert_eq!(h, f16::from_f32(f).to_bits(), "f16 copy element {i}");
+    }
+
+    // Argmax over a vocabulary-sized row, with the maximum planted at a random place.
+    let (nr, nv) = (3, 128_256);
+    let mut l = randn(&mut r, nr * nv, 3.0);
+    let mut want = Vec::new();
+    for row in 0..nr {
+        let at = r.gen_range(0..nv);
+        l[row * nv + at] = 100.0 + row as f32;
+        want.push(at as i32);
+    }
+    let lb = g.upload(&l).unwrap();
+    let ob = g.upload(&vec![-1i32; nr]).unwrap();
+    g.argmax_rows(lb.ptr(), nv, nr, ob.ptr()).unwrap();
+    let got: Vec<i32> = g.download(&ob, nr).unwrap();
+    assert_eq!(got, want);
+}
+
+/// RoPE (both pairings), biases and the KV write against the CPU backend's own `Rope`.
+#[test]
+fn rope_store_matches_cpu_rope() {
+    let Some(g) = gpu_or_skip("rope_store") else {
+        return;
+    };
+    let mut r = rng("rope_store");
+    let (nh, nkv, hd, n) = (6, 2, 64, 5);
+    for style in [model::RopeStyle::Normal, model::RopeStyle::Neox] {
+        let rope = cpu::ops::Rope::new(hd, 500000.0, 1.0, None, style);
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|i| 500000f32.powf(-2.0 * i as f32 / hd as f32))
+            .collect();
+        let q = randn(&mut r, n * nh * hd, 1.0);
+        let k = randn(&mut r, n * nkv * hd, 1.0);
+        let v = randn(&mut r, n * nkv * hd, 1.0);
+        let bq = randn(&mut r, nh * hd, 0.1);
+        let bk = randn(&mut r, nkv * hd, 0.1);
+        let bv = randn(&mut r, nkv * hd, 0.1);
+        let pos: Vec<i32> = (0..n).map(|_| r.gen_range(0..5000)).collect();
+        let slot: Vec<i32> = vec![9, 2, 7, 0, 4];
+        let rows = 10;
+        let up = |d: &[f32]| g.upload(d).unwrap();
+        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+        let (bqb, bkb, bvb) = (up(&bq), up(&bk), up(&bv));
+        let (pb, sb, ib) = (
+            g.upload(&pos).unwrap(),
+            g.upload(&slot).unwrap(),
+            g.upload(&inv).unwrap(),
+        );
+        let kc = g.upload(&vec![0u16; rows * nkv * hd]).unwrap();
+        let vc = g.upload(&vec![0u16; rows * nkv * hd]).unwrap();
+        g.rope_store(
+            n,
+            qb.ptr(),
+            kb.ptr(),
+            vb.ptr(),
+            [bqb.ptr(), bkb.ptr(), bvb.ptr()],
+            pb.ptr(),
+            sb.ptr(),
+            ib.ptr(),
+            nh,
+            nkv,
+            hd,
+            style == model::RopeStyle::Neox,
+            kc.ptr(),
+            vc.ptr(),
+        )
+        .unwrap();
+        let gq: Vec<f32> = g.download(&qb, q.len()).unwrap();
+        let gk: Vec<u16> = g.download(&kc, rows * nkv * hd).unwrap();
+        let gv: Vec<u16> = g.download(&vc, rows * nkv * hd).unwrap();
+        for t in 0..n {
+            let mut wq: Vec<f32> = q[t * nh * hd..(t + 1) * nh * hd]
+                .iter()
+                .zip(&bq)
+                .map(|(a, b)| a + b)
+                .collect();
+            for h in wq.chunks_exact_mut(hd) {
+                rope.apply(h, pos[t] as usize);
+            }
+            let mut wk: Vec<f32> = k[t * nkv * hd..(t + 1) * nkv * hd]
+                .iter()
+                .zip(&bk)
+                .map(|(a, b)| a + b)
+                .collect();
+            for h in wk.chunks_exact_mut(hd) {
+                rope.apply(h, pos[t] as usize);
+            }
+            for (i, &w) in wq.iter().enumerate() {
+                let a = gq[t * nh * hd + i];
+                assert!(
+                    (a - w).abs() < 2e-5 * (1.0 + w.abs()),
+                    "{style:?} q t{t} i{i}: {a} vs {w}"
+                );
+            }
+            let s = slot[t] as usize * nkv * hd;
+            for (i, &w) in wk.iter().enumerate() {
+                let a = f16::from_bits(gk[s + i]).to_f32();
+                assert!(
+                    (a - w).abs() <= 1e-3 * w.abs() + 1e-4,
+                    "{style:?} k t{t} i{i}: {a} vs {w}"
+                );
+            }
+            for i in 0..nkv * hd {
+                let w = f16::from_f32(v[t * nkv * hd + i] + bv[i]).to_bits();
+                assert_eq!(gv[s + i], w, "v t{t} i{i}");
+            }
+        }
+    }
+}
+
+/// Split-K paged attention against a direct f64 softmax, for decode-like and prefill-like
+/// token sets, several split counts, every head size, shuffled block tables.
+#[test]
+fn paged_attention_matches_reference() {
+    let Some(g) = gpu_or_skip("attention") else {
+        return;
+    };
+    let mut r = rng("attention");
+    for &hd in &cuda::kernels::HEAD_DIMS {
+        let (nh, nkv, bt) = (12, 4, 16);
+        let gqa = nh / nkv;
+        let n_seq = 2;
+        let max_blocks = 20;
+        let n_blocks = n_seq * max_blocks;
+        let kv_row = nkv * hd;
+        let kc: Vec<f32> = randn(&mut r, n_blocks * bt * kv_row, 1.0);
+        let vc: Vec<f32> = randn(&mut r, n_blocks * bt * kv_row, 1.0);
+        let kh: Vec<u16> = kc.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let vh: Vec<u16> = vc.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        // A random permutation of blocks shared out between the sequences.
+        let mut perm: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, r.gen_range(0..=i));
+        }
+        let btab = perm.clone();
+        // Tokens: several of sequence 0 (prefill-like, consecutive positions) and one of seq 1.
+        let pos: Vec<i32> = vec![100, 101, 102, 250, 0, 319];
+        let seq: Vec<i32> = vec![0, 0, 0, 0, 1, 1];
+        let n = pos.len();
+        let q = randn(&mut r, n * nh * hd, 1.0);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut want = vec![0f64; n * nh * hd];
+        for t in 0..n {
+            let len = pos[t] as usize + 1;
+            for h in 0..nh {
+                let kvh = h / gqa;
+                let row = |p: usize| {
+                    let b = btab[seq[t] as usize * max_blocks + p / bt] as usize;
+                    (b * bt + p % bt) * kv_row + kvh * hd
+                };
+                let s: Vec<f64> = (0..len)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|d| {
+                                q[(t * nh + h) * hd + d] as f64
+                                    * f16::from_bits(kh[row(p) + d]).to_f64()
+                            })
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[(t * nh + h) * hd + d] = (0..len)
+                        .map(|p| e[p] / z * f16::from_bits(vh[row(p) + d]).to_f64())
+                        .sum();
+                }
+            }
+        }
+        let (qb, kb, vb) = (
+            g.upload(&q).unwrap(),
+            g.upload(&kh).unwrap(),
+            g.upload(&vh).unwrap(),
+        );
+        let (pb, sb, tb) = (
+            g.upload(&pos).unwrap(),
+            g.upload(&seq).unwrap(),
+            g.upload(&btab).unwrap(),
+        );
+        for (n_split, split_len) in [(1usize, 320usize), (3, 128), (10, 32)] {
+            let part = poisoned(&g, n * nh * n_split * (hd + 2));
+            let out = poisoned(&g, n * nh * hd);
+            g.attn_partial(
+                n,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                pb.ptr(),
+                sb.ptr(),
+                tb.ptr(),
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                split_len,
+                part.ptr(),
+            )
+            .unwrap();
+            g.attn_combine(n, part.ptr(), nh, hd, n_split, out.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-5, "hd {hd} splits {n_split}: relative error {e:e}");
+        }
+    }
+}

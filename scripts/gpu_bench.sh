@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One run on the GPU machine (see docs/perf/cuda.md): builds llama.cpp's CUDA llama-bench in the
+# background, makes the synthetic models there, runs the CUDA kernel and CPU-vs-GPU agreement
+# tests, benchmarks our backend, then llama-bench on the same file. Results go to $OUT.
+#
+# Expects in .gpu/ (prepared on the build machine by scripts/gpu_prepare.sh): crossover,
+# kernels, model_agree, cuda_bench (stripped), llama-src.tar.gz (llama.cpp source subset from the
+# llama-cpp-python 0.3.36 sdist), ggml-vocab-starcoder.gguf, ggml-vocab-llama-bpe.gguf.
+set -uo pipefail
+G=.gpu
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache
+STAGES=${STAGES:-build,models,tests,bench,llama}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+T0=$(date +%s)
+t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu_state.txt"
+
+BUILD=
+if has build; then
+  (
+    mkdir -p /tmp/llama && tar xzf $G/llama-src.tar.gz -C /tmp/llama && cd /tmp/llama &&
+    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build build -j12 --target llama-bench
+  ) >"$OUT/llama_build.log" 2>&1 &
+  BUILD=$!
+  t "llama.cpp build started"
+fi
+
+if has models; then
+  $G/crossover synth --preset smollm2-135m --quant q4_1 --vocab-from $G/ggml-vocab-starcoder.gguf \
+    -o /tmp/smol.gguf -q -t 4 || t "synth smollm2 failed"
+  $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
+    -o /tmp/l3b.gguf -q -t 4 || t "synth 3b failed"
+  ls -la /tmp/*.gguf
+  t "models made"
+fi
+
+if has tests; then
+  timeout 240 $G/kernels --test-threads 1 2>&1 | tee "$OUT/kernels.log" | grep -v "^$"
+  t "kernel tests done"
+  CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 200 $G/model_agree --nocapture 2>&1 \
+    | tee "$OUT/model_agree.log" | grep -E "rows|test result|panicked|SKIPPED|error"
+  t "agreement tests done"
+fi
+
+if has bench; then
+  timeout 200 $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4,16,64} 2>&1 | tee "$OUT/cuda_bench.log"
+  t "our bench done"
+fi
+
+if has llama && [[ -n "$BUILD" ]]; then
+  wait "$BUILD"; t "llama.cpp build finished (rc $?)"; tail -3 "$OUT/llama_build.log"
+  timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
+    -d 0,4096 -o md 2>&1 | tee "$OUT/llama_bench.log"
+  t "llama-bench done"
+fi

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build machine side of scripts/gpu_bench.sh: builds the binary, the CUDA test executables and
+# the benchmark, strips them and gathers them with the llama.cpp source and two vocabularies in
+# .gpu/ (git-ignored), the folder a device run carries.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+mkdir -p .gpu
+cargo build --release -p crossover
+cargo build --release -p cuda --tests --examples
+cp "$CARGO_TARGET_DIR/release/crossover" .gpu/
+cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" .gpu/
+for t in kernels model_agree; do
+  exe=$(cargo test --release -p cuda --test "$t" --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import sys,json
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+  cp "$exe" ".gpu/$t"
+done
+strip .gpu/crossover .gpu/cuda_bench .gpu/kernels .gpu/model_agree
+L=${LLAMA_SRC:-/work/cache/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp}
+[[ -f .gpu/llama-src.tar.gz ]] || tar czf .gpu/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
+cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" .gpu/
+du -sh .gpu
