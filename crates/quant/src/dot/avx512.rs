@@ -52,37 +52,25 @@ unsafe fn ld2x256(p0: *const u8, p1: *const u8) -> __m512i {
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(p0)), ld256(p1)) }
 }
 
-/// Eight pairs of adjacent f16 fields (at `p + offs[i]` and 2 bytes later; only the first `n`
-/// read, the rest 0), as f32: `(first fields, second fields)`. One 32-bit gather fetches both
-/// fields of a block (`d` and `m` of Q4_1/Q5_1, `d` and `s` of Q8_1).
+/// The first two f16 fields of the two blocks at `x0` and `x0 + stride`, spread for a pair of
+/// blocks: `([a0 ×8, a1 ×8], [b0 ×8, b1 ×8])` for fields `a` (at +0) and `b` (at +2): the
+/// scales `d`, and `m` of Q4_1/Q5_1 or `s` of Q8_1.
+///
+/// Plain loads, not gathers: `vpgatherdd` was measured to dominate the decode loop here.
 ///
 /// # Safety
-/// `p + offs[i]` valid for 4 bytes for every `i < n`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+/// `x0` and `x0 + stride` valid for 8 bytes each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn f16x8x2(p: *const u8, offs: __m256i, n: usize) -> (__m256, __m256) {
-    let m: __mmask8 = if n >= 8 {
-        0xff
-    } else {
-        ((1u32 << n) - 1) as u8
-    };
-    // SAFETY: masked-off lanes are not read; the others are in bounds by the caller's contract.
-    let g = unsafe {
-        _mm256_mmask_i32gather_epi32::<1>(_mm256_setzero_si256(), m, offs, p as *const i32)
-    };
-    (
-        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)),
-        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(g))),
-    )
-}
-
-/// Spread lanes `2p` and `2p + 1` of `v` over the low and high eight lanes.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn spread_pair(v: __m256, p: usize) -> __m512 {
-    let lo = _mm512_set1_epi32(2 * p as i32);
-    let idx = _mm512_mask_set1_epi32(lo, 0xff00, 2 * p as i32 + 1);
-    _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v))
+unsafe fn pair_scales(x0: *const u8, stride: usize) -> (__m512, __m512) {
+    // SAFETY: caller's contract.
+    let (f0, f1) = unsafe { (super::avx2::f16x4(x0), super::avx2::f16x4(x0.add(stride))) };
+    // [a0, a1, b0, b1]
+    let v = _mm512_castps128_ps512(_mm_unpacklo_ps(f0, f1));
+    let lo = _mm512_set1_epi32(0);
+    let ia = _mm512_mask_set1_epi32(lo, 0xff00, 1);
+    let ib = _mm512_mask_set1_epi32(_mm512_set1_epi32(2), 0xff00, 3);
+    (_mm512_permutexvar_ps(ia, v), _mm512_permutexvar_ps(ib, v))
 }
 
 // ---- legacy (32-element) types --------------------------------------------------------------
@@ -247,9 +235,6 @@ impl Legacy for Q8_0 {
 unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
     let nb = t.nb;
     let pairs_end = nb & !1;
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let woffs = _mm256_mullo_epi32(lanes, _mm256_set1_epi32(L::WB as i32));
-    let aoffs = _mm256_mullo_epi32(lanes, _mm256_set1_epi32(L::AB as i32));
     let mut wrow = [t.w; R];
     for (r, p) in wrow.iter_mut().enumerate() {
         *p = t.w.wrapping_add(r * t.w_stride);
@@ -258,69 +243,47 @@ unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
     for (k, p) in arow.iter_mut().enumerate() {
         *p = t.a.wrapping_add(k * t.a_stride);
     }
-    let zf = _mm256_setzero_ps();
     let zi = _mm512_setzero_si512();
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let mut b0 = 0;
-    while b0 < pairs_end {
-        let n = (pairs_end - b0).min(8);
-        // SAFETY: blocks b0..b0+n exist in every row of the tile (n counts only whole pairs
-        // below `nb`), so every pointer formed below stays inside its row.
+    let zf = _mm512_setzero_ps();
+    let mut acc = [[zf; T]; R];
+    let mut b = 0;
+    while b < pairs_end {
+        // SAFETY: blocks b and b + 1 exist in every row and token of the tile (b + 1 <
+        // pairs_end <= nb), so every pointer formed below stays inside its row.
         unsafe {
-            let mut dw = [zf; R];
-            let mut mw = [zf; R];
-            for r in 0..R {
-                (dw[r], mw[r]) = f16x8x2(wrow[r].add(b0 * L::WB), woffs, n);
-            }
-            let mut dy = [zf; T];
-            let mut sy = [zf; T];
+            let mut y = [zi; T];
+            let mut seed = [zi; T];
+            let mut dyp = [zf; T];
+            let mut syp = [zf; T];
             for k in 0..T {
-                let (d, s) = f16x8x2(arow[k].add(b0 * L::AB), aoffs, n);
-                dy[k] = d;
+                let y0 = arow[k].add(b * L::AB);
+                y[k] = ld2x256(y0.add(L::AQ), y0.add(L::AB + L::AQ));
+                if L::OFF != 0 {
+                    let s = _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), y[k]);
+                    seed[k] = _mm512_sub_epi32(zi, s);
+                }
+                let (d, s) = pair_scales(y0, L::AB);
+                dyp[k] = d;
                 if L::MIN {
                     // The activation's s is spread over 8 lanes per block: scale by 1/8 (exact).
-                    sy[k] = _mm256_mul_ps(s, _mm256_set1_ps(0.125));
+                    syp[k] = _mm512_mul_ps(s, _mm512_set1_ps(0.125));
                 }
             }
-            for p in 0..n / 2 {
-                let b = b0 + 2 * p;
-                let mut y = [zi; T];
-                let mut seed = [zi; T];
-                let mut dyp = [_mm512_setzero_ps(); T];
-                let mut syp = [_mm512_setzero_ps(); T];
+            for r in 0..R {
+                let x0 = wrow[r].add(b * L::WB);
+                let q = L::unpack(x0, x0.add(L::WB));
+                let (dwp, mwp) = pair_scales(x0, L::WB);
                 for k in 0..T {
-                    let y0 = arow[k].add(b * L::AB + L::AQ);
-                    y[k] = ld2x256(y0, y0.add(L::AB));
-                    if L::OFF != 0 {
-                        let s = _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), y[k]);
-                        seed[k] = _mm512_sub_epi32(zi, s);
-                    }
-                    dyp[k] = spread_pair(dy[k], p);
+                    let i = _mm512_dpbusd_epi32(seed[k], q, y[k]);
+                    let d = _mm512_mul_ps(dwp, dyp[k]);
+                    acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, acc[r][k]);
                     if L::MIN {
-                        syp[k] = spread_pair(sy[k], p);
-                    }
-                }
-                for r in 0..R {
-                    let x0 = wrow[r].add(b * L::WB);
-                    let q = L::unpack(x0, x0.add(L::WB));
-                    let dwp = spread_pair(dw[r], p);
-                    let mwp = if L::MIN {
-                        spread_pair(mw[r], p)
-                    } else {
-                        _mm512_setzero_ps()
-                    };
-                    for k in 0..T {
-                        let i = _mm512_dpbusd_epi32(seed[k], q, y[k]);
-                        let d = _mm512_mul_ps(dwp, dyp[k]);
-                        acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, acc[r][k]);
-                        if L::MIN {
-                            acc[r][k] = _mm512_fmadd_ps(mwp, syp[k], acc[r][k]);
-                        }
+                        acc[r][k] = _mm512_fmadd_ps(mwp, syp[k], acc[r][k]);
                     }
                 }
             }
         }
-        b0 += n;
+        b += 2;
     }
     for r in 0..R {
         for k in 0..T {
