@@ -1,6 +1,7 @@
 //! The `crossover` command line. Thin: parsing and printing; the work lives in the library crates.
 
 mod cmd;
+mod default_model;
 
 use clap::{Parser, Subcommand};
 
@@ -15,11 +16,30 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     // Each subcommand lives in its own file under src/cmd/; add one variant and one match arm here.
+    /// Serve the OpenAI-compatible HTTP API (chat and text completions, streaming, metrics).
+    Serve(cmd::serve::ServeArgs),
+    /// Generate text from a prompt, streaming it to stdout (timing line on stderr).
+    Run(cmd::run::RunArgs),
+    /// Talk to a model interactively; the conversation is kept between turns.
+    Chat(cmd::run::ChatArgs),
+    /// Show a GGUF file's architecture, hyper-parameters, tokenizer, tensors and memory needs.
+    Inspect(cmd::inspect::InspectArgs),
+    /// Write a random-weight model with a real architecture (for benchmarks and tests).
+    Synth(cmd::synth::SynthArgs),
+    /// Turn text into token ids with a model's tokenizer (or ids back into text with --decode).
+    Tokenize(cmd::tokenize::TokenizeArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let result: anyhow::Result<()> = match cli.command {};
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::run::chat(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+    };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -280,6 +280,15 @@ pub(crate) fn forward(
         })?;
     }
 
+    // Rotation angles per token, shared by every layer and head.
+    let angles: Vec<Vec<(f32, f32)>> = toks
+        .iter()
+        .map(|t| {
+            let mut cs = Vec::new();
+            model.rope.angles(t.pos, &mut cs);
+            cs
+        })
+        .collect();
     let scale = 1.0 / (hd as f32).sqrt();
     resize(&mut s.xn, n * e);
     for (li, l) in model.layers.iter().enumerate() {
@@ -292,12 +301,12 @@ pub(crate) fn forward(
         add_bias(&mut s.q, &l.bq);
         add_bias(&mut s.k, &l.bk);
         add_bias(&mut s.v, &l.bv);
-        for (i, t) in toks.iter().enumerate() {
+        for (i, cs) in angles.iter().enumerate() {
             for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
-                model.rope.apply(h, t.pos);
+                model.rope.apply_with(h, cs);
             }
             for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
-                model.rope.apply(h, t.pos);
+                model.rope.apply_with(h, cs);
             }
         }
         // Store this step's keys and values.
@@ -329,7 +338,16 @@ pub(crate) fn forward(
                 let t = &toks[i];
                 let blocks = alloc.blocks(chunks[t.chunk].seq);
                 let kvh = h / gqa;
-                let qh = &q[(i * nh + h) * hd..(i * nh + h + 1) * hd];
+                // The query is rounded to f16 before meeting the f16 keys, and the attention
+                // weights before meeting the f16 values, as ggml's CPU mul_mat does (it converts
+                // the f32 operand to the f16 operand's type): keeps our logits close to
+                // llama.cpp's, which the teacher-forced tests hold us to.
+                let mut qbuf = [0.0f32; 256];
+                let qh = &mut qbuf[..hd];
+                for (d, &v) in qh.iter_mut().zip(&q[(i * nh + h) * hd..(i * nh + h + 1) * hd]) {
+                    *d = f16::from_f32(v).to_f32();
+                }
+                let qh = &*qh;
                 let len = t.pos + 1;
                 thread_local! {
                     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -353,7 +371,7 @@ pub(crate) fn forward(
                     for (j, &p) in sc.iter().enumerate() {
                         let slot = blocks[j / bt] as usize * bt + j % bt;
                         let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        dot::axpy_f16(o, p, vr);
+                        dot::axpy_f16(o, f16::from_f32(p).to_f32(), vr);
                     }
                 });
             });

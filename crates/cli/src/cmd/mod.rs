@@ -1,1 +1,6 @@
 //! One module per subcommand.
+pub mod inspect;
+pub mod run;
+pub mod serve;
+pub mod synth;
+pub mod tokenize;
