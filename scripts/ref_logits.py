@@ -6,9 +6,9 @@ writes a compact JSON fixture that the CPU engine's tests compare against: at ea
 the top-K (token id, logit) pairs of llama.cpp's logit row and the log-sum-exp of the *whole*
 row. With the log-sum-exp a test recovers llama.cpp's exact probabilities of those K tokens,
 p_ref(t) = exp(logit_t - lse), and the reference's probability mass outside them, so it can
-compute top-1 agreement and a KL divergence (over the K tokens plus one "rest" bucket, which
-is a lower bound of the full KL by the data-processing inequality) against the engine's full
-distribution.
+compute top-1 agreement and KL divergences against the engine's full distribution: over the K
+tokens plus one "rest" bucket (a lower bound of the full KL, by the data-processing inequality),
+and, with the tail samples described below, an unbiased estimate of the full KL.
 
 Fixture layout (JSON object; see docs/reference-tooling.md):
   format          "crossover-ref-logits/1"
@@ -31,6 +31,18 @@ Fixture layout (JSON object; see docs/reference-tooling.md):
                     logits  their logits (float32 values, shortest exact decimal form)
                     lse     log(sum(exp(row))) over all n_vocab logits (float64 sum)
                     entropy entropy of softmax(row) in nats (float64)
+                    tail_ids, tail_logits   S token ids drawn (with replacement) from
+                            llama.cpp's distribution restricted to the tokens NOT in ids
+                            (renormalized), and their logits; see "tail samples" below
+  tail_samples    S, the number of tail draws per position
+  tail_seed       seed of the draws (numpy PCG64), so the fixture is reproducible
+
+Tail samples: with the top-K logits exact and S draws from the rest, a test can estimate the
+full KL(llama.cpp || ours) without the full rows: with d(v) = log p_ref(v) - log p_ours(v),
+  KL = sum_{v in ids} p_ref(v) d(v) + P_tail * E_{v ~ p_ref | tail}[d(v)],
+P_tail = 1 - sum_{v in ids} p_ref(v); the first term is exact, the second is estimated without
+bias by the mean of d over tail_ids. This matters for flat distributions (random-weight
+synthetic models), where the top-K hold a small part of the mass.
 """
 
 from __future__ import annotations
@@ -91,7 +103,7 @@ def load_llama(model: Path, n_ctx: int, n_batch: int, threads: int, logits_all: 
     )
 
 
-def row_stats(row: np.ndarray, k: int) -> dict:
+def row_stats(row: np.ndarray, k: int, n_tail: int, rng: np.random.Generator) -> dict:
     # Stable top-K: sort by (-logit, id) so ties are broken the same way every time.
     top = np.lexsort((np.arange(row.shape[0]), -row))[:k]
     r64 = row.astype(np.float64)
@@ -101,11 +113,20 @@ def row_stats(row: np.ndarray, k: int) -> dict:
     lse = m + np.log(s)
     p = e / s
     entropy = float(-(p * (r64 - lse)).sum())
+    tail_p = p.copy()
+    tail_p[top] = 0.0
+    tail_mass = tail_p.sum()
+    if n_tail > 0 and tail_mass > 0.0:
+        tail = rng.choice(row.shape[0], size=n_tail, replace=True, p=tail_p / tail_mass)
+    else:
+        tail = np.zeros(0, dtype=np.int64)
     return {
         "ids": [int(t) for t in top],
         "logits": [f32(row[t]) for t in top],
         "lse": float(lse),
         "entropy": entropy,
+        "tail_ids": [int(t) for t in tail],
+        "tail_logits": [f32(row[t]) for t in tail],
     }
 
 
@@ -121,6 +142,8 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path, help="fixture to write (JSON)")
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tail-samples", type=int, default=32, help="tail draws per position")
+    ap.add_argument("--tail-seed", type=int, default=20251130)
     ap.add_argument(
         "--synth-command",
         default=None,
@@ -155,7 +178,8 @@ def main() -> int:
     if not np.isfinite(scores).all():
         sys.exit("error: llama.cpp produced non-finite logits")
 
-    positions = [row_stats(scores[i], args.top_k) for i in range(n)]
+    rng = np.random.Generator(np.random.PCG64(args.tail_seed))
+    positions = [row_stats(scores[i], args.top_k, args.tail_samples, rng) for i in range(n)]
     fixture = {
         "format": FORMAT,
         "generator": "scripts/ref_logits.py",
@@ -177,6 +201,8 @@ def main() -> int:
         "flash_attn": False,
         "kv_type": "f16",
         "top_k": args.top_k,
+        "tail_samples": args.tail_samples,
+        "tail_seed": args.tail_seed,
         "n_tokens": n,
         "tokens": [int(t) for t in tokens],
         "positions": positions,
