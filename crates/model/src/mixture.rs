@@ -320,14 +320,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn use_more_bits_matches_the_formula_on_known_points() {
-        // n = 16 (Llama 3.2 1B): n/8 = 2, 7n/8 = 14.
-        let picked: Vec<usize> = (0..16).filter(|&i| use_more_bits(i, 16)).collect();
-        // i < 2, i >= 14, and (i - 2) % 3 == 2 -> 4, 7, 10, 13.
-        assert_eq!(picked, vec![0, 1, 4, 7, 10, 13, 14, 15]);
-    }
-
-    #[test]
     fn parse_names() {
         assert_eq!(
             QuantScheme::parse("Q4_K_M", false).unwrap(),

@@ -2,7 +2,7 @@
 //! weights, quantized by this project's own quantizers and written as GGUF that llama.cpp loads.
 //!
 //! The weights are random but scaled so that activations stay O(1) through every block and the
-//! logits come out with a standard deviation of about 2, so a forward pass is numerically like a
+//! logits come out with a standard deviation of about 3 ([`LOGIT_STD`]), so a forward pass is numerically like a
 //! real one (no NaN/inf, a softmax that is neither flat nor one-hot). Speed is real; text is not.
 //!
 //! Every tensor is generated in fixed-size chunks of rows, each from its own random stream keyed by
@@ -57,8 +57,11 @@ pub struct PresetSpec {
     pub qkv_bias: bool,
     /// Where the default vocabulary comes from, relative to the cache folder (`.cache/`).
     pub default_vocab: &'static str,
-    /// The repo script that fetches [`PresetSpec::default_vocab`].
+    /// The repo script that fetches [`PresetSpec::default_vocab`] and the default chat template.
     pub vocab_script: &'static str,
+    /// The model's chat template, relative to the cache folder, for presets whose default vocabulary
+    /// file carries none (llama.cpp's `ggml-vocab-llama-bpe.gguf`).
+    pub default_chat_template: Option<&'static str>,
 }
 
 /// A synthetic-model preset.
@@ -114,6 +117,7 @@ impl Preset {
                 qkv_bias: false,
                 default_vocab: "models/smollm2-135m-instruct-q4_1.gguf",
                 vocab_script: "scripts/fetch_model.sh",
+                default_chat_template: None,
             },
             Preset::Llama32_1b => PresetSpec {
                 name: "llama-3.2-1b",
@@ -133,6 +137,9 @@ impl Preset {
                 qkv_bias: false,
                 default_vocab: "vocab/ggml-vocab-llama-bpe.gguf",
                 vocab_script: "scripts/fetch_vocabs.sh",
+                default_chat_template: Some(
+                    "vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja",
+                ),
             },
             Preset::Llama32_3b => PresetSpec {
                 name: "llama-3.2-3b",
@@ -152,6 +159,9 @@ impl Preset {
                 qkv_bias: false,
                 default_vocab: "vocab/ggml-vocab-llama-bpe.gguf",
                 vocab_script: "scripts/fetch_vocabs.sh",
+                default_chat_template: Some(
+                    "vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja",
+                ),
             },
             Preset::Llama31_8b => PresetSpec {
                 name: "llama-3.1-8b",
@@ -171,6 +181,9 @@ impl Preset {
                 qkv_bias: false,
                 default_vocab: "vocab/ggml-vocab-llama-bpe.gguf",
                 vocab_script: "scripts/fetch_vocabs.sh",
+                default_chat_template: Some(
+                    "vocab/templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+                ),
             },
             Preset::Qwen25_05b => PresetSpec {
                 name: "qwen2.5-0.5b",
@@ -190,6 +203,7 @@ impl Preset {
                 qkv_bias: true,
                 default_vocab: "vocab/ggml-vocab-qwen2.gguf",
                 vocab_script: "scripts/fetch_vocabs.sh",
+                default_chat_template: None,
             },
         }
     }
@@ -552,6 +566,12 @@ fn quantize(name: &str, ty: GgmlType, vals: &[f32]) -> Result<Vec<u8>, ModelErro
     Ok(out)
 }
 
+/// Standard deviation of the logits: the output matrix (or the tied embedding) has
+/// `LOGIT_STD / sqrt(n_embd)`, and its input (the final norm's output) has unit RMS. Large enough
+/// that the top token usually stands clear of the next (as in real models: a peak near 15), small
+/// enough that the softmax is not one-hot.
+pub const LOGIT_STD: f32 = 3.0;
+
 /// How a tensor's values are drawn.
 #[derive(Clone, Debug, PartialEq)]
 enum Init {
@@ -584,11 +604,11 @@ impl Init {
 
 /// The scale of every weight, chosen so that each projection maps unit-RMS inputs to unit-RMS
 /// outputs (std = 1/sqrt(fan_in)); the residual stream then grows like sqrt(2 * n_layer), and the
-/// logits (final norm, then the output matrix) have a standard deviation of about 2.
+/// logits (final norm, then the output matrix) have a standard deviation of [`LOGIT_STD`].
 fn init_for(cfg: &ModelConfig, name: &str, opts: &SynthOptions) -> Result<Init, ModelError> {
     let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
     if name == names::TOKEN_EMBD || name == names::OUTPUT {
-        return Ok(Init::Normal(2.0 * inv_sqrt(cfg.n_embd)));
+        return Ok(Init::Normal(LOGIT_STD * inv_sqrt(cfg.n_embd)));
     }
     if name == names::OUTPUT_NORM {
         return Ok(Init::NearOne);

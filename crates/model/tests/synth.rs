@@ -134,7 +134,7 @@ fn weights_are_finite_and_scaled() {
                     t.name
                 );
             } else if t.name == "token_embd.weight" || t.name == "output.weight" {
-                let want = 2.0 / (c.n_embd as f64).sqrt();
+                let want = model::synth::LOGIT_STD as f64 / (c.n_embd as f64).sqrt();
                 assert!(
                     (std / want - 1.0).abs() < 0.15,
                     "{}: std {std} want {want}",
