@@ -4,7 +4,7 @@
 //! of handing a job to the workers and waiting for them must be a few microseconds, not the tens
 //! that waking parked threads costs. Workers therefore spin on a generation counter for a while
 //! after each job (as ggml's workers do) and only park on a condition variable after
-//! [`Pool::spin`] of idleness.
+//! a spin window of idleness ([`Pool::DEFAULT_SPIN`], or [`Pool::with_spin`]).
 //!
 //! A job is a set of numbered items taken from a shared counter. The dispatching thread works on
 //! items too and, once every item is taken, closes the job: a worker that had not joined by then
