@@ -334,8 +334,10 @@ impl CudaBackend {
         let (e, qd, kvd, ff, nv) = (cfg.n_embd, cfg.n_embd_q(), kv_row, cfg.n_ff, cfg.n_vocab);
         let widest = e.max(qd).max(ff);
         let max_split = max_split(gpu.sms as usize, opts.ctx_size);
-        // Every step has tokens * splits <= 2 * SMs / n_kv + tokens (see `splits`).
-        let part_floats = (n + 2 * gpu.sms as usize + MV_MAX_NT) * cfg.n_head * (cfg.head_dim + 2);
+        // Every step has tokens * splits <= C * SMs / n_kv + tokens (see `splits`).
+        let part_floats = (n + SPLIT_CTAS_PER_SM * gpu.sms as usize + MV_MAX_NT)
+            * cfg.n_head
+            * (cfg.head_dim + 2);
         let f4 = 4usize;
         let mut s = Scratch {
             x: gpu.alloc(n * e * f4)?,
@@ -784,7 +786,11 @@ impl CudaBackend {
                 s.xn.ptr(),
                 0,
             )?;
-            if matvec_path && l.gate.ty == l.up.ty && n <= MV_MAX_NT {
+            if matvec_path
+                && l.gate.ty == l.up.ty
+                && n <= MV_MAX_NT
+                && kernels::mv_rows_per_warp(l.gate.rows, n) == 1
+            {
                 gpu.matvec_swiglu(
                     l.gate.ty,
                     l.gate.q.ptr(),
@@ -968,8 +974,12 @@ impl CudaBackend {
 /// Most attention splits any step uses: enough to spread one token's context over twice the
 /// multiprocessors, never slices shorter than 32 positions.
 fn max_split(sms: usize, ctx: usize) -> usize {
-    (2 * sms).min(ctx.div_ceil(32)).max(1)
+    (SPLIT_CTAS_PER_SM * sms).min(ctx.div_ceil(32)).max(1)
 }
+
+/// Attention blocks per multiprocessor a step aims for: each block walks its slice of the context
+/// one position per warp-iteration, latency-bound, so many short slices beat a few long ones.
+const SPLIT_CTAS_PER_SM: usize = 8;
 
 impl Backend for CudaBackend {
     fn info(&self) -> &BackendInfo {

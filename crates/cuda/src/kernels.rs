@@ -29,7 +29,7 @@ pub const TYPES: &[(GgmlType, &str)] = &[
 pub const MV_NT: [usize; 4] = [1, 2, 4, 8];
 /// Most tokens one matrix-vector launch handles.
 pub const MV_MAX_NT: usize = 8;
-const PER_TYPE: usize = 2 + 2 * MV_NT.len();
+const PER_TYPE: usize = 2 + 2 * MV_NT.len() + 2;
 const OPS: &[&str] = &[
     "rms_norm",
     "rope_store",
@@ -64,6 +64,8 @@ pub fn all_kernel_names() -> Vec<String> {
         for nt in MV_NT {
             v.push(format!("matvec_swiglu_{t}_{nt}"));
         }
+        v.push(format!("matvec_r4_{t}"));
+        v.push(format!("matvec_r2_{t}"));
     }
     v.extend(OPS.iter().map(|s| s.to_string()));
     v
@@ -100,6 +102,16 @@ fn check_cols(ty: GgmlType, cols: usize) -> Result<(), CudaError> {
         )));
     }
     Ok(())
+}
+
+/// Rows per warp of the one-token matrix-vector kernel: more rows share each activation load, as
+/// long as the matrix still spreads over the whole GPU.
+pub fn mv_rows_per_warp(rows: usize, nt: usize) -> usize {
+    match (nt, rows) {
+        (1, r) if r >= 8192 => 4,
+        (1, r) if r >= 2048 => 2,
+        _ => 1,
+    }
 }
 
 /// Bytes of a `rows x cols` matrix of `ty`.
@@ -167,16 +179,44 @@ impl Gpu {
         y: u64,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        let r = mv_rows_per_warp(rows, nt);
+        self.matvec_r(ty, w, rows, cols, x, nt, y, accumulate, r)
+    }
+
+    /// [`Gpu::matvec`] with `r` rows per warp (1 for any `nt`; 2 or 4 for `nt == 1`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_r(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+        r: usize,
+    ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        let k = type_index(ty)? * PER_TYPE + 2 + nt_bucket(nt)?;
-        let (r, c, n, a) = (
+        let base = type_index(ty)? * PER_TYPE;
+        let k = match (r, nt) {
+            (1, _) => base + 2 + nt_bucket(nt)?,
+            (4, 1) => base + 2 + 2 * MV_NT.len(),
+            (2, 1) => base + 2 + 2 * MV_NT.len() + 1,
+            _ => {
+                return Err(CudaError::Arg(format!(
+                    "{r} rows per warp with {nt} tokens (kernels: 1 for any, 2 or 4 for one token)"
+                )))
+            }
+        };
+        let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
             nt as i32,
             accumulate as i32,
         );
-        let grid = u32_of(rows.div_ceil(4), "rows")?;
-        self.launch_id(k, (grid, 1, 1), (128, 1, 1), kargs![w, r, c, x, n, y, a])
+        let grid = u32_of(rows.div_ceil(4 * r), "rows")?;
+        self.launch_id(k, (grid, 1, 1), (128, 1, 1), kargs![w, rr, c, x, n, y, a])
     }
 
     /// `y[t, :] = silu(Wg x[t, :]) * (Wu x[t, :])` for `nt <= 8` tokens; both matrices `ty`.

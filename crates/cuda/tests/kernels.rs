@@ -138,6 +138,18 @@ fn matvec_matches_f64_reference_for_every_type_and_token_count() {
             let e = rel_err(&got, &want);
             assert!(e < 1e-5, "{name} nt={nt}: relative error {e:e}");
 
+            // Several rows per warp (the one-token kernels for tall matrices).
+            if nt == 1 {
+                for rpw in [2usize, 4] {
+                    let y = poisoned(&g, rows);
+                    g.matvec_r(ty, w.ptr(), rows, cols, xb.ptr(), 1, y.ptr(), false, rpw)
+                        .unwrap();
+                    let got: Vec<f32> = g.download(&y, rows).unwrap();
+                    let e = rel_err(&got, &want);
+                    assert!(e < 1e-5, "{name} {rpw} rows/warp: relative error {e:e}");
+                }
+            }
+
             // Accumulate into a random residual.
             let y0 = randn(&mut r, nt * rows, 1.0);
             let yb = g.upload(&y0).unwrap();
