@@ -121,6 +121,7 @@ impl Coordinator {
             .filter_map(|n| self.backends.iter().find(|b| b.name() == n).cloned())
             .collect();
         let mut reason = decision.reason.clone();
+        let mut code = decision.code.clone();
         let mut last_err = None;
         while let Some(h) = next.pop_front() {
             match h.submit(req.clone(), reason.clone()) {
@@ -134,10 +135,12 @@ impl Coordinator {
                         rx,
                         h.name().to_string(),
                         reason,
+                        code,
                         Some(failover),
                     ));
                 }
                 Err(e) if e.can_fail_over() => {
+                    code = "failover".into();
                     reason = format!(
                         "failover from {} refused ({e}); {}",
                         h.name(),

@@ -29,6 +29,7 @@ pub struct TokenStream {
     rx: UnboundedReceiver<TokenEvent>,
     backend: String,
     route_reason: String,
+    route_code: String,
     failover: Option<Failover>,
     finished: bool,
 }
@@ -53,12 +54,14 @@ impl TokenStream {
         rx: UnboundedReceiver<TokenEvent>,
         backend: String,
         route_reason: String,
+        route_code: String,
         failover: Option<Failover>,
     ) -> Self {
         TokenStream {
             rx,
             backend,
             route_reason,
+            route_code,
             failover,
             finished: false,
         }
@@ -72,6 +75,11 @@ impl TokenStream {
     /// Why it was chosen (failovers included).
     pub fn route_reason(&self) -> &str {
         &self.route_reason
+    }
+
+    /// Short label of the decision for metrics: `rule:NAME`, `default`, `builtin`, `failover`.
+    pub fn route_code(&self) -> &str {
+        &self.route_code
     }
 
     /// Next event, blocking the thread. Must not be called from inside an async runtime.
@@ -134,6 +142,7 @@ impl TokenStream {
                     self.rx = rx;
                     self.backend = h.name().to_string();
                     self.route_reason = reason;
+                    self.route_code = "failover".into();
                     return true;
                 }
                 Err(e) => why = format!("{} refused ({e})", h.name()),
