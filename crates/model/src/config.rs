@@ -157,7 +157,7 @@ impl ModelConfig {
         } else {
             n_head
         };
-        if !n_head.is_multiple_of(n_head_kv) {
+        if n_head % n_head_kv != 0 {
             return Err(invalid(
                 &kv_key,
                 n_head_kv,
@@ -169,7 +169,7 @@ impl ModelConfig {
         let head_dim = if md.contains_key(&kl_key) {
             dim(md, &kl_key)?
         } else {
-            if !n_embd.is_multiple_of(n_head) {
+            if n_embd % n_head != 0 {
                 return Err(invalid(
                     &head_key,
                     n_head,

@@ -268,7 +268,7 @@ fn mixture_type(
     let is_embd = name == names::TOKEN_EMBD;
     if is_output || (ctx.tied && is_embd) {
         let nx = dims.first().copied().unwrap_or(0);
-        if !nx.is_multiple_of(ty.block_size() as u64) {
+        if nx % ty.block_size() as u64 != 0 {
             ty = GgmlType::Q8_0;
         } else if ty != GgmlType::Q8_0 {
             ty = GgmlType::Q6K;
@@ -298,7 +298,7 @@ fn mixture_type(
 /// 32-element type of about the same size, and anything that still does not fit to F16.
 pub fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
     let bs = ty.block_size() as u64;
-    if row_len.is_multiple_of(bs) {
+    if row_len % bs == 0 {
         return ty;
     }
     let alt = match ty {
@@ -308,7 +308,7 @@ pub fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
         GgmlType::Q6K => GgmlType::Q8_0,
         other => other,
     };
-    if !row_len.is_multiple_of(alt.block_size() as u64) {
+    if row_len % alt.block_size() as u64 != 0 {
         GgmlType::F16
     } else {
         alt

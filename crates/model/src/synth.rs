@@ -231,7 +231,7 @@ impl Preset {
         let s = self.spec();
         let head_dim = s.n_embd / s.n_head;
         let div = shrink.heads_div.max(1);
-        if !s.n_head_kv.is_multiple_of(div) {
+        if s.n_head_kv % div != 0 {
             return Err(ModelError::InvalidOption {
                 option: "heads-div",
                 why: format!(
