@@ -339,15 +339,17 @@ def prompt_without_llama(model: Path, pp: int) -> str:
 def print_table(res: dict) -> None:
     L, O = res["llama_cpp"], res["crossover"]
     pp, tg = res["pp"], res["tg"]
-    print(f"  {'':12}{'pp' + str(pp) + ' tok/s':>14}{'tg' + str(tg) + ' tok/s':>14}"
+    # Generation runs after the prompt, so at KV depth pp..pp+tg ("@d<pp>", llama-bench's
+    # notation); `--pp 8` measures it near an empty context instead.
+    print(f"  {'':12}{'pp' + str(pp) + ' tok/s':>14}{f'tg{tg}@d{pp} tok/s':>18}"
           f"{'1st tok ms':>12}{'peak RSS MiB':>14}")
     for name, r in (("llama.cpp", L), ("crossover", O)):
         if r:
-            print(f"  {name:12}{r['prompt_tps']:14.1f}{r['gen_tps']:14.1f}"
+            print(f"  {name:12}{r['prompt_tps']:14.1f}{r['gen_tps']:18.1f}"
                   f"{r['first_token_ms']:12.1f}{r['peak_rss'] / MIB:14.0f}")
     if L and O:
         print(f"  {'ours/llama':12}{fmt_ratio(O['prompt_tps'], L['prompt_tps']):>14}"
-              f"{fmt_ratio(O['gen_tps'], L['gen_tps']):>14}"
+              f"{fmt_ratio(O['gen_tps'], L['gen_tps']):>18}"
               f"{fmt_ratio(O['first_token_ms'], L['first_token_ms']):>12}"
               f"{fmt_ratio(O['peak_rss'], L['peak_rss']):>14}")
         if O["prompt_n"] != L["prompt_n"]:
@@ -359,6 +361,25 @@ def print_table(res: dict) -> None:
         print(f"  memory budget (file {res['model_bytes'] / MIB:.1f} + KV {res['kv_bytes'] / MIB:.1f}"
               f" + 64 MiB) = {b / MIB:.1f} MiB: crossover {verdict} "
               f"({O['peak_rss'] / MIB:.1f} MiB)")
+
+
+def raise_priority(nice: int) -> None:
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError as e:
+        print(f"note: cannot set the session's niceness to {nice}: {e}")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as e:
+        print(f"note: cannot set niceness {nice}: {e}")
+
+
+def autogroup() -> str:
+    try:
+        return "scheduling group " + Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return "no autogroup"
 
 
 def default_models(args) -> list[Path]:
@@ -398,7 +419,25 @@ def main() -> int:
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--nice", type=int, default=-20,
+                    help="scheduling niceness for both engines, set on a session of their own "
+                         "(Linux autogroup) and on the processes, inherited by every child; "
+                         "default -20, the highest priority, where permitted (root). On a "
+                         "shared machine it keeps other work from descheduling the engines' "
+                         "threads, which spin at barriers and collapse when descheduled")
+    ap.add_argument("--no-priority", action="store_true",
+                    help="run at the niceness and scheduling group inherited")
     args = ap.parse_args()
+
+    if not args.no_priority and os.environ.get("CROSSOVER_BENCH_SESSION") is None:
+        # The kernel shares CPU time fairly between sessions (autogroups) before it looks at
+        # niceness, so a process's own niceness does nothing against other sessions' work: run
+        # the benchmark in a new session and raise that session's weight.
+        env = dict(os.environ, CROSSOVER_BENCH_SESSION="1")
+        return subprocess.run([sys.executable, *sys.argv], env=env,
+                              start_new_session=True).returncode
+    if not args.no_priority:
+        raise_priority(args.nice)
 
     if not args.skip_llama:
         try:
@@ -407,9 +446,10 @@ def main() -> int:
             raise SystemExit("error: llama_cpp not importable: run scripts/setup_llama_cpp.sh")
     load1 = os.getloadavg()[0]
     ncpu = os.cpu_count() or 1
-    print(f"machine: {ncpu} CPUs, load average {load1:.2f}")
+    print(f"machine: {ncpu} CPUs, load average {load1:.2f}, "
+          f"niceness {os.getpriority(os.PRIO_PROCESS, 0)}, {autogroup()}")
     if load1 > 0.5 * ncpu:
-        print("warning: the machine is busy; numbers will be noisy (both engines share it alike)")
+        print("warning: the machine is busy; numbers may be noisy (both engines share it alike)")
 
     models = args.model or default_models(args)
     results = []
