@@ -387,14 +387,12 @@ def default_models(args) -> list[Path]:
     smol = subprocess.run([str(REPO / "scripts/fetch_model.sh")], check=True,
                           stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
     models.append(Path(smol))
-    synth = REPO / "scripts/synth_model.sh"
-    if synth.is_file():
-        out = subprocess.run([str(synth), "llama-3.2-1b", "q4_k_m"], check=True,
-                             stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()
-        models.append(Path(out[-1]))
-    else:
-        print("note: scripts/synth_model.sh not present; benchmarking SmolLM2 only",
-              file=sys.stderr)
+    env = dict(os.environ)
+    if Path(args.crossover).is_file():
+        env.setdefault("CROSSOVER_BIN", str(Path(args.crossover).resolve()))
+    out = subprocess.run([str(REPO / "scripts/synth_model.sh"), "llama-3.2-1b", "q4_k_m", "1"],
+                         check=True, stdout=subprocess.PIPE, text=True, env=env)
+    models.append(Path(out.stdout.strip().splitlines()[-1]))
     return models
 
 
