@@ -15,7 +15,9 @@ export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CROSSOVER_REQUIRE_NVRTC=1
 # Data the tests read: the default model and llama.cpp's tokenizer test vectors.
 scripts/fetch_model.sh >/dev/null
-if [[ -x scripts/fetch_vocabs.sh ]]; then scripts/fetch_vocabs.sh >/dev/null; fi
+scripts/fetch_vocabs.sh >/dev/null
+# The synthetic 1B model the CPU engine's teacher-forced fixture was made from (deterministic).
+scripts/synth_model.sh --for-fixture crates/cpu/tests/fixtures/synth_llama1b_q4_k_m_logits.json >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
