@@ -731,21 +731,37 @@ fn dot_matmul_smollm2_shapes_match_scalar() {
     let mut rng = Rng(0x5eed_0576);
     let pool = Pool::new(2).unwrap();
     for ty in WEIGHT_TYPES {
-        for &(rows, cols, n_tokens) in &[(64usize, 576usize, 1usize), (40, 1536, 1), (33, 576, 27)] {
+        for &(rows, cols, n_tokens) in &[(64usize, 576usize, 1usize), (40, 1536, 1), (33, 576, 27)]
+        {
             if cols % ty.block_size() != 0 {
                 continue;
             }
-            let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut rng, ty, cols, false)).collect();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                .collect();
             let x = rng.acts(n_tokens * cols);
             let scalar_acts = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
             let mut want = vec![f32::NAN; rows * n_tokens];
-            dot::matmul_with_isa(ty, &w, rows, cols, &scalar_acts, &mut want, &pool, Isa::Scalar)
-                .unwrap();
+            dot::matmul_with_isa(
+                ty,
+                &w,
+                rows,
+                cols,
+                &scalar_acts,
+                &mut want,
+                &pool,
+                Isa::Scalar,
+            )
+            .unwrap();
             for isa in simd_levels() {
                 let acts = quantized_acts(ty, &x, n_tokens, cols, isa);
                 let mut got = vec![f32::NAN; rows * n_tokens];
                 dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut got, &pool, isa).unwrap();
-                let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max).max(1e-6);
+                let scale = want
+                    .iter()
+                    .map(|v| v.abs())
+                    .fold(0.0f32, f32::max)
+                    .max(1e-6);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() <= 1e-4 * scale,
