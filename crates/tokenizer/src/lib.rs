@@ -20,6 +20,7 @@ pub mod chat;
 mod decode;
 mod pretok;
 mod spm;
+mod unicode_tables;
 pub mod vocab;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -514,8 +515,10 @@ impl Tokenizer {
             add_bos = true;
         }
 
-        // Detection by token text. llama.cpp walks a hash map (unordered); walking the ids in
-        // order makes the choice deterministic: the lowest id whose text matches.
+        // Detection by token text. llama.cpp walks its text -> id hash map and keeps the first
+        // match; libstdc++ walks recently inserted entries first, so with several matches (e.g.
+        // `<|end_of_text|>` and `<|eot_id|>` in Llama 3) the highest id tends to win. Walking the
+        // ids from the top makes that choice deterministic.
         let canonical = |i: usize, t: &str| token_to_id.get(t) == Some(&(i as u32));
         // Every name looked for below starts with one of these and is short; checking that
         // first keeps the scans over 100k+ tokens cheap.
@@ -524,7 +527,7 @@ impl Tokenizer {
             if slot.is_some() {
                 return;
             }
-            for (i, t) in tokens.iter().enumerate() {
+            for (i, t) in tokens.iter().enumerate().rev() {
                 if maybe_name(t) && names.contains(&t.as_str()) && canonical(i, t) {
                     *slot = Some(i as u32);
                     attrs[i] = attrs[i].with(TokenAttr::CONTROL);

@@ -230,6 +230,81 @@ pub(crate) fn pre_config(name: Option<&str>) -> Result<PreConfig, TokenizerError
     Ok(c)
 }
 
+/// The ranges for a `\p{..}` class name, from the Unicode version llama.cpp uses.
+fn category_ranges(name: &str) -> Option<&'static [(u32, u32)]> {
+    use crate::unicode_tables as t;
+    Some(match name {
+        "L" => t::L,
+        "Lu" => t::LU,
+        "Ll" => t::LL,
+        "Lt" => t::LT,
+        "Lm" => t::LM,
+        "Lo" => t::LO,
+        "M" => t::M,
+        "N" => t::N,
+        "P" => t::P,
+        "S" => t::S,
+        _ => return None,
+    })
+}
+
+/// Rewrites a regex so its Unicode classes mean what they mean to llama.cpp: each `\p{X}` of
+/// a general category becomes the explicit ranges of that category in Unicode 15.1 (the
+/// engine's built-in tables follow a newer Unicode), and `\d` becomes `[0-9]` (`std::regex`'s
+/// meaning). Other escapes are kept. Bracket classes are not nested in these patterns.
+pub(crate) fn expand_classes(pattern: &str) -> String {
+    use std::fmt::Write as _;
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut out = String::with_capacity(pattern.len());
+    let mut in_class = false;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\\' && i + 1 < chars.len() {
+            let next = chars[i + 1];
+            if next == 'p' && chars.get(i + 2) == Some(&'{') {
+                if let Some(len) = chars[i + 3..].iter().position(|&x| x == '}') {
+                    let name: String = chars[i + 3..i + 3 + len].iter().collect();
+                    if let Some(ranges) = category_ranges(&name) {
+                        if !in_class {
+                            out.push('[');
+                        }
+                        for &(a, b) in ranges {
+                            if a == b {
+                                let _ = write!(out, "\\x{{{a:X}}}");
+                            } else {
+                                let _ = write!(out, "\\x{{{a:X}}}-\\x{{{b:X}}}");
+                            }
+                        }
+                        if !in_class {
+                            out.push(']');
+                        }
+                        i += 3 + len + 1;
+                        continue;
+                    }
+                }
+            }
+            if next == 'd' {
+                out.push_str(if in_class { "0-9" } else { "[0-9]" });
+                i += 2;
+                continue;
+            }
+            out.push(c);
+            out.push(next);
+            i += 2;
+            continue;
+        }
+        if c == '[' && !in_class {
+            in_class = true;
+        } else if c == ']' && in_class {
+            in_class = false;
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
+}
+
 /// A compiled pre-tokenizer: the regexes of one [`PreConfig`], applied in order.
 #[derive(Debug)]
 pub(crate) struct Splitter {
@@ -240,11 +315,12 @@ impl Splitter {
     pub fn new(config: &PreConfig) -> Result<Splitter, TokenizerError> {
         let mut regexes = Vec::with_capacity(config.regexes.len());
         for (i, r) in config.regexes.iter().enumerate() {
-            let re = fancy_regex::Regex::new(r).map_err(|e| TokenizerError::Regex {
-                pre: config.kind.to_owned(),
-                index: i,
-                message: e.to_string(),
-            })?;
+            let re =
+                fancy_regex::Regex::new(&expand_classes(r)).map_err(|e| TokenizerError::Regex {
+                    pre: config.kind.to_owned(),
+                    index: i,
+                    message: e.to_string(),
+                })?;
             regexes.push(re);
         }
         Ok(Splitter { regexes })
@@ -375,6 +451,23 @@ mod tests {
             pre_config(Some("no-such-pre")),
             Err(TokenizerError::UnsupportedPre { .. })
         ));
+    }
+
+    #[test]
+    fn classes_follow_unicode_15_1() {
+        // U+13558 was assigned (as a letter) in Unicode 16; llama.cpp's tables predate it.
+        let letters = Splitter::new(&cfg("t", &["\\p{L}+"])).unwrap();
+        let text = "ab\u{13558}cd";
+        let parts: Vec<&str> = letters
+            .split(text, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| &text[r])
+            .collect();
+        assert_eq!(parts, ["ab", "\u{13558}", "cd"]);
+        assert_eq!(expand_classes("[^\\d]\\d"), "[^0-9][0-9]");
+        assert_eq!(expand_classes("\\p{Han}\\s"), "\\p{Han}\\s");
+        assert_eq!(crate::unicode_tables::UNICODE_VERSION, "15.1.0");
     }
 
     #[test]
