@@ -29,6 +29,10 @@ pub use chat::{render_chat, ChatMessage, ChatTemplate};
 pub use decode::IncrementalDecoder;
 pub use vocab::{SpecialIds, TokenAttr, Vocab};
 
+/// The Unicode version whose general categories the pre-tokenizer classes (`\p{L}`, ...) use:
+/// the one llama.cpp's tokenizer tables follow.
+pub const UNICODE_VERSION: &str = unicode_tables::UNICODE_VERSION;
+
 /// Everything that can go wrong building or using a tokenizer.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
