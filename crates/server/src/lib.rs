@@ -491,6 +491,7 @@ async fn generate(
             };
             return fail(&st, ApiError::from(e));
         };
+        log_summary(kind, &s);
         let body = whole_response(&st, kind, &id, created, &text, &s);
         return (headers, Json(body)).into_response();
     }
@@ -518,6 +519,21 @@ async fn generate(
     );
     let sse = Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
     (headers, sse).into_response()
+}
+
+/// One log line per finished request.
+fn log_summary(kind: Kind, s: &Summary) {
+    tracing::info!(
+        endpoint = if kind == Kind::Chat { "chat" } else { "completion" },
+        backend = %s.backend,
+        prompt_tokens = s.usage.prompt_tokens,
+        completion_tokens = s.usage.completion_tokens,
+        ttft_ms = (s.timings.time_to_first_token.as_secs_f64() * 1e3).round(),
+        gen_tok_s = (s.timings.generation_tokens_per_s(&s.usage) * 10.0).round() / 10.0,
+        finish = s.finish_reason.as_str(),
+        "request done; route: {}",
+        s.route_reason
+    );
 }
 
 fn usage_json(s: &Summary) -> Value {
@@ -672,6 +688,7 @@ impl SseState {
                     return Some(data(&self.ctx.chunk(self.ctx.content(&text), None)));
                 }
                 Some(TokenEvent::Done(s)) => {
+                    log_summary(self.ctx.kind, &s);
                     let empty = match self.ctx.kind {
                         Kind::Chat => json!({}),
                         Kind::Completion => json!(""),

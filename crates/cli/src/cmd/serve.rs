@@ -169,6 +169,13 @@ async fn terminate_signal() {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    // Route decisions and request summaries are logged; CROSSOVER_LOG overrides the filter.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CROSSOVER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let shutdown_timeout = seconds(a.shutdown_timeout, "shutdown-timeout")?;
     let path = match &a.model {
         Some(p) => p.clone(),
