@@ -346,7 +346,7 @@ impl Gpu {
             .iter()
             .position(|&h| h == hd)
             .ok_or_else(|| CudaError::Arg(format!("head size {hd} (kernels: 64, 96, 128, 256)")))?;
-        if n_kv == 0 || n_head % n_kv != 0 || n_head / n_kv > 8 {
+        if n_kv == 0 || !n_head.is_multiple_of(n_kv) || n_head / n_kv > 8 {
             return Err(CudaError::Arg(format!(
                 "{n_head} query heads over {n_kv} KV heads (at most 8 per KV head)"
             )));
