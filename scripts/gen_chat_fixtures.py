@@ -143,6 +143,14 @@ def main() -> int:
         templates[name] = ((tdir / f).read_text(encoding="utf-8"), f"llama.cpp models/templates/{f}",
                            bos, eos)
 
+    # Not a model's template: a probe of the tojson filter's options against jinja2's output.
+    templates["tojson_probe"] = (
+        "{% for m in messages %}{{ m | tojson }}|{{ m.content | tojson(ensure_ascii=True) }}|"
+        "{{ m | tojson(sort_keys=True, separators=(',', ':')) }}|{{ loop.index0 }}\n{% endfor %}"
+        "{{ messages | tojson(indent=2) }}{% if add_generation_prompt %}{{ [1, 2.5, none, true] "
+        "| tojson }}{% endif %}",
+        "scripts/gen_chat_fixtures.py", "<s>", "</s>")
+
     rng = random.Random(args.seed)
     fixed_time = rng.randint(946684800, 1893456000)
     env = make_env(fixed_time)

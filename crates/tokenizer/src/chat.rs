@@ -136,6 +136,7 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 /// `json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)`
 /// (no HTML escaping, unlike Jinja2's built-in filter).
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     let indent: Option<usize> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Value> = kwargs.get("separators")?;
@@ -150,6 +151,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => (", ".to_owned(), ": ".to_owned()),
     };
     let opts = JsonOpts {
+        ensure_ascii: ensure_ascii.unwrap_or(false),
         indent,
         sort_keys: sort_keys.unwrap_or(false),
         item_sep,
@@ -161,13 +163,14 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 struct JsonOpts {
+    ensure_ascii: bool,
     indent: Option<usize>,
     sort_keys: bool,
     item_sep: String,
     key_sep: String,
 }
 
-fn write_json_str(out: &mut String, s: &str) {
+fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -180,6 +183,12 @@ fn write_json_str(out: &mut String, s: &str) {
             '\u{0C}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c if ensure_ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{:04x}", u);
+                }
             }
             c => out.push(c),
         }
@@ -222,7 +231,7 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
                 }
             }
         }
-        ValueKind::String => write_json_str(out, v.as_str().unwrap_or_default()),
+        ValueKind::String => write_json_str(out, v.as_str().unwrap_or_default(), opts.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             out.push('[');
@@ -251,8 +260,8 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
                     }
                     newline_indent(out, opts, depth + 1);
                     match k.as_str() {
-                        Some(s) => write_json_str(out, s),
-                        None => write_json_str(out, &k.to_string()),
+                        Some(s) => write_json_str(out, s, opts.ensure_ascii),
+                        None => write_json_str(out, &k.to_string(), opts.ensure_ascii),
                     }
                     out.push_str(&opts.key_sep);
                     let item = v.get_item(k)?;
@@ -262,7 +271,7 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
             }
             out.push('}');
         }
-        _ => write_json_str(out, &v.to_string()),
+        _ => write_json_str(out, &v.to_string(), opts.ensure_ascii),
     }
     Ok(())
 }
