@@ -479,3 +479,54 @@ fn shutdown_cancels_or_drains_in_flight_work() {
         e.err()
     );
 }
+
+#[test]
+fn running_streams_keep_flowing_during_a_long_prefill() {
+    let (coord, tok, _file) = single(Cpu {
+        ctx: 512,
+        max_seqs: 2,
+        prefill_chunk: 48,
+        max_batch_tokens: 256,
+        ..Cpu::default()
+    });
+    let short = chat_prompt(&tok, "Tell me a story.");
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..greedy(120)
+    };
+    let mut a = coord
+        .submit(GenerateRequest::new(short, params))
+        .unwrap()
+        .into_blocking();
+    assert!(matches!(a.next(), Some(TokenEvent::Token { .. })));
+    let a_times = std::thread::spawn(move || {
+        let mut t = Vec::new();
+        for ev in a {
+            if matches!(ev, TokenEvent::Token { .. }) {
+                t.push(Instant::now());
+            }
+        }
+        t
+    });
+    let text = "The quick brown fox jumps over the lazy dog near the river bank. ".repeat(25);
+    let long = tok.encode(&text, true, false).unwrap();
+    assert!(long.len() > 300, "{}", long.len());
+    let submitted = Instant::now();
+    let mut b = coord
+        .submit(GenerateRequest::new(long.clone(), greedy(2)))
+        .unwrap()
+        .into_blocking();
+    assert!(matches!(b.next(), Some(TokenEvent::Token { .. })));
+    let b_first = Instant::now();
+    let a_times = a_times.join().unwrap();
+    let during = a_times
+        .iter()
+        .filter(|&&t| t > submitted && t < b_first)
+        .count();
+    // The prompt needs ceil(len / 48) steps; the running stream gets a token in each of them.
+    let steps = long.len().div_ceil(48);
+    assert!(
+        during + 1 >= steps,
+        "{during} tokens of the running stream during {steps} prefill steps"
+    );
+}
