@@ -42,7 +42,7 @@ fi
 if has tests; then
   timeout 240 $G/kernels --test-threads 1 2>&1 | tee "$OUT/kernels.log" | grep -v "^$"
   t "kernel tests done"
-  CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 200 $G/model_agree --nocapture 2>&1 \
+  CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 420 $G/model_agree --nocapture 2>&1 \
     | tee "$OUT/model_agree.log" | grep -E "rows|test result|panicked|SKIPPED|error"
   t "agreement tests done"
 fi
