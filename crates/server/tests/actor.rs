@@ -121,7 +121,9 @@ fn batched_greedy_streams_equal_solo_runs_and_text_equals_decode() {
         // Streamed text equals decoding the ids at once (EOG ids render as nothing).
         assert_eq!(r.text, tok.decode(&r.ids).unwrap());
     }
-    assert!(results[0].text.contains("Paris"), "{}", results[0].text);
+    // No "Paris" check: the France answer's first token is a near-tie on AVX-512
+    // (crates/cli/tests/chat_answers.rs, greedy_chat_answer_names_paris); batched == solo above
+    // is the property under test here.
     assert!(results[1].text.contains("Jupiter"), "{}", results[1].text);
 }
 
