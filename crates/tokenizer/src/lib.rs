@@ -1128,3 +1128,14 @@ pub(crate) mod bytes {
         }
     }
 }
+
+#[cfg(test)]
+mod thread_safety {
+    fn shareable<T: Send + Sync>() {}
+
+    #[test]
+    fn tokenizer_and_templates_can_be_shared_across_threads() {
+        shareable::<super::Tokenizer>();
+        shareable::<super::ChatTemplate>();
+    }
+}
