@@ -35,6 +35,27 @@ pub struct OpDesc {
     pub ty: Option<gguf::GgmlType>,
     /// Shape of the weight or activation, ggml order.
     pub shape: Vec<u64>,
+    /// The block the op belongs to (`None` for the embedding and the head): lets a backend with
+    /// partial placement (some layers on the device, the rest on the host) answer per layer.
+    pub layer: Option<usize>,
+}
+
+impl OpDesc {
+    /// The runtime's view of one op of `model::ops::ops`: the op name as backends match it
+    /// (`matmul` for `OpKind::MatMul`, otherwise `OpKind::name`), the type it reads, and its
+    /// first operand's shape.
+    pub fn from_model(op: &model::ops::OpDesc) -> OpDesc {
+        let name = match op.kind {
+            model::ops::OpKind::MatMul => "matmul",
+            k => k.name(),
+        };
+        OpDesc {
+            op: name.to_string(),
+            ty: Some(op.ty),
+            shape: op.inputs.first().cloned().unwrap_or_default(),
+            layer: op.layer,
+        }
+    }
 }
 
 /// Whether a backend runs an op natively.

@@ -8,6 +8,7 @@ pub mod actor;
 pub mod backend;
 pub mod coordinator;
 pub mod event;
+pub mod fallback;
 pub mod fault;
 pub mod kv;
 pub mod routing;
@@ -15,7 +16,10 @@ pub mod sampling;
 pub mod scheduler;
 pub mod stream;
 
-pub use actor::{spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, ShutdownMode};
+pub use actor::{
+    spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, Factory, Phase, RestartFactory,
+    RestartPolicy, ShutdownMode,
+};
 pub use backend::{
     Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqChunk, SeqId, StepBatch, StepOutput,
     Support, Want,
