@@ -16,10 +16,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod stream;
 
-pub use actor::{
-    spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, Factory, Phase, RestartFactory,
-    RestartPolicy, ShutdownMode,
-};
+pub use actor::{spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, ShutdownMode};
 pub use backend::{
     Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqChunk, SeqId, StepBatch, StepOutput,
     Support, Want,
