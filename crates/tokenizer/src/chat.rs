@@ -31,9 +31,72 @@ impl ChatMessage {
     }
 }
 
+/// Bounds on one rendering, so a template that loops, recurses or writes without end fails
+/// with a typed error instead of holding a thread or filling memory. Templates come from the
+/// model file, not from requests, but message contents (which templates iterate over and copy)
+/// do come from requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Instruction budget (minijinja fuel) of one rendering.
+    pub fuel: u64,
+    /// Largest rendered prompt, in bytes.
+    pub max_output_bytes: usize,
+}
+
+impl TemplateLimits {
+    /// Default instruction budget: real templates spend tens to hundreds of instructions per
+    /// message, so even 1024 messages with a tool-heavy template stay far below it.
+    pub const DEFAULT_FUEL: u64 = 5_000_000;
+    /// Default output bound.
+    pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 8 << 20;
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        TemplateLimits {
+            fuel: TemplateLimits::DEFAULT_FUEL,
+            max_output_bytes: TemplateLimits::DEFAULT_MAX_OUTPUT_BYTES,
+        }
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    limits: TemplateLimits,
+}
+
+/// A rendered conversation with the byte ranges of `text` that hold message contents (the
+/// caller's text, which must not be parsed for control tokens; see
+/// `Tokenizer::encode_with_plain`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedChat {
+    /// The prompt text.
+    pub text: String,
+    /// Ranges of `text` copied from message contents, in order, not overlapping.
+    pub content_ranges: Vec<std::ops::Range<usize>>,
+}
+
+/// `io::Write` into a string that refuses to grow past a limit.
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            self.exceeded = true;
+            return Err(std::io::Error::other("rendered prompt too large"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -91,7 +154,21 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(template_error)?;
-        Ok(ChatTemplate { env })
+        let limits = TemplateLimits::default();
+        env.set_fuel(Some(limits.fuel));
+        Ok(ChatTemplate { env, limits })
+    }
+
+    /// The same template with other rendering bounds.
+    pub fn with_limits(mut self, limits: TemplateLimits) -> ChatTemplate {
+        self.env.set_fuel(Some(limits.fuel));
+        self.limits = limits;
+        self
+    }
+
+    /// The rendering bounds in force.
+    pub fn limits(&self) -> TemplateLimits {
+        self.limits
     }
 
     /// Renders a conversation. `bos`/`eos` are the texts of the BOS/EOS tokens, bound to
@@ -113,7 +190,124 @@ impl ChatTemplate {
             tools => Value::from(()),
             documents => Value::from(()),
         };
-        t.render(ctx).map_err(template_error)
+        let mut w = Bounded {
+            out: Vec::new(),
+            limit: self.limits.max_output_bytes,
+            exceeded: false,
+        };
+        match t.render_captured_to(ctx, &mut w) {
+            Ok(_) => {}
+            Err(_) if w.exceeded => {
+                return Err(TokenizerError::TemplateOutputTooLarge {
+                    limit: self.limits.max_output_bytes,
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(TokenizerError::TemplateFuel {
+                    fuel: self.limits.fuel,
+                })
+            }
+            Err(e) => return Err(template_error(e)),
+        }
+        // minijinja writes whole UTF-8 strings, so the bytes are valid; checked all the same.
+        String::from_utf8(w.out).map_err(|e| TokenizerError::Template {
+            message: format!(
+                "rendered text is not UTF-8 at byte {}",
+                e.utf8_error().valid_up_to()
+            ),
+        })
+    }
+
+    /// Renders a conversation and reports where the message contents landed in the text, so
+    /// the prompt can be tokenized with control tokens matched in the template's text only.
+    ///
+    /// Each non-empty content is wrapped in markers holding a random nonce for a second
+    /// rendering; the markers are then cut out and their positions kept. A template that
+    /// rewrites contents (cuts a marker off) cannot be split safely and gives
+    /// [`TokenizerError::Template`].
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos: &str,
+        eos: &str,
+    ) -> Result<RenderedChat, TokenizerError> {
+        let (open, close) = loop {
+            let n = nonce();
+            let open = format!("\u{E000}{n:016x}\u{E001}");
+            let close = format!("\u{E002}{n:016x}\u{E003}");
+            let clash = messages
+                .iter()
+                .any(|m| m.content.contains(&open) || m.content.contains(&close));
+            if !clash {
+                break (open, close);
+            }
+        };
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| {
+                if m.content.is_empty() {
+                    m.clone()
+                } else {
+                    ChatMessage::new(m.role.clone(), format!("{open}{}{close}", m.content))
+                }
+            })
+            .collect();
+        let raw = self.render(&marked, add_generation_prompt, bos, eos)?;
+        split_markers(&raw, &open, &close).ok_or_else(|| TokenizerError::Template {
+            message: "the template rewrites message contents, so they cannot be told apart \
+                      from its own text"
+                .into(),
+        })
+    }
+}
+
+/// A 64-bit value no client can predict.
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Cuts `open ... close` marker pairs out of `raw`, returning the text and the ranges that were
+/// between them; `None` unless the markers pair up, without nesting.
+fn split_markers(raw: &str, open: &str, close: &str) -> Option<RenderedChat> {
+    let mut text = String::with_capacity(raw.len());
+    let mut ranges = Vec::new();
+    let mut rest = raw;
+    loop {
+        let o = rest.find(open);
+        let c = rest.find(close);
+        match (o, c) {
+            (None, None) => {
+                text.push_str(rest);
+                return Some(RenderedChat {
+                    text,
+                    content_ranges: ranges,
+                });
+            }
+            (Some(o), c) if c.is_none_or(|c| c > o) => {
+                text.push_str(&rest[..o]);
+                let inner = &rest[o + open.len()..];
+                let end = inner.find(close)?;
+                let body = &inner[..end];
+                if body.contains(open) {
+                    return None;
+                }
+                let start = text.len();
+                text.push_str(body);
+                if !body.is_empty() {
+                    ranges.push(start..text.len());
+                }
+                rest = &inner[end + close.len()..];
+            }
+            _ => return None,
+        }
     }
 }
 

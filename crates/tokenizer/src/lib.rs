@@ -25,7 +25,7 @@ pub mod vocab;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-pub use chat::{render_chat, ChatMessage, ChatTemplate};
+pub use chat::{render_chat, ChatMessage, ChatTemplate, RenderedChat, TemplateLimits};
 pub use decode::IncrementalDecoder;
 pub use vocab::{SpecialIds, TokenAttr, Vocab};
 
@@ -127,6 +127,24 @@ pub enum TokenizerError {
     Template {
         /// The template engine's message, with line information.
         message: String,
+    },
+    /// Input bytes given to [`Tokenizer::encode_bytes`] are not valid UTF-8.
+    #[error("the text is not valid UTF-8 at byte offset {offset}")]
+    InvalidUtf8 {
+        /// Offset of the first byte that is not part of a valid UTF-8 sequence.
+        offset: usize,
+    },
+    /// A chat template ran out of its instruction budget (a template that loops for too long).
+    #[error("chat template: rendering exceeded its budget of {fuel} instructions")]
+    TemplateFuel {
+        /// The budget.
+        fuel: u64,
+    },
+    /// A chat template rendered more text than allowed.
+    #[error("chat template: the rendered prompt exceeds {limit} bytes")]
+    TemplateOutputTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
     },
 }
 
@@ -724,7 +742,46 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let fragments = self.partition(text, parse_special);
+        self.encode_impl(text, add_special, parse_special, &[])
+    }
+
+    /// [`Tokenizer::encode`] of raw bytes: bytes that are not valid UTF-8 give
+    /// [`TokenizerError::InvalidUtf8`] with the offset of the first bad byte.
+    pub fn encode_bytes(
+        &self,
+        bytes: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| TokenizerError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        })?;
+        self.encode(text, add_special, parse_special)
+    }
+
+    /// Encodes a rendered chat prompt: control tokens written by the template are matched
+    /// (`parse_special = true`), but not inside `plain` (byte ranges of `text` that hold
+    /// user-supplied content), where control-token text is tokenized as text, as
+    /// `parse_special = false` would. A control token whose text overlaps a plain range is not
+    /// matched. The fragments outside matches are the same as [`Tokenizer::encode`]'s, so a
+    /// prompt without control-token text in its plain ranges gets the same ids.
+    pub fn encode_with_plain(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_impl(text, add_special, true, plain)
+    }
+
+    fn encode_impl(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let fragments = self.partition(text, parse_special, plain);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         match self.kind {
             TokenizerKind::Spm => {
@@ -795,7 +852,14 @@ impl Tokenizer {
 
     /// Splits the text around special tokens (llama.cpp's `tokenizer_st_partition`): each
     /// special token, longest first, cuts every text fragment at each of its occurrences.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    ///
+    /// Control and unknown tokens are not matched where they overlap a range of `plain`.
+    fn partition(
+        &self,
+        text: &str,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<Fragment> {
         let mut frags = Vec::new();
         if text.is_empty() {
             return frags;
@@ -819,15 +883,26 @@ impl Tokenizer {
                     continue;
                 };
                 let mut base = r.start;
+                let mut search = r.start;
                 let end = r.end;
+                let guarded = attr.intersects(skip_unless_parsing);
                 // Matches of a valid UTF-8 needle in valid UTF-8 text fall on character
                 // boundaries, and stripping removes ASCII bytes only, so every cut is a boundary.
                 while base < end {
-                    let Some(pos) = text.get(base..end).and_then(|h| h.find(needle)) else {
+                    let Some(pos) = text.get(search..end).and_then(|h| h.find(needle)) else {
                         next.push(Fragment::Text(base..end));
                         break;
                     };
-                    let m = base + pos;
+                    let m = search + pos;
+                    if guarded
+                        && plain
+                            .iter()
+                            .any(|p| p.start < m + needle.len() && m < p.end)
+                    {
+                        // User text: look for the next occurrence, one character further.
+                        search = m + needle.chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     let mut left_end = m;
                     if attr.intersects(TokenAttr::LSTRIP) {
                         while left_end > base && is_c_space(bytes[left_end - 1]) {
@@ -845,6 +920,7 @@ impl Tokenizer {
                         }
                     }
                     base = right;
+                    search = right;
                 }
             }
             frags = next;
