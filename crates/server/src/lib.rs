@@ -11,6 +11,7 @@
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod request;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,8 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -28,14 +28,26 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use runtime::{
-    Coordinator, FinishReason, GenerateRequest, RuntimeError, Summary, TokenEvent, TokenStream,
-};
+use runtime::{Coordinator, FinishReason, RuntimeError, Summary, TokenEvent, TokenStream};
 use serde_json::{json, Value};
-use tokenizer::{ChatTemplate, Tokenizer};
+use tokenizer::{TemplateLimits, Tokenizer};
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use request::{Prepared, RequestParser};
+
+tokio::task_local! {
+    /// The id of the request being handled (`x-request-id`), for the log lines of errors whose
+    /// details stay out of responses.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// The current request's id, or `-` outside a request.
+fn request_id() -> Arc<str> {
+    REQUEST_ID
+        .try_with(Arc::clone)
+        .unwrap_or_else(|_| Arc::from("-"))
+}
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -46,6 +58,23 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// Largest request head (request line and headers), in bytes: 431 beyond.
+    pub max_header_bytes: usize,
+    /// Time a client gets to send a request head, counted from the connection's opening or the
+    /// end of its previous response (so it is also the keep-alive idle timeout); the connection
+    /// is closed after it.
+    pub header_timeout: Duration,
+    /// Time a client gets to send the whole body once the head is in: 408 after.
+    pub body_timeout: Duration,
+    /// Longest a request may take from its body's arrival to its last token: 504 before the
+    /// response starts, an error event in a stream that has.
+    pub request_timeout: Duration,
+    /// Most open connections; one more gets 503 and is closed.
+    pub max_connections: usize,
+    /// Per-request cap on prompt plus generated tokens (`None`: the backend's context).
+    pub max_context: Option<usize>,
+    /// Bounds on one chat-template rendering.
+    pub template_limits: TemplateLimits,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +83,13 @@ impl Default for ServerConfig {
             model_id: "default".into(),
             api_key: None,
             max_body_bytes: 2 << 20,
+            max_header_bytes: 16 << 10,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(600),
+            max_connections: 256,
+            max_context: None,
+            template_limits: TemplateLimits::default(),
         }
     }
 }
@@ -63,7 +99,8 @@ impl Default for ServerConfig {
 pub struct AppState {
     pub coord: Coordinator,
     pub tok: Arc<Tokenizer>,
-    template: Option<ChatTemplate>,
+    /// Body to runtime request: parsing, validation, chat template, tokenization.
+    pub parser: RequestParser,
     pub cfg: ServerConfig,
     pub metrics: Metrics,
     draining: AtomicBool,
@@ -78,11 +115,16 @@ impl AppState {
         tok: Arc<Tokenizer>,
         cfg: ServerConfig,
     ) -> Result<Arc<AppState>, tokenizer::TokenizerError> {
-        let template = tok.chat_template().map(ChatTemplate::new).transpose()?;
+        let parser = RequestParser::new(
+            cfg.model_id.clone(),
+            tok.clone(),
+            cfg.template_limits,
+            cfg.max_context,
+        )?;
         Ok(Arc::new(AppState {
             coord,
             tok,
-            template,
+            parser,
             cfg,
             metrics: Metrics::default(),
             draining: AtomicBool::new(false),
@@ -100,6 +142,18 @@ impl AppState {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}-{:x}{n:06x}", self.started)
     }
+}
+
+/// The warning to give when the server listens beyond this machine without an API key: anyone
+/// who can reach the address can use the model. `None` for loopback or with a key.
+pub fn exposure_warning(addr: &std::net::SocketAddr, has_api_key: bool) -> Option<String> {
+    if has_api_key || addr.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "listening on {addr}, which is not a loopback address, without --api-key: anyone who \
+         can reach it can run requests; set --api-key (or CROSSOVER_API_KEY) or bind 127.0.0.1"
+    ))
 }
 
 fn unix_now() -> u64 {
@@ -124,18 +178,136 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            with_request_id,
+        ))
         .with_state(state)
 }
 
+/// Gives every request an id (`x-request-id` on the response) that error log lines carry.
+async fn with_request_id(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let id: Arc<str> = Arc::from(st.id("req"));
+    let mut resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
 /// Serve on `listener` until `shutdown` resolves, then stop accepting and let open requests end.
+///
+/// Connection limits come from the state's [`ServerConfig`]: at most `max_connections` open
+/// (one more gets a 503 and is closed), request heads of at most `max_header_bytes` (431), and
+/// `header_timeout` to send a head (also the keep-alive idle time).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let cfg = state.cfg.clone();
+    let app = router(state);
+    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                match permits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let conn = connection(stream, app.clone(), cfg.clone(), stop_rx.clone());
+                        conns.spawn(async move {
+                            conn.await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        tracing::warn!(max = cfg.max_connections, "connection refused: too many open");
+                        conns.spawn(refuse_connection(stream));
+                    }
+                }
+            }
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// One HTTP/1.1 connection with the head limits, until it closes or the server stops (then it
+/// finishes the response in progress and closes).
+async fn connection(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    cfg: ServerConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let svc = hyper_util::service::TowerToHyperService::new(app);
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout)
+        .max_header_size(cfg.max_header_bytes)
+        .keep_alive(true);
+    let conn = b.serve_connection(io, svc);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!("connection ended: {e}");
+            }
+        }
+        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// The answer to a connection over the cap: 503 in OpenAI's shape, then close.
+async fn refuse_connection(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "too many open connections; retry later".into(),
+        kind: "server_error",
+        param: None,
+        code: Some("too_many_connections"),
+        retry_after: Some(Duration::from_secs(1)),
+    }
+    .body()
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        // Read what the client sent first, so closing does not reset the connection before
+        // the client reads the answer.
+        let mut buf = [0u8; 4096];
+        let _ = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf)).await;
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await?;
+        while stream.read(&mut buf).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -160,11 +332,17 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// Whether `given` equals `key`, in time that depends on `key`'s length only: no early exit on
+/// the first differing byte or on a length mismatch, so response times do not reveal how much
+/// of a guess was right.
+fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u64::from(given.len() != key.len());
+    for (i, &k) in key.iter().enumerate() {
+        // Past the end of `given`, compare against a byte that differs from `k`.
+        let g = given.get(i).copied().unwrap_or(!k);
+        diff |= u64::from(std::hint::black_box(g ^ k));
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    std::hint::black_box(diff) == 0
 }
 
 async fn not_found() -> ApiError {
@@ -233,33 +411,50 @@ async fn model_by_id(
     Ok(Json(model_card(&st)))
 }
 
-/// Parse a JSON body, mapping every failure to OpenAI's 400 (413 for size).
-fn parse_body<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::status(status, "invalid_request_error", "request body too large")
-        } else {
-            ApiError::invalid(format!("cannot read the request body: {r}"), None)
+/// Reads the body: at most `max_body_bytes` (413), all of it within `body_timeout` (408), so a
+/// client that trickles its body cannot hold a connection and a slot for long.
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.cfg.max_body_bytes;
+    let too_large = || {
+        ApiError::status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body too large (limit {limit} bytes)"),
+        )
+        .with_code("body_too_large")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::invalid(format!("cannot read the request body: {e}"), None)
+            })?;
+            if buf.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
         }
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        let what = if e.is_data() {
-            "invalid request"
-        } else {
-            "invalid JSON"
-        };
-        ApiError::invalid(format!("{what}: {e}"), None)
-    })
-}
-
-fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if *m == st.cfg.model_id => Ok(()),
-        Some(m) => Err(ApiError::unknown_model(m, &st.cfg.model_id)),
-        None => Err(ApiError::invalid("`model` is required", Some("model"))),
+        Ok(Bytes::from(buf))
+    };
+    match tokio::time::timeout(st.cfg.body_timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::status(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s",
+                st.cfg.body_timeout.as_secs_f64()
+            ),
+        )
+        .with_code("body_timeout")),
     }
 }
 
@@ -270,116 +465,89 @@ enum Kind {
     Completion,
 }
 
+/// Reads and parses a request on a blocking thread (templates and tokenization of megabyte
+/// prompts take a while), then generates.
+async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind) -> Response {
+    let bytes = match read_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return fail(&st, e),
+    };
+    let started = tokio::time::Instant::now();
+    let st2 = st.clone();
+    let parsed = tokio::task::spawn_blocking(move || match kind {
+        Kind::Chat => st2.parser.chat(&bytes),
+        Kind::Completion => st2.parser.completion(&bytes),
+    })
+    .await;
+    let p = match parsed {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return fail(&st, e),
+        Err(e) => {
+            return fail(
+                &st,
+                ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("request parsing failed: {e}"),
+                ),
+            )
+        }
+    };
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    let deadline = started + st.cfg.request_timeout;
+    generate(st, p, kind, param, deadline).await
+}
+
 async fn chat_completions(
     State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
-    let r = async {
-        let req: openai::ChatRequest = parse_body(body)?;
-        check_model(&st, &req.common.model)?;
-        req.common.check_supported()?;
-        let params = req.common.sampling()?;
-        let messages = req.messages()?;
-        let template = st.template.as_ref().ok_or_else(|| {
-            ApiError::invalid(
-                "the model has no chat template; use /v1/completions",
-                Some("messages"),
-            )
-        })?;
-        let bos = st
-            .tok
-            .bos()
-            .and_then(|i| st.tok.token_text(i))
-            .unwrap_or("");
-        let eos = st
-            .tok
-            .eos()
-            .and_then(|i| st.tok.token_text(i))
-            .unwrap_or("");
-        let text = template.render(&messages, true, bos, eos).map_err(|e| {
-            ApiError::invalid(format!("the chat template failed: {e}"), Some("messages"))
-        })?;
-        // A template that writes BOS itself must not get a second one from the tokenizer.
-        let add_special = !(st.tok.add_bos() && !bos.is_empty() && text.starts_with(bos));
-        let prompt = st
-            .tok
-            .encode(&text, add_special, true)
-            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}"), Some("messages")))?;
-        let gen = GenerateRequest {
-            prompt,
-            params,
-            hints: req.common.hints(),
-        };
-        Ok::<_, ApiError>((gen, req.common.stream, req.common.include_usage()))
+    handle(st, headers, body, Kind::Chat).await
+}
+
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(st, headers, body, Kind::Completion).await
+}
+
+/// Internal failures (500) reach the client as a generic message with the request id; the
+/// details (which may name files, devices, or code paths) go to the log under that id.
+fn public(e: ApiError, id: &str) -> ApiError {
+    if e.status != StatusCode::INTERNAL_SERVER_ERROR {
+        return e;
     }
-    .await;
-    match r {
-        Ok((gen, stream, usage)) => generate(st, gen, Kind::Chat, stream, usage, "messages").await,
-        Err(e) => fail(&st, e),
+    tracing::error!(request_id = id, "internal error: {}", e.message);
+    ApiError {
+        message: format!("internal server error (request id {id})"),
+        param: None,
+        ..e
     }
 }
 
-async fn completions(
-    State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = (|| {
-        let req: openai::CompletionRequest = parse_body(body)?;
-        check_model(&st, &req.common.model)?;
-        req.common.check_supported()?;
-        if req.echo == Some(true) {
-            return Err(ApiError::invalid("echo is not supported", Some("echo")));
-        }
-        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
-        }
-        let params = req.common.sampling()?;
-        let prompt = match &req.prompt {
-            openai::Prompt::Text(t) => st.tok.encode(t, true, true),
-            openai::Prompt::Texts(v) if v.len() == 1 => st.tok.encode(&v[0], true, true),
-            openai::Prompt::Texts(v) => {
-                return Err(ApiError::invalid(
-                    format!("only one prompt per request is supported, got {}", v.len()),
-                    Some("prompt"),
-                ))
-            }
-            openai::Prompt::Tokens(ids) => {
-                let mut out = Vec::with_capacity(ids.len());
-                for (i, &id) in ids.iter().enumerate() {
-                    let t = u32::try_from(id).map_err(|_| {
-                        ApiError::invalid(
-                            format!("prompt[{i}] = {id} is not a token id"),
-                            Some("prompt"),
-                        )
-                    })?;
-                    out.push(t);
-                }
-                Ok(out)
-            }
-        }
-        .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}"), Some("prompt")))?;
-        let gen = GenerateRequest {
-            prompt,
-            params,
-            hints: req.common.hints(),
-        };
-        Ok((gen, req.common.stream, req.common.include_usage()))
-    })();
-    match r {
-        Ok((gen, stream, usage)) => {
-            generate(st, gen, Kind::Completion, stream, usage, "prompt").await
-        }
-        Err(e) => fail(&st, e),
-    }
+fn timeout_error(limit: Duration) -> ApiError {
+    ApiError::status(
+        StatusCode::GATEWAY_TIMEOUT,
+        "server_error",
+        format!(
+            "the request did not finish within the server's limit of {} s",
+            limit.as_secs_f64()
+        ),
+    )
+    .with_code("request_timeout")
 }
 
 fn fail(st: &AppState, e: ApiError) -> Response {
     st.metrics
         .error(e.status.as_u16(), e.code.unwrap_or(e.kind));
+    let id = request_id();
     if e.status.is_server_error() || e.status == StatusCode::TOO_MANY_REQUESTS {
-        tracing::warn!(status = %e.status, "{}", e.message);
+        tracing::warn!(request_id = %id, status = %e.status, "{}", e.message);
     }
-    e.into_response()
+    public(e, &id).into_response()
 }
 
 fn runtime_error(e: RuntimeError, prompt_param: &str) -> ApiError {
@@ -431,12 +599,16 @@ impl Clock {
 
 async fn generate(
     st: Arc<AppState>,
-    req: GenerateRequest,
+    p: Prepared,
     kind: Kind,
-    stream: bool,
-    include_usage: bool,
     prompt_param: &str,
+    deadline: tokio::time::Instant,
 ) -> Response {
+    let Prepared {
+        gen: req,
+        stream,
+        include_usage,
+    } = p;
     if st.draining.load(Ordering::SeqCst) {
         let e = RuntimeError::ShuttingDown {
             backend: "server".into(),
@@ -452,10 +624,11 @@ async fn generate(
         Err(e) => return fail(&st, runtime_error(e, prompt_param)),
     };
     // Wait for the first event (failovers happen inside), so a refusal gets its status.
-    let first = match ts.next().await {
-        Some(TokenEvent::Error(e)) => return fail(&st, runtime_error(e, prompt_param)),
-        Some(ev) => ev,
-        None => {
+    let first = match tokio::time::timeout_at(deadline, ts.next()).await {
+        Err(_) => return fail(&st, timeout_error(st.cfg.request_timeout)),
+        Ok(Some(TokenEvent::Error(e))) => return fail(&st, runtime_error(e, prompt_param)),
+        Ok(Some(ev)) => ev,
+        Ok(None) => {
             let e = RuntimeError::ActorGone {
                 backend: ts.backend().to_string(),
             };
@@ -483,7 +656,11 @@ async fn generate(
                 TokenEvent::Done(s) => summary = Some(s),
                 TokenEvent::Error(e) => return fail(&st, runtime_error(e, prompt_param)),
             }
-            ev = ts.next().await;
+            ev = match tokio::time::timeout_at(deadline, ts.next()).await {
+                Ok(ev) => ev,
+                // Dropping the stream on return cancels the sequence.
+                Err(_) => return fail(&st, timeout_error(st.cfg.request_timeout)),
+            };
         }
         let Some(s) = summary else {
             let e = RuntimeError::ActorGone {
@@ -502,6 +679,8 @@ async fn generate(
         created,
         include_usage,
         backend: ts.backend().to_string(),
+        request_id: request_id(),
+        deadline,
     };
     let events = futures_util::stream::unfold(
         SseState {
@@ -601,6 +780,8 @@ struct SseCtx {
     created: u64,
     include_usage: bool,
     backend: String,
+    request_id: Arc<str>,
+    deadline: tokio::time::Instant,
 }
 
 impl SseCtx {
@@ -677,7 +858,20 @@ impl SseState {
             }
             let ev = match self.pending.take() {
                 Some(ev) => Some(ev),
-                None => self.ts.next().await,
+                None => match tokio::time::timeout_at(self.ctx.deadline, self.ts.next()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        // The phase ends the stream; dropping it then cancels the sequence.
+                        let a = timeout_error(self.ctx.st.cfg.request_timeout);
+                        self.ctx
+                            .st
+                            .metrics
+                            .error(a.status.as_u16(), "request_timeout");
+                        tracing::warn!(request_id = %self.ctx.request_id, "{}", a.message);
+                        self.phase = Phase::End;
+                        return Some(data(&a.body()));
+                    }
+                },
             };
             match ev {
                 Some(TokenEvent::Token { text, .. }) => {
@@ -706,7 +900,7 @@ impl SseState {
                     return Some(data(&last));
                 }
                 Some(TokenEvent::Error(e)) => {
-                    let a = ApiError::from(e);
+                    let a = public(ApiError::from(e), &self.ctx.request_id);
                     self.ctx
                         .st
                         .metrics
@@ -721,5 +915,27 @@ impl SseState {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn key_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        for bad in [
+            &b""[..],
+            b"secre",
+            b"secreT",
+            b"secret!",
+            b"Secret",
+            b"\0ecret",
+        ] {
+            assert!(!constant_time_eq(bad, b"secret"), "{bad:?}");
+        }
+        assert!(constant_time_eq(b"", b""));
+        assert!(!constant_time_eq(b"x", b""));
     }
 }

@@ -96,6 +96,9 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
+    /// llama.cpp's extension: match control tokens written in the prompt text (`false` unless
+    /// asked: prompt text is tokenized as text).
+    pub parse_special: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
