@@ -34,7 +34,9 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
         for (int d = 0; d < D; d++) {
             acc[g][d] = 0.0f;
-            qv[g][d] = g < G ? q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d] * scale : 0.0f;
+            // The query is rounded to f16 before meeting the f16 keys, as the CPU backend
+            // (and ggml's CPU mul_mat) does.
+            qv[g][d] = g < G ? h2f(f2h(q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d])) * scale : 0.0f;
         }
     }
     for (int p = p0 + warp; p < p1; p += ATT_WARPS) {

@@ -58,3 +58,18 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
     float t = lane < nw ? sh[lane] : 0.0f;
     return warp_sum(t);
 }
+
+// Sum of doubles over a block of up to 1024 threads; every thread gets the result.
+__device__ __forceinline__ double block_sum_d(double v, double* sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    double t = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}

@@ -1,34 +1,70 @@
 // Row and element-wise operations of the forward pass.
 
-// out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid.x = output rows.
-// out_h (optional) receives the same row as f16, the GEMM path's activation operand.
+// out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid.x = output rows,
+// blockDim.x = 256. out_h (optional) receives the same row as f16, the GEMM path's activation
+// operand; fmt != 0 also quantizes the row for the integer products (qs/ds, see matvec_q.cu), so
+// decode needs no separate launch for it. The arithmetic is cpu::ops::rms_norm's: the sum of
+// squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
-                                    float* out, u16* out_h) {
-    __shared__ float sh[32];
+                                    float* out, u16* out_h, int fmt, i8* qs, float2* ds) {
+    __shared__ double sh[32];
+    __shared__ float shf[9];
+    __shared__ int shi[8];
     long long i = blockIdx.x;
     long long r = rows ? rows[i] : i;
     const float* xr = x + r * n;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) s += xr[c] * xr[c];
-    s = block_sum(s, sh);
-    float scale = rsqrtf(s / (float)n + eps);
-    for (int c = threadIdx.x; c < n; c += blockDim.x) {
-        float o = xr[c] * scale * w[c];
-        if (out) out[i * n + c] = o;
-        if (out_h) out_h[i * n + c] = f2h(o);
+    double s = 0.0;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) s += (double)xr[c] * (double)xr[c];
+    s = block_sum_d(s, sh);
+    float mean = (float)(s / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int base = 0; base < n; base += blockDim.x) {
+        int c = base + threadIdx.x;
+        bool valid = c < n;
+        float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), w[c]) : 0.0f;
+        if (valid) {
+            if (out) out[i * n + c] = o;
+            if (out_h) out_h[i * n + c] = f2h(o);
+        }
+        if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), shf, shi);
     }
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.
 // grid.x = tokens. q is rotated in place (it feeds attention next); k and v go to row slot[t]
-// of kc/vc (rows of n_kv*hd). neox selects pairs (i, i + hd/2) instead of (2i, 2i+1).
+// of kc/vc (rows of n_kv*hd). neox selects pairs (i, i + n_rot/2) instead of (2i, 2i+1); pairs
+// past n_rot/2 are left unrotated.
+//
+// The angle of pair i follows cpu::ops::Rope exactly: theta_0 = pos, theta_{i+1} = theta_i *
+// theta_scale by repeated f32 multiplication (ggml's recurrence, not pos * base^(-2i/n)), then
+// freq_scale * (theta_i / factor_i). At positions in the thousands the two formulas differ by
+// ~1e-4 rad, which moves logits measurably after 30 layers. cos and sin are evaluated in f64 and
+// rounded, i.e. correctly rounded like the CPU's libm.
 extern "C" __global__ void rope_store(float* q, const float* k, const float* v, const float* bq,
                                       const float* bk, const float* bv, const int* pos,
-                                      const int* slot, const float* inv_freq, int n_head, int n_kv,
-                                      int hd, int neox, u16* kc, u16* vc) {
+                                      const int* slot, const float* factors, float theta_scale,
+                                      float freq_scale, int n_rot, int n_head, int n_kv, int hd,
+                                      int neox, u16* kc, u16* vc) {
+    __shared__ float th[128], cs[128], sn[128];
     int t = blockIdx.x;
-    float p = (float)pos[t];
-    int half = hd / 2;
+    int half = hd / 2, rhalf = n_rot / 2;
+    if (threadIdx.x == 0) {
+        float theta = (float)pos[t];
+        for (int i = 0; i < rhalf; i++) {
+            th[i] = theta;
+            theta *= theta_scale;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rhalf; i += blockDim.x) {
+        float ff = (factors && factors[i] != 0.0f) ? factors[i] : 1.0f;
+        float a = freq_scale * (th[i] / ff);
+        double s, c;
+        sincos((double)a, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
     long long kv_row = (long long)n_kv * hd;
     long long dst = (long long)slot[t] * kv_row;
     float* qt = q + (long long)t * n_head * hd;
@@ -38,7 +74,8 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
         bool is_q = e < n_head * half;
         int pe = is_q ? e : e - n_head * half;
         int h = pe / half, i = pe % half;
-        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        bool rot = i < rhalf;
+        int a = (neox && rot) ? i : 2 * i, b = (neox && rot) ? i + rhalf : 2 * i + 1;
         int ia = h * hd + a, ib = h * hd + b;
         float x0, x1;
         if (is_q) {
@@ -48,9 +85,13 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
             x0 = kt[ia] + (bk ? bk[ia] : 0.0f);
             x1 = kt[ib] + (bk ? bk[ib] : 0.0f);
         }
-        float s, c;
-        sincosf(p * inv_freq[i], &s, &c);
-        float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        float y0 = x0, y1 = x1;
+        if (rot) {
+            float c = cs[i], s = sn[i];
+            // Two products then one subtraction, as the CPU rounds them (no fused multiply-add).
+            y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        }
         if (is_q) {
             qt[ia] = y0;
             qt[ib] = y1;

@@ -19,7 +19,7 @@ use runtime::{
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::CudaError;
-use crate::kernels::{self, matrix_bytes, MV_MAX_NT};
+use crate::kernels::{self, matrix_bytes, ActFormat, RopeParams, MV_MAX_NT};
 
 /// How f16 weight copies for the GEMM (prefill) path are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +97,9 @@ struct Scratch {
     x: DevBuf,
     xn: DevBuf,
     xh: DevBuf,
+    /// Quantized activations for the integer matrix-vector kernels: int8 values and scales.
+    aq: DevBuf,
+    ad: DevBuf,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
@@ -144,7 +147,8 @@ pub struct CudaBackend {
     embd: Mat,
     output: Option<Mat>,
     output_norm: DevBuf,
-    inv_freq: DevBuf,
+    rope: RopeParams,
+    _rope_factors: Option<DevBuf>,
     alloc: BlockAllocator,
     cfg: ModelConfig,
     opts: CudaOptions,
@@ -211,21 +215,6 @@ fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, Cuda
         q: gpu.upload(data)?,
         f16: None,
     })
-}
-
-/// Inverse frequencies `base^(-2i/n_rot) * freq_scale / factor_i`, as the CPU backend computes them.
-fn inv_freq(cfg: &ModelConfig, factors: Option<&[f32]>) -> Vec<f32> {
-    let n_rot = cfg.n_rot;
-    let scale = cfg.rope_freq_scale();
-    (0..n_rot / 2)
-        .map(|i| {
-            let f = cfg.rope_freq_base.powf(-2.0 * i as f32 / n_rot as f32) * scale;
-            match factors.and_then(|ff| ff.get(i)) {
-                Some(&d) if d != 0.0 => f / d,
-                _ => f,
-            }
-        })
-        .collect()
 }
 
 fn dev(e: CudaError) -> BackendError {
@@ -315,7 +304,16 @@ impl CudaBackend {
             ),
             None => None,
         };
-        let inv = gpu.upload(&inv_freq(&cfg, factors.as_deref()))?;
+        // The CPU backend divides by each factor, treating 0 as 1; the kernel does the same.
+        let rope_factors = match &factors {
+            Some(f) => {
+                // Pairs without a factor rotate unscaled, as on the CPU.
+                let mut f = f.clone();
+                f.resize(f.len().max(cfg.n_rot / 2), 1.0);
+                Some(gpu.upload(&f)?)
+            }
+            None => None,
+        };
 
         // KV cache: one extra block receives the writes of padding tokens in graph replays.
         let bt = opts.block_tokens;
@@ -334,15 +332,19 @@ impl CudaBackend {
         let (e, qd, kvd, ff, nv) = (cfg.n_embd, cfg.n_embd_q(), kv_row, cfg.n_ff, cfg.n_vocab);
         let widest = e.max(qd).max(ff);
         let max_split = max_split(gpu.sms as usize, opts.ctx_size);
-        // Every step has tokens * splits <= C * SMs / n_kv + tokens (see `splits`).
-        let part_floats = (n + SPLIT_CTAS_PER_SM * gpu.sms as usize + MV_MAX_NT)
-            * cfg.n_head
-            * (cfg.head_dim + 2);
+        // Every step has tokens * splits <= C * SMs / n_kv + tokens * (1 + PREFILL_MAX_SPLIT)
+        // (see `splits`).
+        let part_floats =
+            (n * (1 + PREFILL_MAX_SPLIT) + SPLIT_CTAS_PER_SM * gpu.sms as usize + MV_MAX_NT)
+                * cfg.n_head
+                * (cfg.head_dim + 2);
         let f4 = 4usize;
         let mut s = Scratch {
             x: gpu.alloc(n * e * f4)?,
             xn: gpu.alloc(n * e * f4)?,
             xh: gpu.alloc(n * widest * 2)?,
+            aq: gpu.alloc(kernels::act_bytes(n, widest).0)?,
+            ad: gpu.alloc(kernels::act_bytes(n, widest).1)?,
             q: gpu.alloc(n * qd * f4)?,
             k: gpu.alloc(n * kvd * f4)?,
             v: gpu.alloc(n * kvd * f4)?,
@@ -435,7 +437,13 @@ impl CudaBackend {
             embd,
             output,
             output_norm,
-            inv_freq: inv,
+            rope: RopeParams::new(
+                cfg.n_rot,
+                cfg.rope_freq_base,
+                cfg.rope_freq_scale(),
+                rope_factors.as_ref().map_or(0, DevBuf::ptr),
+            ),
+            _rope_factors: rope_factors,
             alloc: BlockAllocator::new(n_blocks, bt),
             cfg,
             opts: opts.clone(),
@@ -598,30 +606,48 @@ impl CudaBackend {
 
     /// Splits of the attention for `n` tokens whose longest context is `max_len`.
     fn splits(&self, n: usize, max_len: usize) -> (usize, usize) {
-        let want = (2 * self.gpu.sms as usize)
+        // v2 sized this for 2 blocks per SM while max_split allowed 8: the captured decode graphs
+        // walked 160-position slices per block at 4K context.
+        let want = (SPLIT_CTAS_PER_SM * self.gpu.sms as usize)
             .div_ceil(n * self.cfg.n_head_kv)
             .max(1);
-        let n_split = want.min(max_len.div_ceil(32)).min(self.max_split).max(1);
+        // Prefill-sized steps: also keep each block's walk short (a 512-token prompt's last
+        // token otherwise walks 512 positions in one block while the early ones idle).
+        let by_len = if n > MV_MAX_NT {
+            max_len.div_ceil(PREFILL_SLICE).min(PREFILL_MAX_SPLIT)
+        } else {
+            1
+        };
+        let n_split = want
+            .max(by_len)
+            .min(max_len.div_ceil(32))
+            .min(self.max_split)
+            .max(1);
         let split_len = max_len.div_ceil(n_split).div_ceil(32) * 32;
         (max_len.div_ceil(split_len), split_len)
     }
 
-    /// `y (+)= W x` for `n` tokens, choosing matvec or GEMM.
+    /// `y (+)= W x` for `n` tokens, choosing GEMM, integer matvec (quantized weights: `x` is
+    /// quantized first unless `qcur` says the activation buffers already hold it) or f32 matvec.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         gpu: &Gpu,
         opts: &CudaOptions,
+        s: &Scratch,
         m: &Mat,
         x: u64,
-        xh: u64,
-        wf16: Option<&DevBuf>,
         n: usize,
         y: u64,
         acc: bool,
         stats: &mut StepStats,
+        qcur: &mut Option<(u64, ActFormat)>,
     ) -> Result<(), CudaError> {
+        let name = |e: CudaError| match e {
+            CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
+            o => o,
+        };
         if n > opts.gemm_min_tokens && gpu.has_blas() {
-            let w = match (&m.f16, wf16) {
+            let w = match (&m.f16, s.wf16.as_ref()) {
                 (Some(b), _) => b.ptr(),
                 (None, Some(b)) => {
                     gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
@@ -630,31 +656,74 @@ impl CudaBackend {
                 (None, None) => 0,
             };
             if w != 0 {
-                gpu.to_f16(x, n * m.cols, xh)?;
+                gpu.to_f16(x, n * m.cols, s.xh.ptr())?;
                 stats.gemm_calls += 1;
-                return gpu.gemm_f16(w, xh, y, m.rows, n, m.cols, if acc { 1.0 } else { 0.0 });
+                return gpu.gemm_f16(
+                    w,
+                    s.xh.ptr(),
+                    y,
+                    m.rows,
+                    n,
+                    m.cols,
+                    if acc { 1.0 } else { 0.0 },
+                );
+            }
+        }
+        let fmt = kernels::act_format(m.ty);
+        if let Some(f) = fmt {
+            if *qcur != Some((x, f)) {
+                gpu.quantize_act(x, n, m.cols, f, s.aq.ptr(), s.ad.ptr())
+                    .map_err(name)?;
+                *qcur = Some((x, f));
             }
         }
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(MV_MAX_NT);
-            gpu.matvec(
-                m.ty,
-                m.q.ptr(),
-                m.rows,
-                m.cols,
-                x + (t0 * m.cols * 4) as u64,
-                nt,
-                y + (t0 * m.rows * 4) as u64,
-                acc,
-            )
-            .map_err(|e| match e {
-                CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
-                o => o,
-            })?;
+            let yt = y + (t0 * m.rows * 4) as u64;
+            match fmt {
+                Some(_) => {
+                    let (qo, dof) = kernels::act_bytes(t0, m.cols);
+                    gpu.matvec_q(
+                        m.ty,
+                        m.q.ptr(),
+                        m.rows,
+                        m.cols,
+                        s.aq.at(qo),
+                        s.ad.at(dof),
+                        nt,
+                        yt,
+                        acc,
+                    )
+                }
+                None => gpu.matvec(
+                    m.ty,
+                    m.q.ptr(),
+                    m.rows,
+                    m.cols,
+                    x + (t0 * m.cols * 4) as u64,
+                    nt,
+                    yt,
+                    acc,
+                ),
+            }
+            .map_err(name)?;
             t0 += nt;
         }
         Ok(())
+    }
+
+    /// Quantization the RMSNorm feeding `m` should fuse in (matvec path, quantized weights).
+    fn norm_quant(
+        s: &Scratch,
+        m: &Mat,
+        matvec_path: bool,
+        out: u64,
+        qcur: &mut Option<(u64, ActFormat)>,
+    ) -> Option<(ActFormat, u64, u64)> {
+        let f = kernels::act_format(m.ty).filter(|_| matvec_path)?;
+        *qcur = Some((out, f));
+        Some((f, s.aq.ptr(), s.ad.ptr()))
     }
 
     /// Queue the whole forward pass for `n` tokens whose metadata is on the device; logits of
@@ -672,7 +741,8 @@ impl CudaBackend {
         let o = &self.opts;
         let st = &mut self.stats;
         let (e, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_head_kv);
-        let wf = s.wf16.as_ref();
+        // Which activation the quantized-activation buffers hold now (pointer, format).
+        let mut qc: Option<(u64, ActFormat)> = None;
         gpu.get_rows(
             self.embd.ty,
             self.embd.q.ptr(),
@@ -683,6 +753,10 @@ impl CudaBackend {
         )?;
         let matvec_path = n <= o.gemm_min_tokens || !gpu.has_blas();
         for (li, l) in self.layers.iter().enumerate() {
+            let nq = Self::norm_quant(s, &l.wq, matvec_path, s.xn.ptr(), &mut qc);
+            if nq.is_none() {
+                qc = None;
+            }
             gpu.rms_norm(
                 s.x.ptr(),
                 0,
@@ -692,43 +766,11 @@ impl CudaBackend {
                 n,
                 s.xn.ptr(),
                 0,
+                nq,
             )?;
-            Self::linear(
-                gpu,
-                o,
-                &l.wq,
-                s.xn.ptr(),
-                s.xh.ptr(),
-                wf,
-                n,
-                s.q.ptr(),
-                false,
-                st,
-            )?;
-            Self::linear(
-                gpu,
-                o,
-                &l.wk,
-                s.xn.ptr(),
-                s.xh.ptr(),
-                wf,
-                n,
-                s.k.ptr(),
-                false,
-                st,
-            )?;
-            Self::linear(
-                gpu,
-                o,
-                &l.wv,
-                s.xn.ptr(),
-                s.xh.ptr(),
-                wf,
-                n,
-                s.v.ptr(),
-                false,
-                st,
-            )?;
+            for (m, y) in [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())] {
+                Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
+            }
             let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
             gpu.rope_store(
                 n,
@@ -738,7 +780,7 @@ impl CudaBackend {
                 [b(&l.bq), b(&l.bk), b(&l.bv)],
                 s.tok_pos.ptr(),
                 s.tok_slot.ptr(),
-                self.inv_freq.ptr(),
+                &self.rope,
                 nh,
                 nkv,
                 hd,
@@ -767,15 +809,19 @@ impl CudaBackend {
             Self::linear(
                 gpu,
                 o,
+                s,
                 &l.wo,
                 s.att.ptr(),
-                s.xh.ptr(),
-                wf,
                 n,
                 s.x.ptr(),
                 true,
                 st,
+                &mut qc,
             )?;
+            let nq = Self::norm_quant(s, &l.gate, matvec_path, s.xn.ptr(), &mut qc);
+            if nq.is_none() {
+                qc = None;
+            }
             gpu.rms_norm(
                 s.x.ptr(),
                 0,
@@ -785,8 +831,34 @@ impl CudaBackend {
                 n,
                 s.xn.ptr(),
                 0,
+                nq,
             )?;
+            let gf = kernels::act_format(l.gate.ty);
             if matvec_path
+                && l.gate.ty == l.up.ty
+                && gf.is_some()
+                && qc == gf.map(|f| (s.xn.ptr(), f))
+            {
+                let (ff, cols) = (l.gate.rows, l.gate.cols);
+                let mut t0 = 0;
+                while t0 < n {
+                    let nt = (n - t0).min(MV_MAX_NT);
+                    let (qo, dof) = kernels::act_bytes(t0, cols);
+                    gpu.matvec_q_swiglu(
+                        l.gate.ty,
+                        l.gate.q.ptr(),
+                        l.up.q.ptr(),
+                        ff,
+                        cols,
+                        s.aq.at(qo),
+                        s.ad.at(dof),
+                        nt,
+                        s.g.at(t0 * ff * 4),
+                    )?;
+                    t0 += nt;
+                }
+            } else if matvec_path
+                && gf.is_none()
                 && l.gate.ty == l.up.ty
                 && n <= MV_MAX_NT
                 && kernels::mv_rows_per_warp(l.gate.rows, n) == 1
@@ -802,48 +874,32 @@ impl CudaBackend {
                     s.g.ptr(),
                 )?;
             } else {
-                Self::linear(
-                    gpu,
-                    o,
-                    &l.gate,
-                    s.xn.ptr(),
-                    s.xh.ptr(),
-                    wf,
-                    n,
-                    s.g.ptr(),
-                    false,
-                    st,
-                )?;
-                Self::linear(
-                    gpu,
-                    o,
-                    &l.up,
-                    s.xn.ptr(),
-                    s.xh.ptr(),
-                    wf,
-                    n,
-                    s.u.ptr(),
-                    false,
-                    st,
-                )?;
+                for (m, y) in [(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())] {
+                    Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
+                }
                 gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
             }
             Self::linear(
                 gpu,
                 o,
+                s,
                 &l.down,
                 s.g.ptr(),
-                s.xh.ptr(),
-                wf,
                 n,
                 s.x.ptr(),
                 true,
                 st,
+                &mut qc,
             )?;
+            // g and att are rewritten next layer: forget their quantized copies.
+            qc = None;
         }
         if n_out == 0 {
             return Ok(());
         }
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas();
+        let nq = Self::norm_quant(s, out, out_path, s.hn.ptr(), &mut qc);
         gpu.rms_norm(
             s.x.ptr(),
             s.out_rows.ptr(),
@@ -853,19 +909,19 @@ impl CudaBackend {
             n_out,
             s.hn.ptr(),
             0,
+            nq,
         )?;
-        let out = self.output.as_ref().unwrap_or(&self.embd);
         Self::linear(
             gpu,
             o,
+            s,
             out,
             s.hn.ptr(),
-            s.xh.ptr(),
-            wf,
             n_out,
             s.logits.ptr(),
             false,
             st,
+            &mut qc,
         )
     }
 
@@ -980,6 +1036,10 @@ fn max_split(sms: usize, ctx: usize) -> usize {
 /// Attention blocks per multiprocessor a step aims for: each block walks its slice of the context
 /// one position per warp-iteration, latency-bound, so many short slices beat a few long ones.
 const SPLIT_CTAS_PER_SM: usize = 8;
+/// Longest context slice one attention block walks in a prefill-sized step.
+const PREFILL_SLICE: usize = 64;
+/// Most slices of one token's context in a prefill-sized step (bounds the partial-result buffer).
+const PREFILL_MAX_SPLIT: usize = 16;
 
 impl Backend for CudaBackend {
     fn info(&self) -> &BackendInfo {

@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("common.cu", include_str!("../kernels/common.cu")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
+    ("matvec_q.cu", include_str!("../kernels/matvec_q.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
 ];

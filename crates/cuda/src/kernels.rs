@@ -30,6 +30,58 @@ pub const MV_NT: [usize; 4] = [1, 2, 4, 8];
 /// Most tokens one matrix-vector launch handles.
 pub const MV_MAX_NT: usize = 8;
 const PER_TYPE: usize = 2 + 2 * MV_NT.len() + 2;
+/// The quantized weight types, in the order of `FOR_EACH_QTYPE` in matvec_q.cu: each has
+/// integer-dot matrix-vector kernels over quantized activations.
+pub const QTYPES: &[(GgmlType, &str)] = &[
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q2K, "q2_k"),
+    (GgmlType::Q3K, "q3_k"),
+    (GgmlType::Q4K, "q4_k"),
+    (GgmlType::Q5K, "q5_k"),
+    (GgmlType::Q6K, "q6_k"),
+];
+const PER_QTYPE: usize = 2 * MV_NT.len();
+
+/// How activations are quantized for the integer matrix-vector kernels (matvec_q.cu), matching
+/// the CPU backend's `quant::dot::act_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActFormat {
+    /// Blocks of 32 with an f16-rounded scale and sum: the CPU's `Q8_0` / `Q8_1` numbers.
+    Q8x32 = 1,
+    /// Super-blocks of 256 with an f32 scale and sums of 16: the CPU's `Q8_K`.
+    Q8K = 2,
+}
+
+impl ActFormat {
+    /// Elements per scale group the row length must be a multiple of.
+    pub fn block(self) -> usize {
+        match self {
+            ActFormat::Q8x32 => 32,
+            ActFormat::Q8K => 256,
+        }
+    }
+}
+
+/// The activation format of a weight type's integer kernels; `None` for float weights (they
+/// take f32 activations, as on the CPU).
+pub fn act_format(ty: GgmlType) -> Option<ActFormat> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => Some(ActFormat::Q8x32),
+        Q2K | Q3K | Q4K | Q5K | Q6K => Some(ActFormat::Q8K),
+        _ => None,
+    }
+}
+
+/// Bytes of the quantized activations of `rows x cols` (int8 values, then a float2 per 32).
+pub fn act_bytes(rows: usize, cols: usize) -> (usize, usize) {
+    (rows * cols, rows * (cols / 32) * 8)
+}
+
 const OPS: &[&str] = &[
     "rms_norm",
     "rope_store",
@@ -41,6 +93,7 @@ const OPS: &[&str] = &[
     "attn_partial_d3",
     "attn_partial_d4",
     "attn_partial_d8",
+    "quantize_act",
 ];
 const K_RMS_NORM: usize = 0;
 const K_ROPE_STORE: usize = 1;
@@ -49,6 +102,32 @@ const K_TO_F16: usize = 3;
 const K_ARGMAX: usize = 4;
 const K_ATTN_COMBINE: usize = 5;
 const K_ATTN_PARTIAL: usize = 6;
+const K_QUANTIZE_ACT: usize = 10;
+/// Rotation parameters of [`Gpu::rope_store`], the same numbers `cpu::ops::Rope` is built from.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    /// Device array of `n_rot / 2` frequency factors (Llama 3 `rope_freqs`), or 0 for none.
+    pub factors: u64,
+    /// `base^(-2 / n_rot)`: the angle of pair `i + 1` is the angle of pair `i` times this.
+    pub theta_scale: f32,
+    /// Linear position scaling (1 / scaling factor).
+    pub freq_scale: f32,
+    /// Rotated dimensions of each head.
+    pub n_rot: usize,
+}
+
+impl RopeParams {
+    /// Parameters for a rotation over `n_rot` dimensions with frequency base `base`.
+    pub fn new(n_rot: usize, base: f32, freq_scale: f32, factors: u64) -> RopeParams {
+        RopeParams {
+            factors,
+            theta_scale: base.powf(-2.0 / n_rot as f32),
+            freq_scale,
+            n_rot,
+        }
+    }
+}
+
 /// Head sizes the attention kernel is built for (32 x its lane width).
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
@@ -68,7 +147,36 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("matvec_r2_{t}"));
     }
     v.extend(OPS.iter().map(|s| s.to_string()));
+    for (_, t) in QTYPES {
+        for nt in MV_NT {
+            v.push(format!("mvq_{t}_{nt}"));
+        }
+        for nt in MV_NT {
+            v.push(format!("mvq_swiglu_{t}_{nt}"));
+        }
+    }
     v
+}
+
+fn qtype_index(ty: GgmlType) -> Result<usize, CudaError> {
+    QTYPES
+        .iter()
+        .position(|(t, _)| *t == ty)
+        .ok_or_else(|| CudaError::Arg(format!("no integer matrix-vector kernel for {ty}")))
+}
+
+fn mvq_id(ty: GgmlType, glu: bool, nt: usize) -> Result<usize, CudaError> {
+    Ok(TYPES.len() * PER_TYPE
+        + OPS.len()
+        + qtype_index(ty)? * PER_QTYPE
+        + if glu { MV_NT.len() } else { 0 }
+        + nt_bucket(nt)?)
+}
+
+/// Threads per row of the integer matrix-vector kernels: one 32-element unit per thread per
+/// step, at most 128, whole warps.
+fn mvq_threads(cols: usize) -> u32 {
+    ((cols / 32).div_ceil(32) * 32).clamp(32, 128) as u32
 }
 
 fn type_index(ty: GgmlType) -> Result<usize, CudaError> {
@@ -240,7 +348,8 @@ impl Gpu {
     }
 
     /// RMSNorm of `n_rows` rows of width `n`: row `i` of `out` normalizes row `rows[i]` of `x`
-    /// (`rows` = 0: row `i`). `out_h` (0 = none) gets an f16 copy.
+    /// (`rows` = 0: row `i`). `out_h` (0 = none) gets an f16 copy; `quant` (format, int8 values,
+    /// scales) also quantizes each output row for the integer kernels.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -252,13 +361,109 @@ impl Gpu {
         n_rows: usize,
         out: u64,
         out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
     ) -> Result<(), CudaError> {
         let nn = i32_of(n, "width")?;
+        let (fmt, qs, ds) = match quant {
+            Some((f, q, d)) => {
+                if !n.is_multiple_of(f.block()) {
+                    return Err(CudaError::Arg(format!(
+                        "{n} columns is not a multiple of {} ({f:?} activations)",
+                        f.block()
+                    )));
+                }
+                (f as i32, q, d)
+            }
+            None => (0i32, 0u64, 0u64),
+        };
         self.launch_id(
             op(K_RMS_NORM),
             (u32_of(n_rows, "rows")?, 1, 1),
             (256, 1, 1),
-            kargs![x, rows, w, nn, eps, out, out_h],
+            kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds],
+        )
+    }
+
+    /// Quantize `rows` rows of `n` f32 activations (`x`) into int8 values `qs` and scales `ds`
+    /// (see matvec_q.cu), bit-identical to the CPU backend's `quant::dot::quantize_acts`.
+    pub fn quantize_act(
+        &self,
+        x: u64,
+        rows: usize,
+        n: usize,
+        fmt: ActFormat,
+        qs: u64,
+        ds: u64,
+    ) -> Result<(), CudaError> {
+        if n == 0 || !n.is_multiple_of(fmt.block()) {
+            return Err(CudaError::Arg(format!(
+                "{n} columns is not a multiple of {} ({fmt:?} activations)",
+                fmt.block()
+            )));
+        }
+        let (nn, f) = (i32_of(n, "width")?, fmt as i32);
+        self.launch_id(
+            op(K_QUANTIZE_ACT),
+            (u32_of(rows, "rows")?, 1, 1),
+            (256, 1, 1),
+            kargs![x, nn, f, qs, ds],
+        )
+    }
+
+    /// `y[t, :] (+)= W x[t, :]` for `nt <= 8` tokens whose activations were quantized by
+    /// [`Gpu::quantize_act`] (or [`Gpu::rms_norm`]) in `act_format(ty)`: integer dot products.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = mvq_id(ty, false, nt)?;
+        let (rr, c, n, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            nt as i32,
+            accumulate as i32,
+        );
+        self.launch_id(
+            k,
+            (u32_of(rows, "rows")?, 1, 1),
+            (mvq_threads(cols), 1, 1),
+            kargs![w, rr, c, qs, ds, n, y, a],
+        )
+    }
+
+    /// `y[t, :] = silu(Wg x[t, :]) * (Wu x[t, :])` with integer dot products (see
+    /// [`Gpu::matvec_q`]); both matrices `ty`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu(
+        &self,
+        ty: GgmlType,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let k = mvq_id(ty, true, nt)?;
+        let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, nt as i32);
+        self.launch_id(
+            k,
+            (u32_of(rows, "rows")?, 1, 1),
+            (mvq_threads(cols), 1, 1),
+            kargs![wg, wu, r, c, qs, ds, n, y],
         )
     }
 
@@ -273,7 +478,7 @@ impl Gpu {
         bias: [u64; 3],
         pos: u64,
         slot: u64,
-        inv_freq: u64,
+        rope: &RopeParams,
         n_head: usize,
         n_kv: usize,
         hd: usize,
@@ -281,13 +486,25 @@ impl Gpu {
         kc: u64,
         vc: u64,
     ) -> Result<(), CudaError> {
+        if rope.n_rot > hd || !rope.n_rot.is_multiple_of(2) || hd > 256 {
+            return Err(CudaError::Arg(format!(
+                "RoPE over {} of {hd} dimensions (even, <= head size <= 256)",
+                rope.n_rot
+            )));
+        }
         let (nh, nk, h, nx) = (n_head as i32, n_kv as i32, hd as i32, neox as i32);
+        let (fac, ts, fs, nr) = (
+            rope.factors,
+            rope.theta_scale,
+            rope.freq_scale,
+            rope.n_rot as i32,
+        );
         let [bq, bk, bv] = bias;
         self.launch_id(
             op(K_ROPE_STORE),
             (u32_of(n, "tokens")?, 1, 1),
             (256, 1, 1),
-            kargs![q, k, v, bq, bk, bv, pos, slot, inv_freq, nh, nk, h, nx, kc, vc],
+            kargs![q, k, v, bq, bk, bv, pos, slot, fac, ts, fs, nr, nh, nk, h, nx, kc, vc],
         )
     }
 

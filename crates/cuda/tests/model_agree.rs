@@ -84,16 +84,28 @@ impl Agree {
     }
 }
 
-/// Feed the same batches to both backends and compare every returned row.
-fn run_both(cpu: &mut CpuBackend, gpu: &mut CudaBackend, batches: &[StepBatch], a: &mut Agree) {
+/// Feed the same batches to both backends and compare every returned row. Returns the seconds
+/// each side took (CPU, GPU).
+fn run_both(
+    cpu: &mut CpuBackend,
+    gpu: &mut CudaBackend,
+    batches: &[StepBatch],
+    a: &mut Agree,
+) -> (f64, f64) {
+    let (mut tc, mut tg) = (0.0, 0.0);
     for b in batches {
+        let t = std::time::Instant::now();
         let c = cpu.step(b).expect("cpu step");
+        tc += t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
         let g = gpu.step(b).expect("gpu step");
+        tg += t.elapsed().as_secs_f64();
         assert_eq!(c.n_rows(), g.n_rows(), "row counts differ");
         for i in 0..c.n_rows() {
             a.add(c.row(i).unwrap_or(&[]), g.row(i).unwrap_or(&[]));
         }
     }
+    (tc, tg)
 }
 
 #[test]
@@ -121,6 +133,7 @@ fn gpu_logits_agree_with_cpu_backend() {
             ..Default::default()
         };
         let mut cpu = CpuBackend::load(&path, &copts).expect("cpu load");
+        let t_cpu_load = t.elapsed().as_secs_f64();
         let gopts = CudaOptions {
             ctx_size: 256,
             max_seqs: 4,
@@ -128,6 +141,7 @@ fn gpu_logits_agree_with_cpu_backend() {
             ..Default::default()
         };
         let mut gpu = CudaBackend::load(&path, &gopts).expect("gpu load");
+        let t_gpu_load = t.elapsed().as_secs_f64() - t_cpu_load;
         let nv = gpu.config().n_vocab as u32;
         let toks = |r: &mut rand_chacha::ChaCha8Rng, n: usize| -> Vec<u32> {
             (0..n).map(|_| r.gen_range(0..nv)).collect()
@@ -186,7 +200,11 @@ fn gpu_logits_agree_with_cpu_backend() {
                     .collect(),
             });
         }
-        run_both(&mut cpu, &mut gpu, &batches, &mut a);
+        let (tc, tg) = run_both(&mut cpu, &mut gpu, &batches, &mut a);
+        eprintln!(
+            "{}: load cpu {t_cpu_load:.1} s, gpu {t_gpu_load:.1} s; steps cpu {tc:.1} s, gpu {tg:.1} s",
+            path.display()
+        );
         let top1 = a.top1 as f64 / a.rows as f64;
         let kl = a.kl / a.rows as f64;
         let dtop1 = a.decisive_top1 as f64 / a.decisive.max(1) as f64;
