@@ -3,7 +3,7 @@
 use gguf::{GgmlType, GgufFile, TensorInfo};
 use half::f16;
 use model::{ModelConfig, ModelWeights};
-use quant::dot::{self, Pool};
+use quant::dot::{self, ggml, Pool};
 use runtime::kv::BlockAllocator;
 use runtime::{BackendError, SeqId};
 
@@ -145,9 +145,16 @@ struct Tok {
     chunk: usize,
 }
 
+/// A hook that sees (and may replace) intermediate tensors, named as llama.cpp's graph names
+/// them: `(name, layer, occurrence, data)`, e.g. `("attn_norm", 0, 0, ..)` for llama.cpp's
+/// `attn_norm-0`. Data is token-major, as ggml stores it (`ne[0]` fastest).
+pub type TraceFn = dyn FnMut(&str, usize, usize, &mut [f32]) + Send;
+
 /// Per-step buffers, kept between steps so a decode step allocates nothing.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    /// Debugging hook (see [`TraceFn`]); `None` in normal use.
+    pub trace: Option<Box<TraceFn>>,
     x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
@@ -295,12 +302,24 @@ pub(crate) fn forward(
         for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
             rms_norm(xr, &l.attn_norm, cfg.rms_norm_eps, or);
         }
+        if let Some(t) = s.trace.as_mut() {
+            t("attn_norm", li, 0, &mut s.xn);
+        }
         matmul(file, &l.wq, &s.xn, n, &mut s.q, pool)?;
         matmul(file, &l.wk, &s.xn, n, &mut s.k, pool)?;
         matmul(file, &l.wv, &s.xn, n, &mut s.v, pool)?;
         add_bias(&mut s.q, &l.bq);
         add_bias(&mut s.k, &l.bk);
         add_bias(&mut s.v, &l.bv);
+        if let Some(t) = s.trace.as_mut() {
+            t("Qcur", li, 0, &mut s.q);
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("Kcur", li, 0, &mut s.k);
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("Vcur", li, 0, &mut s.v);
+        }
         for (i, cs) in angles.iter().enumerate() {
             for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
                 model.rope.apply_with(h, cs);
@@ -308,6 +327,12 @@ pub(crate) fn forward(
             for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
                 model.rope.apply_with(h, cs);
             }
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("Qcur", li, 2, &mut s.q);
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("Kcur", li, 2, &mut s.k);
         }
         // Store this step's keys and values.
         let row = kv.row;
@@ -338,58 +363,89 @@ pub(crate) fn forward(
                 let t = &toks[i];
                 let blocks = alloc.blocks(chunks[t.chunk].seq);
                 let kvh = h / gqa;
-                // The query is rounded to f16 before meeting the f16 keys, and the attention
-                // weights before meeting the f16 values, as ggml's CPU mul_mat does (it converts
-                // the f32 operand to the f16 operand's type): keeps our logits close to
-                // llama.cpp's, which the teacher-forced tests hold us to.
-                let mut qbuf = [0.0f32; 256];
+                // ggml's batched path, mirrored for llama.cpp's rounding (the teacher-forced
+                // tests hold us to it): the query is rounded to f16, each score is tinyBLAS's
+                // 16-lane f16 dot times the scale, the softmax is ggml's, and the weights are
+                // rounded to f16 and meet the values in tinyBLAS's lane order (position j in
+                // lane j % 16, lanes reduced at the end).
+                let mut qbuf = [f16::ZERO; 256];
                 let qh = &mut qbuf[..hd];
                 for (d, &v) in qh.iter_mut().zip(&q[(i * nh + h) * hd..(i * nh + h + 1) * hd]) {
-                    *d = f16::from_f32(v).to_f32();
+                    *d = f16::from_f32(v);
                 }
                 let qh = &*qh;
                 let len = t.pos + 1;
                 thread_local! {
-                    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+                    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
                 }
                 SCORES.with(|sc| {
-                    let mut sc = sc.borrow_mut();
+                    let (sc, lanes) = &mut *sc.borrow_mut();
                     sc.clear();
                     sc.resize(len, 0.0);
                     for (j, s) in sc.iter_mut().enumerate() {
                         let slot = blocks[j / bt] as usize * bt + j % bt;
                         let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        *s = dot::dot_f32_f16(qh, kr) * scale;
+                        *s = ggml::dot_f16(kr, qh) * scale;
                     }
-                    dot::softmax_inplace(&mut sc);
+                    ggml::softmax(sc);
+                    lanes.clear();
+                    lanes.resize(16 * hd, 0.0);
+                    for (j, &p) in sc.iter().enumerate() {
+                        let slot = blocks[j / bt] as usize * bt + j % bt;
+                        let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
+                        let l = (j % 16) * hd;
+                        ggml::fma_f16_row(&mut lanes[l..l + hd], f16::from_f32(p).to_f32(), vr);
+                    }
                     // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
                     // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
                     };
-                    o.fill(0.0);
-                    for (j, &p) in sc.iter().enumerate() {
-                        let slot = blocks[j / bt] as usize * bt + j % bt;
-                        let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        dot::axpy_f16(o, f16::from_f32(p).to_f32(), vr);
-                    }
+                    ggml::reduce_lanes(lanes, o);
                 });
             });
         }
+        if let Some(t) = s.trace.as_mut() {
+            t("kqv_out", li, 0, &mut s.att);
+        }
         matmul(file, &l.wo, &s.att, n, &mut s.o, pool)?;
+        if let Some(t) = s.trace.as_mut() {
+            t("attn_out", li, 0, &mut s.o);
+        }
         for (x, o) in s.x.iter_mut().zip(&s.o) {
             *x += o;
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_inp", li, 0, &mut s.x);
         }
         // Feed-forward.
         for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
             rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
         }
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_norm", li, 0, &mut s.xn);
+        }
         matmul(file, &l.gate, &s.xn, n, &mut s.g, pool)?;
         matmul(file, &l.up, &s.xn, n, &mut s.u, pool)?;
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_gate", li, 0, &mut s.g);
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_up", li, 0, &mut s.u);
+        }
         swiglu(&mut s.g, &s.u);
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_swiglu", li, 0, &mut s.g);
+        }
         matmul(file, &l.down, &s.g, n, &mut s.o, pool)?;
+        if let Some(t) = s.trace.as_mut() {
+            t("ffn_out", li, 0, &mut s.o);
+        }
         for (x, o) in s.x.iter_mut().zip(&s.o) {
             *x += o;
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t("l_out", li, 0, &mut s.x);
         }
     }
 

@@ -17,6 +17,7 @@ use runtime::{
     Want,
 };
 
+pub use forward::TraceFn;
 use forward::{Chunk, KvCache, Model, Scratch};
 
 /// How to set up the CPU backend.
@@ -134,6 +135,13 @@ impl CpuBackend {
             pool,
             info,
         })
+    }
+
+    /// Install (or with `None` remove) a hook that sees every intermediate tensor of the
+    /// forward pass under llama.cpp's graph names, and may overwrite it: a debugging aid for
+    /// comparing our numerics with llama.cpp's op by op (`examples/trace.rs`).
+    pub fn set_trace(&mut self, f: Option<Box<TraceFn>>) {
+        self.scratch.trace = f;
     }
 
     /// The model's hyper-parameters.

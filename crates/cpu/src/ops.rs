@@ -8,10 +8,10 @@ use model::RopeStyle;
 /// `out = x / sqrt(mean(x^2) + eps) * w`, one row.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = x.len();
-    // Accumulate in f64 like ggml's ggml_compute_forward_rms_norm_f32 (ggml_float sum).
+    // As ggml's ggml_compute_forward_rms_norm_f32: each square in f32, summed in f64.
     let mut sum = 0.0f64;
     for &v in x {
-        sum += (v as f64) * (v as f64);
+        sum += (v * v) as f64;
     }
     let mean = (sum / n as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
@@ -81,8 +81,10 @@ impl Rope {
             };
             let x0 = x[a];
             let x1 = x[b];
-            x[a] = x0 * c - x1 * s;
-            x[b] = x0 * s + x1 * c;
+            // ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC contracts them into
+            // fused multiply-adds in llama.cpp's build (checked bit for bit against its RoPE).
+            x[a] = x0.mul_add(c, -(x1 * s));
+            x[b] = x0.mul_add(s, x1 * c);
         }
     }
 
@@ -94,26 +96,16 @@ impl Rope {
     }
 }
 
-/// `gate = silu(gate) * up`, in place on `gate`.
+/// `gate = silu(gate) * up`, in place on `gate`, rounded as llama.cpp's CPU backend rounds it
+/// ([`quant::dot::ggml::swiglu`]).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let v = *g;
-        *g = v / (1.0 + (-v).exp()) * u;
-    }
+    quant::dot::ggml::swiglu(gate, up);
 }
 
-/// Softmax in place; returns nothing, the row sums to 1.
+/// Softmax in place, rounded as llama.cpp's CPU backend rounds it
+/// ([`quant::dot::ggml::softmax`]); the row sums to 1.
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    quant::dot::ggml::softmax(x);
 }
 
 #[cfg(test)]

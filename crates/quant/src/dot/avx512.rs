@@ -23,7 +23,6 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use super::kernels::{tile_dispatch, Kernel, Tile, TileFn};
-use super::scalar;
 
 /// Horizontal sum of 16 lanes.
 #[target_feature(enable = "avx512f")]
@@ -52,27 +51,6 @@ unsafe fn ld2x256(p0: *const u8, p1: *const u8) -> __m512i {
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(p0)), ld256(p1)) }
 }
 
-/// The first two f16 fields of the two blocks at `x0` and `x0 + stride`, spread for a pair of
-/// blocks: `([a0 ×8, a1 ×8], [b0 ×8, b1 ×8])` for fields `a` (at +0) and `b` (at +2): the
-/// scales `d`, and `m` of Q4_1/Q5_1 or `s` of Q8_1.
-///
-/// Plain loads, not gathers: `vpgatherdd` was measured to dominate the decode loop here.
-///
-/// # Safety
-/// `x0` and `x0 + stride` valid for 8 bytes each.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-unsafe fn pair_scales(x0: *const u8, stride: usize) -> (__m512, __m512) {
-    // SAFETY: caller's contract.
-    let (f0, f1) = unsafe { (super::avx2::f16x4(x0), super::avx2::f16x4(x0.add(stride))) };
-    // [a0, a1, b0, b1]
-    let v = _mm512_castps128_ps512(_mm_unpacklo_ps(f0, f1));
-    let lo = _mm512_set1_epi32(0);
-    let ia = _mm512_mask_set1_epi32(lo, 0xff00, 1);
-    let ib = _mm512_mask_set1_epi32(_mm512_set1_epi32(2), 0xff00, 3);
-    (_mm512_permutexvar_ps(ia, v), _mm512_permutexvar_ps(ib, v))
-}
-
 // ---- legacy (32-element) types --------------------------------------------------------------
 
 /// What differs between the legacy weight types.
@@ -92,8 +70,6 @@ trait Legacy {
     /// # Safety
     /// `x0`, `x1` point at whole weight blocks; AVX-512 F/BW/VL available.
     unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i;
-    /// Scalar dot of one weight block with one activation block (for an odd block count).
-    fn one(w: &[u8], a: &[u8]) -> f32;
 }
 
 /// 16 nibbles at `p0` and 16 at `p1` as 64 bytes: low nibbles then high nibbles of each.
@@ -145,9 +121,6 @@ impl Legacy for Q4_0 {
         // SAFETY: whole blocks: quants at +2..+18.
         unsafe { nibbles2(x0.add(2), x1.add(2)) }
     }
-    fn one(w: &[u8], a: &[u8]) -> f32 {
-        scalar::dot_q4_0(w, a)
-    }
 }
 
 struct Q4_1;
@@ -162,9 +135,6 @@ impl Legacy for Q4_1 {
     unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
         // SAFETY: whole blocks: quants at +4..+20.
         unsafe { nibbles2(x0.add(4), x1.add(4)) }
-    }
-    fn one(w: &[u8], a: &[u8]) -> f32 {
-        scalar::dot_q4_1(w, a)
     }
 }
 
@@ -181,9 +151,6 @@ impl Legacy for Q5_0 {
         // SAFETY: whole blocks: high bits at +2..+6, quants at +6..+22.
         unsafe { add_fifth_bits(nibbles2(x0.add(6), x1.add(6)), x0.add(2), x1.add(2)) }
     }
-    fn one(w: &[u8], a: &[u8]) -> f32 {
-        scalar::dot_q5_0(w, a)
-    }
 }
 
 struct Q5_1;
@@ -198,9 +165,6 @@ impl Legacy for Q5_1 {
     unsafe fn unpack(x0: *const u8, x1: *const u8) -> __m512i {
         // SAFETY: whole blocks: high bits at +4..+8, quants at +8..+24.
         unsafe { add_fifth_bits(nibbles2(x0.add(8), x1.add(8)), x0.add(4), x1.add(4)) }
-    }
-    fn one(w: &[u8], a: &[u8]) -> f32 {
-        scalar::dot_q5_1(w, a)
     }
 }
 
@@ -218,12 +182,29 @@ impl Legacy for Q8_0 {
         // SAFETY: whole blocks: quants at +2..+34.
         unsafe { _mm512_xor_si512(ld2x256(x0.add(2), x1.add(2)), _mm512_set1_epi8(-128)) }
     }
-    fn one(w: &[u8], a: &[u8]) -> f32 {
-        scalar::dot_q8_0(w, a)
-    }
 }
 
-/// An `R × T` tile of a legacy type.
+/// ggml's `hsum_float_8` of the 8 lanes of one half of `v` (`hi`: lanes 8..16).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn hsum8_half(v: __m512, hi: bool) -> f32 {
+    let h = if hi {
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+    } else {
+        _mm512_castps512_ps256(v)
+    };
+    let q = _mm_add_ps(_mm256_extractf128_ps::<1>(h), _mm256_castps256_ps128(h));
+    let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)))
+}
+
+/// An `R × T` tile of a legacy type, in the order of operations of ggml's `vec_dot` (and of
+/// llamafile's Q8_0 tinyBLAS kernel, which has the same order): per (row, token) eight f32
+/// lanes, lane `j` holding the 4-byte group `j` of each block's integer dot; per block
+/// `lane = fma(d_w * d_y, isum_j, lane)`; types with a min add `m * s` into a separate scalar
+/// by fma; at the end `hsum_float_8(lanes) + summs` (see `scalar::dot_q4_1`). Two
+/// (row, token) pairs share one 512-bit register: the two tokens of a row, or for one token
+/// two rows.
 ///
 /// Written with plain loops over small arrays (no closures, which would not inherit the
 /// target features and so could not inline the intrinsics); LLVM unrolls them and keeps the
@@ -234,7 +215,6 @@ impl Legacy for Q8_0 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
     let nb = t.nb;
-    let pairs_end = nb & !1;
     let mut wrow = [t.w; R];
     for (r, p) in wrow.iter_mut().enumerate() {
         *p = t.w.wrapping_add(r * t.w_stride);
@@ -245,59 +225,67 @@ unsafe fn legacy_tile<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
     }
     let zi = _mm512_setzero_si512();
     let zf = _mm512_setzero_ps();
-    let mut acc = [[zf; T]; R];
-    let mut b = 0;
-    while b < pairs_end {
-        // SAFETY: blocks b and b + 1 exist in every row and token of the tile (b + 1 <
-        // pairs_end <= nb), so every pointer formed below stays inside its row.
+    // Pair c holds (row, token) combos 2c and 2c + 1 (combo i = (i / T, i % T)); an odd last
+    // combo is paired with itself.
+    let npairs = (R * T).div_ceil(2);
+    let mut acc = [zf; 8];
+    let mut summs = [[0f32; T]; R];
+    for b in 0..nb {
+        // SAFETY: block b exists in every row and token of the tile (b < nb), so every
+        // pointer formed below stays inside its row.
         unsafe {
-            let mut y = [zi; T];
-            let mut seed = [zi; T];
-            let mut dyp = [zf; T];
-            let mut syp = [zf; T];
+            let mut y = [_mm256_setzero_si256(); T];
+            let mut dy = [0f32; T];
+            let mut sy = [0f32; T];
             for k in 0..T {
                 let y0 = arow[k].add(b * L::AB);
-                y[k] = ld2x256(y0.add(L::AQ), y0.add(L::AB + L::AQ));
-                if L::OFF != 0 {
-                    let s = _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), y[k]);
-                    seed[k] = _mm512_sub_epi32(zi, s);
-                }
-                let (d, s) = pair_scales(y0, L::AB);
-                dyp[k] = d;
+                y[k] = ld256(y0.add(L::AQ));
+                dy[k] = f16_at(y0, 0);
                 if L::MIN {
-                    // The activation's s is spread over 8 lanes per block: scale by 1/8 (exact).
-                    syp[k] = _mm512_mul_ps(s, _mm512_set1_ps(0.125));
+                    sy[k] = f16_at(y0, 1);
                 }
             }
-            for r in 0..R {
-                let x0 = wrow[r].add(b * L::WB);
-                let q = L::unpack(x0, x0.add(L::WB));
-                let (dwp, mwp) = pair_scales(x0, L::WB);
-                for k in 0..T {
-                    let i = _mm512_dpbusd_epi32(seed[k], q, y[k]);
-                    let d = _mm512_mul_ps(dwp, dyp[k]);
-                    acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, acc[r][k]);
-                    if L::MIN {
-                        acc[r][k] = _mm512_fmadd_ps(mwp, syp[k], acc[r][k]);
+            for c in 0..npairs {
+                let (i0, i1) = (2 * c, (2 * c + 1).min(R * T - 1));
+                let (r0, k0, r1, k1) = (i0 / T, i0 % T, i1 / T, i1 % T);
+                let x0 = wrow[r0].add(b * L::WB);
+                let x1 = wrow[r1].add(b * L::WB);
+                let q = L::unpack(x0, x1);
+                let yy = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(y[k0]), y[k1]);
+                let seed = if L::OFF != 0 {
+                    _mm512_sub_epi32(
+                        zi,
+                        _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), yy),
+                    )
+                } else {
+                    zi
+                };
+                let i = _mm512_dpbusd_epi32(seed, q, yy);
+                let (dw0, dw1) = (f16_at(x0, 0), f16_at(x1, 0));
+                let dd = _mm512_mask_blend_ps(
+                    0xff00,
+                    _mm512_set1_ps(dw0 * dy[k0]),
+                    _mm512_set1_ps(dw1 * dy[k1]),
+                );
+                let slot = &mut acc[c];
+                *slot = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), *slot);
+                if L::MIN {
+                    summs[r0][k0] = f16_at(x0, 1).mul_add(sy[k0], summs[r0][k0]);
+                    if i1 != i0 {
+                        summs[r1][k1] = f16_at(x1, 1).mul_add(sy[k1], summs[r1][k1]);
                     }
                 }
             }
         }
-        b += 2;
     }
-    for r in 0..R {
-        for k in 0..T {
-            let mut s = hsum(acc[r][k]);
-            if nb != pairs_end {
-                // SAFETY: the last block of row r and of token k (nb is odd, so it exists).
-                let (w, a) = unsafe {
-                    (
-                        std::slice::from_raw_parts(wrow[r].add(pairs_end * L::WB), L::WB),
-                        std::slice::from_raw_parts(arow[k].add(pairs_end * L::AB), L::AB),
-                    )
-                };
-                s += L::one(w, a);
+    for c in 0..npairs {
+        let (i0, i1) = (2 * c, 2 * c + 1);
+        for (i, hi) in [(i0, false), (i1, true)] {
+            if i >= R * T {
+                continue;
             }
+            let (r, k) = (i / T, i % T);
+            let s = hsum8_half(acc[c], hi) + summs[r][k];
             // SAFETY: output (k, r) is inside the tile.
             unsafe { *t.out.add(k * t.out_stride + r) = s };
         }
@@ -545,7 +533,7 @@ impl KQuant for Q3K {
 }
 
 /// The 8 six-bit scales and 8 mins packed in the 12 bytes at `p` (Q4_K/Q5_K), unpacked to
-/// bytes `[sc0..sc8, m0..m8]` with shuffles (the scalar form is [`scalar::k4_scale_min`]).
+/// bytes `[sc0..sc8, m0..m8]` with shuffles (the scalar form is [`super::scalar::k4_scale_min`]).
 ///
 /// # Safety
 /// `p` valid for 16 bytes (the 12 packed bytes and 4 more of the block).
@@ -578,7 +566,7 @@ unsafe fn k4_scales(p: *const u8) -> __m128i {
     _mm_or_si128(_mm_or_si128(t, h), u)
 }
 
-/// The 16 signed scales of a Q3_K block (the scalar form is [`scalar::q3k_scales`]), from the
+/// The 16 signed scales of a Q3_K block (the scalar form is [`super::scalar::q3k_scales`]), from the
 /// 16 bytes at `p`: two bytes before the 12 packed scale bytes, then the scales, then `d`.
 ///
 /// # Safety

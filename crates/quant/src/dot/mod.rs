@@ -16,6 +16,7 @@
 use gguf::GgmlType;
 
 pub mod f32ops;
+pub mod ggml;
 mod kernels;
 mod matmul;
 mod pool;

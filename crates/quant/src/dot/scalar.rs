@@ -5,7 +5,9 @@
 //! `Q8_0`/`Q8_1` scale by `127 / amax` and round half to even; `Q8_1` stores
 //! `s = f16(d * sum(q))` with the unrounded f32 `d`; `Q8_K` follows `quantize_row_q8_K_ref`.
 //!
-//! Dot products do the integer work exactly and combine blocks in f32 in block order. Inputs are
+//! Dot products do the integer work exactly and combine it in f32 in the order of operations of
+//! ggml's x86 kernels (see `Lanes8` for the 32-element types), so that they round as llama.cpp
+//! does. Inputs are
 //! byte slices holding whole blocks (callers check lengths); blocks are copied out with
 //! unaligned reads, so no alignment is required.
 
@@ -111,10 +113,6 @@ pub fn quantize_row_f32(x: &[f32], y: &mut [u8]) {
     }
 }
 
-#[inline(always)]
-fn i8_dot(a: &[i8], b: &[i8]) -> i32 {
-    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
-}
 
 /// Unpack the 32 4-bit values of a legacy block: low nibbles are elements 0..16, high 16..32.
 #[inline(always)]
@@ -136,59 +134,96 @@ fn add_high_bits(q: &mut [i8; 32], qh: [u8; 4]) {
     }
 }
 
+/// The order of operations of ggml's x86 `vec_dot` for the 32-element block types (and of
+/// llamafile's Q8_0 kernel, the same): eight f32 lanes, lane `j` accumulating, block by block,
+/// `fma(d_w * d_y, isum_j, lane)` where `isum_j` is the integer dot of the block's elements
+/// `4j..4j+4`; then ggml's `hsum_float_8` (halves, then pairs) plus the separately fma-summed
+/// min terms `m * s`. Matching it makes our products bit-identical to llama.cpp's.
+struct Lanes8 {
+    acc: [f32; 8],
+    summs: f32,
+}
+
+impl Lanes8 {
+    fn new() -> Lanes8 {
+        Lanes8 {
+            acc: [0.0; 8],
+            summs: 0.0,
+        }
+    }
+
+    #[inline(always)]
+    fn block(&mut self, q: &[i8; 32], y: &[i8; 32], d: f32) {
+        for (j, a) in self.acc.iter_mut().enumerate() {
+            let i: i32 = (4 * j..4 * j + 4).map(|e| q[e] as i32 * y[e] as i32).sum();
+            *a = d.mul_add(i as f32, *a);
+        }
+    }
+
+    #[inline(always)]
+    fn min(&mut self, m: f32, s: f32) {
+        self.summs = m.mul_add(s, self.summs);
+    }
+
+    fn finish(&self) -> f32 {
+        let a = &self.acc;
+        let h = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+        ((h[0] + h[2]) + (h[1] + h[3])) + self.summs
+    }
+}
+
 /// `Q4_0` weights · `Q8_0` activations.
 pub fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut l = Lanes8::new();
     for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(a)) {
         let mut q = nibbles(&x.qs);
         q.iter_mut().for_each(|v| *v -= 8);
-        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+        l.block(&q, &y.qs, x.d.to_f32() * y.d.to_f32());
     }
-    sum
+    l.finish()
 }
 
 /// `Q4_1` weights · `Q8_1` activations.
 pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut l = Lanes8::new();
     for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(a)) {
-        let q = nibbles(&x.qs);
-        sum +=
-            i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32()) + x.m.to_f32() * y.s.to_f32();
+        l.min(x.m.to_f32(), y.s.to_f32());
+        l.block(&nibbles(&x.qs), &y.qs, x.d.to_f32() * y.d.to_f32());
     }
-    sum
+    l.finish()
 }
 
 /// `Q5_0` weights · `Q8_0` activations.
 pub fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut l = Lanes8::new();
     for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(a)) {
         let mut q = nibbles(&x.qs);
         add_high_bits(&mut q, x.qh);
         q.iter_mut().for_each(|v| *v -= 16);
-        sum += i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+        l.block(&q, &y.qs, x.d.to_f32() * y.d.to_f32());
     }
-    sum
+    l.finish()
 }
 
 /// `Q5_1` weights · `Q8_1` activations.
 pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut l = Lanes8::new();
     for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(a)) {
         let mut q = nibbles(&x.qs);
         add_high_bits(&mut q, x.qh);
-        sum +=
-            i8_dot(&q, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32()) + x.m.to_f32() * y.s.to_f32();
+        l.min(x.m.to_f32(), y.s.to_f32());
+        l.block(&q, &y.qs, x.d.to_f32() * y.d.to_f32());
     }
-    sum
+    l.finish()
 }
 
 /// `Q8_0` weights · `Q8_0` activations.
 pub fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut l = Lanes8::new();
     for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(a)) {
-        sum += i8_dot(&x.qs, &y.qs) as f32 * (x.d.to_f32() * y.d.to_f32());
+        l.block(&x.qs, &y.qs, x.d.to_f32() * y.d.to_f32());
     }
-    sum
+    l.finish()
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K`/`Q5_K` block.

@@ -1,0 +1,434 @@
+//! Float primitives of attention and SwiGLU in exactly the order of operations of ggml's CPU
+//! backend as llama.cpp builds it on x86-64 with AVX-512 (the reference our tests compare
+//! against), so that the engine's rounding matches llama.cpp's bit for bit:
+//!
+//! - [`expf`]: ggml's vector `expf` (`ggml_v_expf`, AVX-512 variant: a degree-5 polynomial and
+//!   `scalef`), used by its softmax and SiLU; not the libm `expf`.
+//! - [`swiglu`]: `silu(g) * u` with that `expf` in 16-lane chunks, libm `expf` on the tail.
+//! - [`softmax`]: max, `expf(x - max)` in 16-lane chunks, each chunk's sum by
+//!   `_mm512_reduce_add_ps` added into an f64, then a multiply by `(float)(1.0 / sum)`.
+//! - [`dot_f16`]: llamafile's tinyBLAS f16 kernel as ggml's batched `mul_mat` runs it for
+//!   `K·Q` and `V·softmax`: 16 lanes, lane `i` a fused multiply-add chain over elements
+//!   `i, i + 16, ...`, then the lanes reduced by [`reduce16`].
+//!
+//! Every function has a scalar form (the reference, with `f32::mul_add` for each fused
+//! multiply-add) and an AVX-512 form; the two are bit-identical, and the tests check that.
+
+use half::f16;
+
+use super::{best_isa, Isa};
+
+/// `_mm512_reduce_add_ps` as GCC expands it: halves, quarters, then pairs.
+#[inline(always)]
+pub fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut h = [0f32; 8];
+    for i in 0..8 {
+        h[i] = v[8 + i] + v[i];
+    }
+    let q = [h[4] + h[0], h[5] + h[1], h[6] + h[2], h[7] + h[3]];
+    (q[0] + q[2]) + (q[1] + q[3])
+}
+
+const R: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+const P5: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+const P4: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+const P3: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+const P2: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+const P1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+
+/// ggml's vector `expf` on one value (the scalar reference of the 16-lane form).
+#[inline(always)]
+pub fn expf(x: f32) -> f32 {
+    let z = x.mul_add(LOG2E, R);
+    let n = z - R;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let u = b * b;
+    let j = P5
+        .mul_add(b, P4)
+        .mul_add(u, P3.mul_add(b, P2))
+        .mul_add(u, P1.mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef(j, n) = j * 2^n with one rounding; n is an integer here, |n| <= 192, and the
+    // product is exact in f64.
+    (j as f64 * (n as f64).exp2()) as f32
+}
+
+/// `g[i] = silu(g[i]) * u[i]` as ggml's `ggml_vec_swiglu_f32` computes it.
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    swiglu_isa(best_isa(), g, u)
+}
+
+/// [`swiglu`] on the given level (`Scalar` is the reference); the caller checks availability.
+pub fn swiglu_isa(isa: Isa, g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    let body = n & !15;
+    match isa {
+        // SAFETY: the level is available (caller's contract); both pointers cover `body`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::swiglu_512(g.as_mut_ptr(), u.as_ptr(), body) },
+        _ => {
+            for (gv, &uv) in g[..body].iter_mut().zip(&u[..body]) {
+                let x = *gv;
+                *gv = (x / (1.0 + expf(0.0 - x))) * uv;
+            }
+        }
+    }
+    for (gv, &uv) in g[body..n].iter_mut().zip(&u[body..n]) {
+        let x = *gv;
+        *gv = x / (1.0 + (-x).exp()) * uv;
+    }
+}
+
+/// In-place softmax of `x` as ggml's `soft_max` computes a row (after its scaling): the row is
+/// treated as padded with `-inf` to a multiple of 16, as llama.cpp's KV length always is.
+pub fn softmax(x: &mut [f32]) {
+    softmax_isa(best_isa(), x)
+}
+
+/// [`softmax`] on the given level; the caller checks availability.
+pub fn softmax_isa(isa: Isa, x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &v in x.iter() {
+        max = if v > max { v } else { max };
+    }
+    let mut sum = 0f64;
+    let mut chunks = x.chunks_mut(16);
+    for c in &mut chunks {
+        let mut e = [f32::NEG_INFINITY; 16];
+        e[..c.len()].copy_from_slice(c);
+        let s = match isa {
+            // SAFETY: the level is available (caller's contract).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { x86::exp_sub_512(&mut e, max) },
+            _ => {
+                for v in e.iter_mut() {
+                    *v = expf(*v - max);
+                }
+                reduce16(&e)
+            }
+        };
+        sum += s as f64;
+        c.copy_from_slice(&e[..c.len()]);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `sum(a[i] * b[i])` of two f16 vectors in tinyBLAS's order (see the module docs). A length
+/// that is not a multiple of 16 has its tail added sequentially at the end (tinyBLAS refuses
+/// such shapes; no Llama head size has one).
+pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
+    dot_f16_isa(best_isa(), a, b)
+}
+
+/// [`dot_f16`] on the given level; the caller checks availability.
+pub fn dot_f16_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let body = n & !15;
+    let mut s = match isa {
+        // SAFETY: the level is available (caller's contract); both pointers cover `body`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::dot_f16_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        _ => {
+            let mut acc = [0f32; 16];
+            for (ca, cb) in a[..body].chunks_exact(16).zip(b[..body].chunks_exact(16)) {
+                for i in 0..16 {
+                    acc[i] = ca[i].to_f32().mul_add(cb[i].to_f32(), acc[i]);
+                }
+            }
+            reduce16(&acc)
+        }
+    };
+    for (x, y) in a[body..n].iter().zip(&b[body..n]) {
+        s = x.to_f32().mul_add(y.to_f32(), s);
+    }
+    s
+}
+
+/// One step of tinyBLAS's `V · p` in lane form: `acc[d] = fma(v[d], p, acc[d])`. The caller
+/// keeps 16 such accumulator rows, uses row `j % 16` for KV position `j`, and finishes with
+/// [`reduce_lanes`].
+pub fn fma_f16_row(acc: &mut [f32], p: f32, v: &[f16]) {
+    fma_f16_row_isa(best_isa(), acc, p, v)
+}
+
+/// [`fma_f16_row`] on the given level; the caller checks availability.
+pub fn fma_f16_row_isa(isa: Isa, acc: &mut [f32], p: f32, v: &[f16]) {
+    let n = acc.len().min(v.len());
+    match isa {
+        // SAFETY: the level is available (caller's contract); both pointers cover `n`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::fma_f16_row_512(acc.as_mut_ptr(), p, v.as_ptr() as *const u16, n)
+        },
+        _ => {
+            for (a, x) in acc[..n].iter_mut().zip(&v[..n]) {
+                *a = x.to_f32().mul_add(p, *a);
+            }
+        }
+    }
+}
+
+/// `out[d] = reduce16(lanes[0][d], ..., lanes[15][d])` for 16 accumulator rows of
+/// `out.len()` each, stored one after another in `lanes`.
+pub fn reduce_lanes(lanes: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    debug_assert!(lanes.len() >= 16 * n);
+    for (d, o) in out.iter_mut().enumerate() {
+        let mut v = [0f32; 16];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
+        }
+        *o = reduce16(&v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// [`reduce16`] on a register: the same tree, in the same order.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn reduce(v: __m512) -> f32 {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let h = _mm256_add_ps(hi, _mm512_castps512_ps256(v));
+        let q = _mm_add_ps(_mm256_extractf128_ps::<1>(h), _mm256_castps256_ps128(h));
+        // [q0 + q2, q1 + q3, ..]
+        let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)))
+    }
+
+    /// ggml's `ggml_v_expf` (AVX-512 form), instruction for instruction.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn expf16(x: __m512) -> __m512 {
+        let r = _mm512_set1_ps(R);
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(
+            n,
+            _mm512_set1_ps(LN2_LO),
+            _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x),
+        );
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(P5), b, _mm512_set1_ps(P4)),
+                u,
+                _mm512_fmadd_ps(_mm512_set1_ps(P3), b, _mm512_set1_ps(P2)),
+            ),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(P1), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+            _mm512_set1_ps(f32::INFINITY),
+            zero,
+        );
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// # Safety
+    /// AVX-512 F available; `g` and `u` valid for `n` elements, `n % 16 == 0`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn swiglu_512(g: *mut f32, u: *const f32, n: usize) {
+        let one = _mm512_set1_ps(1.0);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, inside both buffers.
+            unsafe {
+                let x = _mm512_loadu_ps(g.add(i));
+                let e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+                _mm512_storeu_ps(g.add(i), _mm512_mul_ps(s, _mm512_loadu_ps(u.add(i))));
+            }
+            i += 16;
+        }
+    }
+
+    /// `e = expf(e - max)` in place; returns the chunk's sum by [`reduce`].
+    ///
+    /// # Safety
+    /// AVX-512 F available.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp_sub_512(e: &mut [f32; 16], max: f32) -> f32 {
+        // SAFETY: `e` holds 16 floats.
+        unsafe {
+            let v = expf16(_mm512_sub_ps(
+                _mm512_loadu_ps(e.as_ptr()),
+                _mm512_set1_ps(max),
+            ));
+            _mm512_storeu_ps(e.as_mut_ptr(), v);
+            reduce(v)
+        }
+    }
+
+    /// # Safety
+    /// AVX-512 F available; `a`, `b` valid for `n` f16 values, `n % 16 == 0`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot_f16_512(a: *const u16, b: *const u16, n: usize) -> f32 {
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, inside both vectors.
+            unsafe {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(a.add(i) as *const __m256i));
+                let y = _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i) as *const __m256i));
+                acc = _mm512_fmadd_ps(x, y, acc);
+            }
+            i += 16;
+        }
+        reduce(acc)
+    }
+
+    /// # Safety
+    /// AVX-512 F available; `acc` and `v` valid for `n` elements.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_f16_row_512(acc: *mut f32, p: f32, v: *const u16, n: usize) {
+        let pv = _mm512_set1_ps(p);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, inside both buffers.
+            unsafe {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(v.add(i) as *const __m256i));
+                let a = _mm512_loadu_ps(acc.add(i));
+                _mm512_storeu_ps(acc.add(i), _mm512_fmadd_ps(x, pv, a));
+            }
+            i += 16;
+        }
+        while i < n {
+            // SAFETY: i < n.
+            unsafe {
+                let x = half::f16::from_bits(*v.add(i)).to_f32();
+                *acc.add(i) = x.mul_add(p, *acc.add(i));
+            }
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    fn levels() -> Vec<Isa> {
+        [Isa::Avx512]
+            .into_iter()
+            .filter(|i| i.available())
+            .collect()
+    }
+
+    #[test]
+    fn expf_is_close_to_libm_and_simd_is_bit_identical() {
+        let mut r = Rng(11);
+        let mut xs: Vec<f32> = (0..4096).map(|_| r.f() * 110.0).collect();
+        xs.extend([0.0, -0.0, 88.5, -103.0, -150.0, 200.0, f32::NEG_INFINITY]);
+        for &x in &xs {
+            let (a, b) = (expf(x), x.exp());
+            if b.is_finite() && b > 1e-37 {
+                assert!((a - b).abs() <= 4.0 * f32::EPSILON * b, "{x}: {a} vs {b}");
+            }
+        }
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        for isa in levels() {
+            let mut a = xs.clone();
+            a.resize(a.len().div_ceil(16) * 16, 0.0);
+            let mut b = a.clone();
+            softmax_isa(Isa::Scalar, &mut a);
+            softmax_isa(isa, &mut b);
+            assert_eq!(a, b, "{isa:?} softmax");
+        }
+    }
+
+    #[test]
+    fn simd_forms_equal_the_scalar_reference_bit_for_bit() {
+        let mut r = Rng(5);
+        for isa in levels() {
+            for n in [16usize, 64, 128, 200, 1536] {
+                let g0: Vec<f32> = (0..n).map(|_| r.f() * 12.0).collect();
+                let u: Vec<f32> = (0..n).map(|_| r.f() * 3.0).collect();
+                let (mut a, mut b) = (g0.clone(), g0.clone());
+                swiglu_isa(Isa::Scalar, &mut a, &u);
+                swiglu_isa(isa, &mut b, &u);
+                assert_eq!(a, b, "{isa:?} swiglu {n}");
+
+                let x: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f() * 4.0)).collect();
+                let y: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f() * 4.0)).collect();
+                assert_eq!(
+                    dot_f16_isa(Isa::Scalar, &x, &y).to_bits(),
+                    dot_f16_isa(isa, &x, &y).to_bits(),
+                    "{isa:?} dot_f16 {n}"
+                );
+
+                let mut s: Vec<f32> = (0..n).map(|_| r.f() * 30.0).collect();
+                let mut t = s.clone();
+                softmax_isa(Isa::Scalar, &mut s);
+                softmax_isa(isa, &mut t);
+                assert_eq!(s, t, "{isa:?} softmax {n}");
+                let total: f64 = s.iter().map(|&v| v as f64).sum();
+                assert!((total - 1.0).abs() < 1e-5);
+
+                let p = r.f();
+                let (mut a, mut b) = (g0.clone(), g0.clone());
+                fma_f16_row_isa(Isa::Scalar, &mut a, p, &x);
+                fma_f16_row_isa(isa, &mut b, p, &x);
+                assert_eq!(a, b, "{isa:?} fma_f16_row {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn dot_f16_and_lanes_agree_with_plain_sums() {
+        let mut r = Rng(9);
+        let n = 96;
+        let x: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f())).collect();
+        let y: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f())).collect();
+        let exact: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+        assert!((dot_f16_isa(Isa::Scalar, &x, &y) as f64 - exact).abs() < 1e-5);
+        // The lane form of the same product (one element per "position").
+        let mut lanes = vec![0f32; 16];
+        for (j, (a, b)) in x.iter().zip(&y).enumerate() {
+            fma_f16_row_isa(
+                Isa::Scalar,
+                &mut lanes[j % 16..j % 16 + 1],
+                b.to_f32(),
+                &[*a],
+            );
+        }
+        let mut out = [0f32];
+        reduce_lanes(&lanes, &mut out);
+        assert_eq!(out[0], dot_f16_isa(Isa::Scalar, &x, &y));
+    }
+}
