@@ -12,6 +12,7 @@ use std::sync::Arc;
 use gguf::GgufFile;
 use model::ModelConfig;
 use quant::dot::{self, Pool};
+use runtime::fault::{Fault, FaultSwitch};
 use runtime::{
     Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqId, StepBatch, StepOutput, Support,
     Want,
@@ -65,6 +66,9 @@ pub enum CpuError {
     },
     #[error("cannot start CPU worker threads: {0}")]
     Threads(String),
+    /// A fault planned by a test's [`FaultSwitch`] (never happens without one).
+    #[error("injected fault while loading {path}")]
+    InjectedFault { path: String },
 }
 
 /// The CPU backend. Lives on one actor thread; owns its KV cache and thread pool.
@@ -75,6 +79,9 @@ pub struct CpuBackend {
     scratch: Scratch,
     pool: Pool,
     info: BackendInfo,
+    /// Testing aid (supervision tests): planned faults. `None` in normal use; checked once per
+    /// step, never in the kernels.
+    faults: Option<FaultSwitch>,
 }
 
 impl CpuBackend {
@@ -134,7 +141,33 @@ impl CpuBackend {
             scratch: Scratch::default(),
             pool,
             info,
+            faults: None,
         })
+    }
+
+    /// Testing aid: like [`CpuBackend::from_file`], but faults planned on `faults` happen inside
+    /// this real backend: a load fault before the model is prepared (a panic, or
+    /// [`CpuError::InjectedFault`]), a step fault after the step's KV blocks are taken and before
+    /// the forward pass (a panic, or a device error), so the backend is left half-way as a real
+    /// failure would leave it.
+    pub fn from_file_with_faults(
+        file: Arc<GgufFile>,
+        label: &str,
+        opts: &CpuOptions,
+        faults: FaultSwitch,
+    ) -> Result<CpuBackend, CpuError> {
+        match faults.on_load() {
+            Fault::Off => {}
+            Fault::Error => {
+                return Err(CpuError::InjectedFault {
+                    path: label.to_string(),
+                })
+            }
+            Fault::Panic => panic!("injected panic while loading {label}"),
+        }
+        let mut be = Self::from_file(file, label, opts)?;
+        be.faults = Some(faults);
+        Ok(be)
     }
 
     /// Install (or with `None` remove) a hook that sees every intermediate tensor of the
@@ -248,6 +281,18 @@ impl Backend for CpuBackend {
         self.check(batch)?;
         for c in &batch.chunks {
             self.kv.alloc.grow(c.seq, c.start_pos + c.tokens.len())?;
+        }
+        if let Some(f) = &self.faults {
+            match f.on_step() {
+                Fault::Off => {}
+                Fault::Error => {
+                    return Err(BackendError::Device {
+                        backend: self.info.name.clone(),
+                        msg: format!("injected device fault at step {}", f.steps()),
+                    })
+                }
+                Fault::Panic => panic!("injected panic at step {}", f.steps()),
+            }
         }
         let chunks: Vec<Chunk<'_>> = batch
             .chunks

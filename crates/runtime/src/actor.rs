@@ -7,6 +7,15 @@
 //! blocks back; refuse requests that waited too long; admit waiting requests while their KV
 //! reservation fits; run one step (every generating sequence feeds one token, prompts are fed
 //! in chunks); sample; send events; finish sequences.
+//!
+//! Supervision: each actor has a supervisor thread that owns the mailbox between backend
+//! lifetimes. When the backend panics (anywhere: load, step, release) or reports a device error,
+//! the actor publishes itself unhealthy, ends every in-flight request with an error event (those
+//! without a token yet fail over in their stream), drops the backend, and its thread ends. The
+//! supervisor then rebuilds the backend from the factory on a fresh thread after a backoff that
+//! doubles with each attempt, checks it with a one-token probe step, and serves again; requests
+//! arriving meanwhile are refused as [`RuntimeError::Unavailable`] (they fail over too). After
+//! [`RestartPolicy::max_restarts`] attempts in a row fail the backend is marked failed for good.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,7 +37,69 @@ use crate::sampling::{Sampler, StopMatcher};
 use crate::scheduler::{self, RunView, SchedConfig};
 
 /// Builds a backend on the actor's own thread (a CUDA context belongs to the thread that made it).
+/// It runs once, so an actor started from it cannot be restarted after a crash: use a
+/// [`RestartFactory`] for that.
 pub type BackendFactory = Box<dyn FnOnce() -> Result<Box<dyn Backend>, BackendError> + Send>;
+
+/// Builds a backend on the actor's thread, as often as needed: after a crash the supervisor runs
+/// it again on a fresh thread.
+pub type RestartFactory = Arc<dyn Fn() -> Result<Box<dyn Backend>, BackendError> + Send + Sync>;
+
+/// How an actor's backend is built: once, or as often as restarts need.
+pub enum Factory {
+    /// Built once; a crash leaves the backend failed.
+    Once(BackendFactory),
+    /// Rebuilt after each crash, within the [`RestartPolicy`].
+    Restartable(RestartFactory),
+}
+
+impl From<BackendFactory> for Factory {
+    fn from(f: BackendFactory) -> Self {
+        Factory::Once(f)
+    }
+}
+
+impl From<RestartFactory> for Factory {
+    fn from(f: RestartFactory) -> Self {
+        Factory::Restartable(f)
+    }
+}
+
+/// When and how often a crashed backend is rebuilt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RestartPolicy {
+    /// Attempts in a row before the backend is marked failed (0: never restart).
+    pub max_restarts: u32,
+    /// Wait before the first attempt; each further attempt waits twice as long.
+    pub backoff: Duration,
+    /// Longest wait between attempts.
+    pub max_backoff: Duration,
+    /// A backend that served this long since its last start has its attempt count reset: a crash
+    /// after that is a new incident, not a repeat of the last one.
+    pub reset_after: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            max_restarts: 5,
+            backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            reset_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RestartPolicy {
+    /// Wait before attempt `attempt` (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 1u32 << attempt.saturating_sub(1).min(20);
+        self.backoff
+            .checked_mul(factor)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
+}
 
 /// Settings of one actor.
 #[derive(Clone, Debug)]
@@ -47,6 +118,8 @@ pub struct ActorConfig {
     pub retry_after: Duration,
     /// While unhealthy and idle, how often to try a probe step.
     pub probe_interval: Duration,
+    /// Rebuilding the backend after a crash (only with a [`RestartFactory`]).
+    pub restart: RestartPolicy,
 }
 
 impl Default for ActorConfig {
@@ -59,6 +132,7 @@ impl Default for ActorConfig {
             prefill_chunk: 256,
             retry_after: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
+            restart: RestartPolicy::default(),
         }
     }
 }
@@ -72,6 +146,36 @@ pub enum ShutdownMode {
     Cancel,
 }
 
+/// Where an actor is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// The backend is being built for the first time.
+    #[default]
+    Starting,
+    /// The backend serves.
+    Running,
+    /// The backend crashed; the supervisor is rebuilding it.
+    Restarting,
+    /// The backend crashed and every restart attempt failed: it serves nothing until the process
+    /// restarts.
+    Failed,
+    /// The actor stopped (shutdown, or every handle dropped).
+    Stopped,
+}
+
+impl Phase {
+    /// Lower-case name for `/health` and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Restarting => "restarting",
+            Phase::Failed => "failed",
+            Phase::Stopped => "stopped",
+        }
+    }
+}
+
 /// A snapshot of an actor's state, published after every loop iteration.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ActorStatus {
@@ -83,22 +187,44 @@ pub struct ActorStatus {
     pub kv: KvStats,
     /// Blocks promised to running sequences (in use or not yet).
     pub kv_reserved: usize,
-    /// Steps run so far.
+    /// Steps run so far (over every restart).
     pub steps: u64,
-    /// Tokens sampled so far.
+    /// Tokens sampled so far (over every restart).
     pub tokens_generated: u64,
     /// Failed steps in a row (0 = healthy).
     pub consecutive_failures: u32,
-    /// The loop is running (false once it stopped or died).
+    /// The loop is running (false while restarting, once failed, stopped).
     pub alive: bool,
     /// Shutting down: no new requests.
     pub draining: bool,
+    /// Where the actor is in its life.
+    pub phase: Phase,
+    /// Times the backend crashed while serving (panic or device error).
+    pub crashes: u32,
+    /// Restart attempts made (successful or not).
+    pub restarts: u32,
+    /// The last crash or failed restart, as text.
+    pub last_error: Option<String>,
 }
 
 impl ActorStatus {
     /// Alive, accepting work and its last step did not fail.
     pub fn healthy(&self) -> bool {
-        self.alive && !self.draining && self.consecutive_failures == 0
+        self.alive
+            && !self.draining
+            && self.consecutive_failures == 0
+            && self.phase == Phase::Running
+    }
+
+    /// One word for `/health`: `healthy`, `unhealthy` (running, its last step failed),
+    /// `draining`, `starting`, `restarting`, `failed` or `stopped`.
+    pub fn state(&self) -> &'static str {
+        match self.phase {
+            Phase::Running if self.draining => "draining",
+            Phase::Running if self.healthy() => "healthy",
+            Phase::Running => "unhealthy",
+            p => p.as_str(),
+        }
     }
 }
 
@@ -138,42 +264,31 @@ impl std::fmt::Debug for BackendHandle {
     }
 }
 
-/// Start an actor: spawn its thread, build the backend there with `factory`, and return once it
-/// is ready (or failed to start).
+/// Start an actor: spawn its supervisor, build the backend on a fresh thread with `factory`, and
+/// return once it is ready (or failed to start). With a [`RestartFactory`] the backend is rebuilt
+/// after a crash as `cfg.restart` says; with a [`BackendFactory`] a crash leaves it failed.
 pub fn spawn(
-    factory: BackendFactory,
+    factory: impl Into<Factory>,
     tokenizer: Arc<Tokenizer>,
     cfg: ActorConfig,
 ) -> Result<BackendHandle, RuntimeError> {
+    let factory = factory.into();
     let (tx, rx) = mpsc::sync_channel::<Msg>(cfg.mailbox.max(1));
     let (status_tx, status_rx) = watch::channel(ActorStatus::default());
     let (ready_tx, ready_rx) = mpsc::channel::<Result<BackendInfo, String>>();
     let label = cfg.name.clone().unwrap_or_else(|| "backend".into());
     let retry_after = cfg.retry_after;
     let name_override = cfg.name.clone();
+    let sup = Supervisor {
+        factory: Some(factory),
+        tok: tokenizer,
+        cfg,
+        status_tx: Arc::new(status_tx),
+        name: label.clone(),
+    };
     let thread = std::thread::Builder::new()
-        .name(format!("actor-{label}"))
-        .spawn(move || {
-            let backend = match catch_unwind(AssertUnwindSafe(factory)) {
-                Ok(Ok(b)) => b,
-                Ok(Err(e)) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return;
-                }
-                Err(p) => {
-                    let _ = ready_tx.send(Err(format!("panicked: {}", panic_text(&p))));
-                    return;
-                }
-            };
-            let info = backend.info().clone();
-            let name = cfg.name.clone().unwrap_or_else(|| info.name.clone());
-            // Publishes its first status (alive) before the caller gets the handle.
-            let mut actor = Actor::new(backend, &tokenizer, name, &cfg, status_tx);
-            if ready_tx.send(Ok(info)).is_err() {
-                return;
-            }
-            actor.run(rx);
-        })
+        .name(format!("supervise-{label}"))
+        .spawn(move || sup.run(rx, ready_tx))
         .map_err(|e| RuntimeError::StartFailed {
             backend: label.clone(),
             why: e.to_string(),
@@ -206,6 +321,326 @@ pub fn spawn(
             retry_after,
         }),
     })
+}
+
+/// How one backend lifetime (one worker thread) ended.
+enum Exit {
+    /// Stopped on purpose: shutdown, or every handle gone.
+    Stopped,
+    /// Never became ready (load failed or panicked, or the restart probe failed).
+    StartFailed(String),
+    /// Crashed while serving; every in-flight request has its error event.
+    Crashed(String),
+}
+
+/// What a worker thread hands back to the supervisor.
+struct WorkerEnd {
+    rx: Receiver<Msg>,
+    status: ActorStatus,
+    exit: Exit,
+    /// The actor's name once known (the backend's own name when the config gives none).
+    name: Option<String>,
+    /// When the backend became ready, if it did.
+    ready_at: Option<Instant>,
+}
+
+/// Owns the mailbox between backend lifetimes and rebuilds crashed backends.
+struct Supervisor {
+    factory: Option<Factory>,
+    tok: Arc<Tokenizer>,
+    cfg: ActorConfig,
+    status_tx: Arc<watch::Sender<ActorStatus>>,
+    name: String,
+}
+
+impl Supervisor {
+    /// The next build: the one-shot factory once, a restartable one every time.
+    fn build(&mut self) -> Option<BackendFactory> {
+        match self.factory.take()? {
+            Factory::Once(f) => Some(f),
+            Factory::Restartable(f) => {
+                self.factory = Some(Factory::Restartable(f.clone()));
+                Some(Box::new(move || f()))
+            }
+        }
+    }
+
+    fn publish(&self, s: &ActorStatus) {
+        self.status_tx.send_replace(s.clone());
+    }
+
+    fn run(mut self, rx: Receiver<Msg>, ready_tx: mpsc::Sender<Result<BackendInfo, String>>) {
+        let mut rx = rx;
+        let mut ready = Some(ready_tx);
+        let mut status = ActorStatus::default();
+        // Restart attempts of the current incident.
+        let mut attempts: u32 = 0;
+        loop {
+            let Some(build) = self.build() else {
+                break;
+            };
+            let restart = ready.is_none();
+            let worker = {
+                let tok = self.tok.clone();
+                let cfg = self.cfg.clone();
+                let status_tx = self.status_tx.clone();
+                let carried = status.clone();
+                let ready = ready.take();
+                std::thread::Builder::new()
+                    .name(format!("actor-{}", self.name))
+                    .spawn(move || {
+                        run_worker(build, &tok, &cfg, rx, status_tx, carried, restart, ready)
+                    })
+            };
+            let end = match worker.map(|t| t.join()) {
+                Ok(Ok(end)) => end,
+                Ok(Err(p)) => {
+                    // Only a panic outside every catch (a double panic aborts instead) gets here;
+                    // the mailbox went with the thread, so handles now see the actor gone.
+                    status.last_error = Some(format!("actor thread died: {}", panic_text(&p)));
+                    status.phase = Phase::Failed;
+                    status.alive = false;
+                    self.publish(&status);
+                    tracing::error!(backend = %self.name, "actor thread died; backend failed");
+                    return;
+                }
+                Err(e) => {
+                    status.last_error = Some(format!("cannot start the actor thread: {e}"));
+                    status.phase = Phase::Failed;
+                    status.alive = false;
+                    self.publish(&status);
+                    return;
+                }
+            };
+            rx = end.rx;
+            status = end.status;
+            if let Some(n) = end.name {
+                self.name = n;
+            }
+            match end.exit {
+                Exit::Stopped => {
+                    // Requests that raced the shutdown into the mailbox still get an answer.
+                    while let Ok(m) = rx.try_recv() {
+                        if let Msg::Generate(sub) = m {
+                            let _ =
+                                sub.events
+                                    .send(TokenEvent::Error(RuntimeError::ShuttingDown {
+                                        backend: self.name.clone(),
+                                    }));
+                        }
+                    }
+                    status.phase = Phase::Stopped;
+                    status.alive = false;
+                    self.publish(&status);
+                    return;
+                }
+                Exit::StartFailed(_) if !restart => return,
+                Exit::StartFailed(why) => {
+                    tracing::warn!(backend = %self.name, attempt = attempts, "restart failed: {why}");
+                    status.last_error = Some(why);
+                }
+                Exit::Crashed(why) => {
+                    if end
+                        .ready_at
+                        .is_some_and(|t| t.elapsed() >= self.cfg.restart.reset_after)
+                    {
+                        attempts = 0;
+                    }
+                    tracing::error!(backend = %self.name, "backend crashed: {why}");
+                    status.last_error = Some(why);
+                }
+            }
+            status.alive = false;
+            status.running = 0;
+            status.waiting = 0;
+            status.kv_reserved = 0;
+            status.kv = KvStats::default();
+            if !matches!(self.factory, Some(Factory::Restartable(_))) {
+                status.last_error = Some(format!(
+                    "{}; its factory runs only once, so it is not restarted",
+                    status.last_error.as_deref().unwrap_or("crashed")
+                ));
+                break;
+            }
+            if attempts >= self.cfg.restart.max_restarts {
+                break;
+            }
+            attempts += 1;
+            let wait = self.cfg.restart.delay(attempts);
+            status.phase = Phase::Restarting;
+            self.publish(&status);
+            tracing::warn!(
+                backend = %self.name,
+                attempt = attempts,
+                of = self.cfg.restart.max_restarts,
+                "restarting in {:.2} s",
+                wait.as_secs_f64()
+            );
+            let why = format!(
+                "restarting after: {}",
+                status.last_error.as_deref().unwrap_or("a crash")
+            );
+            if !self.refuse(&rx, Some(Instant::now() + wait), &why) {
+                status.phase = Phase::Stopped;
+                self.publish(&status);
+                return;
+            }
+            status.restarts += 1;
+        }
+        // Gave up: answer every request until shutdown or every handle is gone.
+        status.phase = Phase::Failed;
+        status.alive = false;
+        self.publish(&status);
+        let why = format!(
+            "failed after {} restart attempts; last error: {}",
+            status.restarts,
+            status.last_error.as_deref().unwrap_or("none")
+        );
+        tracing::error!(backend = %self.name, "{why}");
+        self.refuse(&rx, None, &why);
+        status.phase = Phase::Stopped;
+        self.publish(&status);
+    }
+
+    /// Answer the mailbox while no backend runs: requests get `Unavailable` (their streams fail
+    /// over), a shutdown ends it. Runs until `until` (true) or until the actor must stop (false).
+    fn refuse(&self, rx: &Receiver<Msg>, until: Option<Instant>, why: &str) -> bool {
+        loop {
+            let m = match until {
+                Some(t) => match rx.recv_timeout(t.saturating_duration_since(Instant::now())) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                },
+                None => match rx.recv() {
+                    Ok(m) => m,
+                    Err(_) => return false,
+                },
+            };
+            match m {
+                Msg::Generate(sub) => {
+                    let _ = sub
+                        .events
+                        .send(TokenEvent::Error(RuntimeError::Unavailable {
+                            backend: self.name.clone(),
+                            why: why.to_string(),
+                        }));
+                }
+                Msg::Shutdown(_) => return false,
+            }
+        }
+    }
+}
+
+/// One backend lifetime on its own thread: build, (after a crash) probe, serve until stopped or
+/// crashed, then drop the backend. Catches every panic so the mailbox always goes back.
+#[allow(clippy::too_many_arguments)]
+fn run_worker(
+    build: BackendFactory,
+    tok: &Tokenizer,
+    cfg: &ActorConfig,
+    rx: Receiver<Msg>,
+    status_tx: Arc<watch::Sender<ActorStatus>>,
+    carried: ActorStatus,
+    restart: bool,
+    ready: Option<mpsc::Sender<Result<BackendInfo, String>>>,
+) -> WorkerEnd {
+    let start_failed = |rx, why: String| {
+        if let Some(r) = &ready {
+            let _ = r.send(Err(why.clone()));
+        }
+        WorkerEnd {
+            rx,
+            status: carried.clone(),
+            exit: Exit::StartFailed(why),
+            name: None,
+            ready_at: None,
+        }
+    };
+    let mut backend = match catch_unwind(AssertUnwindSafe(build)) {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return start_failed(rx, e.to_string()),
+        Err(p) => return start_failed(rx, format!("panicked while loading: {}", panic_text(&p))),
+    };
+    if restart {
+        // A rebuilt backend must run a step before it is called healthy, or the router would
+        // send requests straight back into a repeating fault.
+        if let Err(why) = probe_step(&mut *backend, SeqId::MAX, tok.bos().unwrap_or(0)) {
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(backend)));
+            return start_failed(rx, format!("probe step after restart failed: {why}"));
+        }
+    }
+    let name = cfg.name.clone();
+    let made = catch_unwind(AssertUnwindSafe(|| {
+        let info = backend.info().clone();
+        let name = name.unwrap_or_else(|| info.name.clone());
+        (
+            info,
+            Actor::new(backend, tok, name, cfg, status_tx, carried.clone()),
+        )
+    }));
+    let (info, mut actor) = match made {
+        Ok(m) => m,
+        Err(p) => return start_failed(rx, format!("panicked while starting: {}", panic_text(&p))),
+    };
+    if restart {
+        tracing::info!(backend = %actor.name, "restarted: serving again");
+    }
+    if let Some(r) = &ready {
+        let _ = r.send(Ok(info));
+    }
+    let ready_at = Instant::now();
+    let exit = match catch_unwind(AssertUnwindSafe(|| actor.run(&rx))) {
+        Ok(None) => Exit::Stopped,
+        Ok(Some(e)) => {
+            let why = e.to_string();
+            actor.crash(e);
+            Exit::Crashed(why)
+        }
+        Err(p) => {
+            let e = BackendError::Device {
+                backend: actor.name.clone(),
+                msg: format!("panicked: {}", panic_text(&p)),
+            };
+            let why = e.to_string();
+            actor.crash(e);
+            Exit::Crashed(why)
+        }
+    };
+    let status = actor.status.clone();
+    let name = Some(actor.name.clone());
+    // The backend goes with the actor; a panic while dropping it must not take the mailbox down.
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(actor)));
+    WorkerEnd {
+        rx,
+        status,
+        exit,
+        name,
+        ready_at: Some(ready_at),
+    }
+}
+
+/// A one-token step on a throw-away sequence; Ok when it returns one row of logits.
+fn probe_step(backend: &mut dyn Backend, seq: SeqId, token: u32) -> Result<(), String> {
+    let batch = StepBatch {
+        chunks: vec![SeqChunk {
+            seq,
+            tokens: vec![token],
+            start_pos: 0,
+            want: Want::Last,
+        }],
+    };
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let r = backend.step(&batch);
+        backend.release(seq);
+        r
+    }));
+    match r {
+        Ok(Ok(out)) if out.n_rows() == 1 => Ok(()),
+        Ok(Ok(out)) => Err(format!("{} logit rows, expected 1", out.n_rows())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(p) => Err(format!("panicked: {}", panic_text(&p))),
+    }
 }
 
 impl BackendHandle {
@@ -321,7 +756,7 @@ struct Actor<'t> {
     running: Vec<Running<'t>>,
     next_id: SeqId,
     status: ActorStatus,
-    status_tx: watch::Sender<ActorStatus>,
+    status_tx: Arc<watch::Sender<ActorStatus>>,
     disconnected: bool,
     shutdown: Option<ShutdownMode>,
 }
@@ -332,7 +767,8 @@ impl<'t> Actor<'t> {
         tok: &'t Tokenizer,
         name: String,
         cfg: &ActorConfig,
-        status_tx: watch::Sender<ActorStatus>,
+        status_tx: Arc<watch::Sender<ActorStatus>>,
+        carried: ActorStatus,
     ) -> Self {
         let info = backend.info();
         let sched = SchedConfig {
@@ -344,9 +780,16 @@ impl<'t> Actor<'t> {
             admission_timeout: cfg.admission_timeout,
         };
         let ctx = info.max_seq_tokens;
+        // Counters and the crash history carry over a restart; the rest starts afresh.
         let status = ActorStatus {
             kv: backend.kv(),
             alive: true,
+            phase: Phase::Running,
+            steps: carried.steps,
+            tokens_generated: carried.tokens_generated,
+            crashes: carried.crashes,
+            restarts: carried.restarts,
+            last_error: carried.last_error,
             ..Default::default()
         };
         status_tx.send_replace(status.clone());
@@ -368,7 +811,9 @@ impl<'t> Actor<'t> {
         }
     }
 
-    fn run(&mut self, rx: Receiver<Msg>) {
+    /// Serve until stopped (`None`) or until the backend crashes (`Some`: a panic or a device
+    /// error, with every in-flight request still in place for [`Actor::crash`]).
+    fn run(&mut self, rx: &Receiver<Msg>) -> Option<BackendError> {
         loop {
             if self.running.is_empty() {
                 if self.waiting.is_empty() {
@@ -381,7 +826,11 @@ impl<'t> Actor<'t> {
                         // backend now and then to find out when it works again.
                         match rx.recv_timeout(self.probe_interval) {
                             Ok(m) => self.handle(m),
-                            Err(RecvTimeoutError::Timeout) => self.probe(),
+                            Err(RecvTimeoutError::Timeout) => {
+                                if let Some(e) = self.probe() {
+                                    return Some(e);
+                                }
+                            }
                             Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
                         }
                     } else {
@@ -418,8 +867,8 @@ impl<'t> Actor<'t> {
             self.expire_waiting();
             self.admit();
             if !self.running.is_empty() {
-                if !self.step() {
-                    break;
+                if let Err(e) = self.step() {
+                    return Some(e);
                 }
             } else if self.disconnected && !self.waiting.is_empty() {
                 // No handle can add work, nothing runs and the head cannot be admitted: wait
@@ -440,11 +889,14 @@ impl<'t> Actor<'t> {
             self.publish();
         }
         self.status.alive = false;
+        self.status.phase = Phase::Stopped;
         self.publish();
+        None
     }
 
-    /// A one-token step on a throw-away sequence; success clears the failure count.
-    fn probe(&mut self) {
+    /// A one-token step on a throw-away sequence; success clears the failure count. A panic or
+    /// a device error is a crash (returned).
+    fn probe(&mut self) -> Option<BackendError> {
         let id = self.next_id;
         self.next_id += 1;
         let token = self.tok.bos().unwrap_or(0);
@@ -456,15 +908,56 @@ impl<'t> Actor<'t> {
                 want: Want::Last,
             }],
         };
-        let ok = matches!(
-            catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch))),
-            Ok(Ok(ref out)) if out.n_rows() == 1
-        );
-        self.backend.release(id);
-        if ok {
-            tracing::info!(backend = %self.name, "probe step succeeded: healthy again");
-            self.status.consecutive_failures = 0;
+        let r = catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch)));
+        match r {
+            Ok(Ok(out)) if out.n_rows() == 1 => {
+                self.backend.release(id);
+                tracing::info!(backend = %self.name, "probe step succeeded: healthy again");
+                self.status.consecutive_failures = 0;
+                None
+            }
+            Ok(Err(e @ BackendError::Device { .. })) => Some(e),
+            Ok(_) => {
+                self.backend.release(id);
+                None
+            }
+            Err(p) => Some(BackendError::Device {
+                backend: self.name.clone(),
+                msg: format!("panicked in a probe step: {}", panic_text(&p)),
+            }),
         }
+    }
+
+    /// The backend crashed: publish that first (so no new request is routed here), then end
+    /// every in-flight request. Those that have no token yet fail over in their stream. The
+    /// backend is not called again: its state is unknown.
+    fn crash(&mut self, e: BackendError) {
+        self.status.alive = false;
+        self.status.phase = Phase::Restarting;
+        self.status.crashes += 1;
+        self.status.last_error = Some(e.to_string());
+        self.status.running = 0;
+        self.status.waiting = 0;
+        self.status.kv_reserved = 0;
+        self.status.kv = KvStats::default();
+        self.status_tx.send_replace(self.status.clone());
+        let n = self.running.len() + self.waiting.len();
+        for r in std::mem::take(&mut self.running) {
+            let _ = r.events.send(TokenEvent::Error(RuntimeError::Backend {
+                backend: self.name.clone(),
+                source: e.clone(),
+            }));
+        }
+        for w in std::mem::take(&mut self.waiting) {
+            let _ = w
+                .sub
+                .events
+                .send(TokenEvent::Error(RuntimeError::Unavailable {
+                    backend: self.name.clone(),
+                    why: format!("crashed before this request started ({e})"),
+                }));
+        }
+        tracing::error!(backend = %self.name, requests = n, "backend crashed: {e}");
     }
 
     fn publish(&mut self) {
@@ -645,8 +1138,9 @@ impl<'t> Actor<'t> {
         }
     }
 
-    /// One step. Returns false when the backend is unusable and the actor must stop.
-    fn step(&mut self) -> bool {
+    /// One step. `Err` when the backend crashed (a panic or a device error): its state is
+    /// unknown, so the actor ends and the supervisor rebuilds it.
+    fn step(&mut self) -> Result<(), BackendError> {
         let views: Vec<RunView> = self
             .running
             .iter()
@@ -657,7 +1151,7 @@ impl<'t> Actor<'t> {
             .collect();
         let plan = scheduler::plan_step(&self.sched, &views);
         if plan.is_empty() {
-            return true;
+            return Ok(());
         }
         let mut batch = StepBatch {
             chunks: Vec::with_capacity(plan.len()),
@@ -680,7 +1174,12 @@ impl<'t> Actor<'t> {
         self.status.steps += 1;
         let mut out = match result {
             Ok(Ok(out)) => out,
+            Ok(Err(e @ BackendError::Device { .. })) => {
+                self.status.consecutive_failures += 1;
+                return Err(e);
+            }
             Ok(Err(e)) => {
+                // An error about this batch (not the device): fail its sequences, keep serving.
                 self.status.consecutive_failures += 1;
                 tracing::warn!(backend = %self.name, error = %e, "step failed");
                 let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
@@ -688,30 +1187,14 @@ impl<'t> Actor<'t> {
                     backend: name.to_string(),
                     source: e.clone(),
                 });
-                return true;
+                return Ok(());
             }
             Err(p) => {
-                // The backend's state is unknown after a panic: fail everything and stop.
-                let msg = format!("panicked in step: {}", panic_text(&p));
-                tracing::error!(backend = %self.name, "{msg}");
                 self.status.consecutive_failures += 1;
-                let all: Vec<usize> = (0..self.running.len()).collect();
-                self.fail(&all, |name| RuntimeError::Backend {
-                    backend: name.to_string(),
-                    source: BackendError::Device {
-                        backend: name.to_string(),
-                        msg: msg.clone(),
-                    },
+                return Err(BackendError::Device {
+                    backend: self.name.clone(),
+                    msg: format!("panicked in step: {}", panic_text(&p)),
                 });
-                for w in std::mem::take(&mut self.waiting) {
-                    let _ = w
-                        .sub
-                        .events
-                        .send(TokenEvent::Error(RuntimeError::ActorGone {
-                            backend: self.name.clone(),
-                        }));
-                }
-                return false;
             }
         };
         let want_rows = batch.chunks.iter().filter(|c| c.want == Want::Last).count();
@@ -729,7 +1212,7 @@ impl<'t> Actor<'t> {
                     msg: msg.clone(),
                 },
             });
-            return true;
+            return Ok(());
         }
         self.status.consecutive_failures = 0;
         let n_vocab = out.n_vocab;
@@ -763,7 +1246,7 @@ impl<'t> Actor<'t> {
                 let _ = r.events.send(TokenEvent::Done(s));
             }
         }
-        true
+        Ok(())
     }
 
     /// End the running sequences at `idx` with an error, releasing their KV blocks.

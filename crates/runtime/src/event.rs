@@ -182,6 +182,9 @@ pub enum RuntimeError {
     ActorGone { backend: String },
     #[error("backend {backend} is shutting down")]
     ShuttingDown { backend: String },
+    /// The backend crashed and is being restarted, or gave up after its restart attempts.
+    #[error("backend {backend} is unavailable: {why}")]
+    Unavailable { backend: String, why: String },
     #[error("backend {backend} could not start: {why}")]
     StartFailed { backend: String, why: String },
     #[error("no backend named {name:?}; available: {available}")]
@@ -213,6 +216,7 @@ impl RuntimeError {
                 | RuntimeError::Backend { .. }
                 | RuntimeError::ActorGone { .. }
                 | RuntimeError::ShuttingDown { .. }
+                | RuntimeError::Unavailable { .. }
         )
     }
 

@@ -16,7 +16,10 @@ pub mod sampling;
 pub mod scheduler;
 pub mod stream;
 
-pub use actor::{spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, ShutdownMode};
+pub use actor::{
+    spawn, ActorConfig, ActorStatus, BackendFactory, BackendHandle, Factory, Phase, RestartFactory,
+    RestartPolicy, ShutdownMode,
+};
 pub use backend::{
     Backend, BackendError, BackendInfo, KvStats, OpDesc, SeqChunk, SeqId, StepBatch, StepOutput,
     Support, Want,

@@ -129,7 +129,9 @@ impl From<RuntimeError> for ApiError {
                 code: Some("overloaded"),
                 retry_after: Some(*retry_after),
             },
-            RuntimeError::ShuttingDown { .. } | RuntimeError::NoBackend { .. } => ApiError {
+            RuntimeError::ShuttingDown { .. }
+            | RuntimeError::NoBackend { .. }
+            | RuntimeError::Unavailable { .. } => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message,
                 kind: "server_error",

@@ -357,21 +357,44 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-async fn health(State(st): State<Arc<AppState>>) -> Response {
+/// Whether the request carries the API key (or none is configured).
+fn authorized(st: &AppState, headers: &HeaderMap) -> bool {
+    let Some(key) = &st.cfg.api_key else {
+        return true;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
+}
+
+async fn health(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    // `/health` is open; a backend's last error text is internal, so a server with a key shows
+    // it only to callers that present the key.
+    let show_errors = authorized(&st, &headers);
     let backends: Vec<Value> = st
         .coord
         .backends()
         .iter()
         .map(|b| {
             let s = b.status();
-            json!({
+            let mut v = json!({
                 "name": b.name(),
                 "device": b.info().device,
                 "healthy": s.healthy(),
+                "state": s.state(),
+                "restarts": s.restarts,
+                "crashes": s.crashes,
                 "queue_depth": s.waiting + s.running,
                 "kv_blocks_used": s.kv.blocks_used,
                 "kv_blocks_total": s.kv.blocks_total,
-            })
+            });
+            if show_errors {
+                v["last_error"] = json!(s.last_error);
+            }
+            v
         })
         .collect();
     let draining = st.draining.load(Ordering::SeqCst);

@@ -70,6 +70,17 @@ const ITL_BOUNDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
+/// The values of `ActorStatus::state`, each a label value of `crossover_backend_state`.
+const BACKEND_STATES: &[&str] = &[
+    "starting",
+    "healthy",
+    "unhealthy",
+    "draining",
+    "restarting",
+    "failed",
+    "stopped",
+];
+
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -218,6 +229,35 @@ impl Metrics {
                     _ => u64::from(s.healthy()),
                 };
                 let _ = writeln!(out, "{name}{{backend=\"{b}\"}} {v}");
+            }
+        }
+        let counters: [(&str, &str); 2] = [
+            (
+                "crossover_backend_restarts_total",
+                "Restart attempts after a backend crashed (successful or not).",
+            ),
+            (
+                "crossover_backend_crashes_total",
+                "Backend crashes while serving (a panic or a device error).",
+            ),
+        ];
+        for (i, (name, help)) in counters.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (b, s) in &statuses {
+                let v = if i == 0 { s.restarts } else { s.crashes };
+                let _ = writeln!(out, "{name}{{backend=\"{b}\"}} {v}");
+            }
+        }
+        let name = "crossover_backend_state";
+        let _ = writeln!(
+            out,
+            "# HELP {name} 1 for the state each backend is in.\n# TYPE {name} gauge"
+        );
+        for (b, s) in &statuses {
+            let now = s.state();
+            for st in BACKEND_STATES {
+                let v = u8::from(*st == now);
+                let _ = writeln!(out, "{name}{{backend=\"{b}\",state=\"{st}\"}} {v}");
             }
         }
         out

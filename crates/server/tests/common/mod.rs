@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use cpu::{CpuBackend, CpuOptions};
 use gguf::GgufFile;
-use runtime::fault::{FaultSwitch, Faulty};
-use runtime::{ActorConfig, Backend, BackendHandle};
+use runtime::fault::FaultSwitch;
+use runtime::{ActorConfig, Backend, BackendHandle, RestartPolicy};
 use tokenizer::Tokenizer;
 
 /// The default model, fetched by scripts/fetch_model.sh.
@@ -36,9 +36,11 @@ pub struct Cpu {
     pub ctx: usize,
     pub max_seqs: usize,
     pub max_batch_tokens: usize,
+    /// Faults planned inside the real CPU backend (every rebuilt one shares the plan).
     pub fault: Option<FaultSwitch>,
     pub admission_timeout: Duration,
     pub prefill_chunk: usize,
+    pub restart: RestartPolicy,
 }
 
 impl Default for Cpu {
@@ -52,6 +54,7 @@ impl Default for Cpu {
             fault: None,
             admission_timeout: Duration::from_secs(30),
             prefill_chunk: 64,
+            restart: RestartPolicy::default(),
         }
     }
 }
@@ -67,23 +70,25 @@ pub fn cpu_actor(file: &Arc<GgufFile>, tok: &Arc<Tokenizer>, c: Cpu) -> BackendH
         max_batch_tokens: c.max_batch_tokens,
     };
     let fault = c.fault.clone();
-    let factory: runtime::BackendFactory = Box::new(move || {
-        let be = CpuBackend::from_file(file, "smollm2", &opts).map_err(|e| {
-            runtime::BackendError::Unsupported {
-                backend: "cpu".into(),
-                why: e.to_string(),
+    // Restartable: the supervisor rebuilds the backend from this after a crash.
+    let factory: runtime::RestartFactory = std::sync::Arc::new(move || {
+        let be = match &fault {
+            Some(sw) => {
+                CpuBackend::from_file_with_faults(file.clone(), "smollm2", &opts, sw.clone())
             }
+            None => CpuBackend::from_file(file.clone(), "smollm2", &opts),
+        }
+        .map_err(|e| runtime::BackendError::Unsupported {
+            backend: "cpu".into(),
+            why: e.to_string(),
         })?;
-        let be: Box<dyn Backend> = Box::new(be);
-        Ok(match fault {
-            Some(sw) => Box::new(Faulty::new(be, sw)),
-            None => be,
-        })
+        Ok(Box::new(be) as Box<dyn Backend>)
     });
     let cfg = ActorConfig {
         name: Some(c.name.to_string()),
         admission_timeout: c.admission_timeout,
         prefill_chunk: c.prefill_chunk,
+        restart: c.restart,
         ..ActorConfig::default()
     };
     runtime::spawn(factory, tok.clone(), cfg).expect("actor starts")
