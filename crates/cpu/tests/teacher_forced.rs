@@ -144,12 +144,10 @@ fn smollm2_q4_1_matches_llama_cpp() {
         "SmolLM2 Q4_1 vs llama.cpp: top-1 agreement {:.4}, mean KL {:.6}",
         top1, kl
     );
-    // Issue 3 asks for 0.98. Measured: 0.9735 (`cargo test --release -p cpu --test
-    // teacher_forced -- --nocapture`). For scale, llama.cpp's own flash-attention path agrees
-    // with its non-flash path (the fixture's) on only 0.960 of these positions: 29 of the 453
-    // reference rows have a top-2 gap under 0.1 logit, so the last ~2% are near-ties that only
-    // bit-exact arithmetic would settle. The bound below keeps what we reach from regressing.
-    assert!(top1 >= 0.97, "top-1 agreement {top1}");
+    // Issue 3's bounds. Measured: top-1 1.0000, KL 0 (`cargo test --release -p cpu --test
+    // teacher_forced -- --nocapture`): the engine mirrors the rounding of llama.cpp's CPU path
+    // for this graph (docs/perf/cpu.md), so the logits are bit-identical.
+    assert!(top1 >= 0.98, "top-1 agreement {top1}");
     assert!(kl <= 0.01, "mean KL {kl}");
 }
 
@@ -161,10 +159,11 @@ fn synth_llama_1b_q4_k_m_matches_llama_cpp() {
     eprintln!(
         "synthetic llama-3.2-1b Q4_K_M vs llama.cpp: top-1 agreement {top1:.4}, mean KL {kl:.6}"
     );
+    // Issue 3's bounds. Measured: top-1 1.0000, KL 0, logits bit-identical: the repacked Q4_K
+    // gemm/gemv and tiled Q6_K orders of llama.cpp are mirrored (docs/perf/cpu.md). Random
+    // weights give flat distributions where any rounding difference flips near-ties (llama.cpp
+    // agrees with itself, batched vs token by token, on only 0.953), so this bound checks
+    // exactly that mirroring.
     assert!(kl <= 0.01, "mean KL {kl}");
-    // Issue 3 asks for 0.98; measured 0.9187 (mean KL 0.0012 by the top-20 + rest estimate).
-    // llama.cpp agrees with itself (batched vs one token at a time) on 0.953 of such positions
-    // (docs/synthetic-models.md): random weights give flat distributions. The remaining gap to
-    // that is open work (docs/perf/cpu.md); this bound keeps what we reach from regressing.
-    assert!(top1 >= 0.90, "top-1 agreement {top1}");
+    assert!(top1 >= 0.98, "top-1 agreement {top1}");
 }

@@ -773,3 +773,39 @@ fn dot_matmul_smollm2_shapes_match_scalar() {
         }
     }
 }
+
+/// The AVX-512 kernels of the quantized types reproduce the scalar references bit for bit:
+/// both follow llama.cpp's order of float operations (the teacher-forced tests rely on it),
+/// including the separate order of the tokens left over from groups of 4 (Q4_K).
+#[test]
+fn dot_avx512_matmul_is_bit_identical_to_scalar() {
+    if !Isa::Avx512.available() {
+        println!("skipping: AVX-512 not available on this CPU");
+        return;
+    }
+    let mut rng = Rng(0x5eed_0b17);
+    let pool = Pool::new(2).unwrap();
+    for ty in &WEIGHT_TYPES[3..] {
+        let ty = *ty;
+        for &(rows, cols, n_tokens) in &[(13usize, 512usize, 7usize), (8, 256, 1), (70, 768, 9)] {
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                .collect();
+            let x = rng.acts(n_tokens * cols);
+            let mut outs = Vec::new();
+            for isa in [Isa::Scalar, Isa::Avx512] {
+                let acts = quantized_acts(ty, &x, n_tokens, cols, isa);
+                let mut out = vec![f32::NAN; rows * n_tokens];
+                dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut out, &pool, isa).unwrap();
+                outs.push(out);
+            }
+            for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{ty} {rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs avx512 {b}"
+                );
+            }
+        }
+    }
+}

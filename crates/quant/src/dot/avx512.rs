@@ -740,7 +740,7 @@ impl KQuant for Q6K {
 /// # Safety
 /// The [`Tile`] contract with `R == t.rows`, `T == t.toks`; AVX-512 F/BW/VL/VNNI and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
+unsafe fn k_tile<K: KQuant, const R: usize, const T: usize, const MODE: u8>(t: &Tile) {
     let mut wrow = [t.w; R];
     for (r, p) in wrow.iter_mut().enumerate() {
         *p = t.w.wrapping_add(r * t.w_stride);
@@ -750,7 +750,12 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
         *p = t.a.wrapping_add(k * t.a_stride);
     }
     let zi = _mm512_setzero_si512();
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // The float side follows llama.cpp's order exactly: exact integer sums, reduced
+    // horizontally, then scalar fmas, as its tiled K-quant matmul (MODE_TILED,
+    // `scalar::tiled_step`), its repacked Q4_K gemm (MODE_PAIRS, `scalar::dot_q4_k`) or gemv
+    // (MODE_BLOCK, `scalar::dot_q4_k_gemv`) combine them.
+    let mut acc = [[0f32; T]; R];
+    let mut accm = [[0f32; T]; R];
     for b in 0..t.nb {
         // SAFETY: block b exists in every row and token of the tile.
         unsafe {
@@ -761,10 +766,18 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                 prep[r] = K::prep(xs[r]);
             }
             let mut ys = [t.a; T];
-            let mut yd = [_mm512_setzero_ps(); T];
+            let mut yd = [0f32; T];
             for k in 0..T {
                 ys[k] = arow[k].add(b * 292);
-                yd[k] = _mm512_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
+                yd[k] = std::ptr::read_unaligned(ys[k] as *const f32);
+            }
+            // Per-sub-block min sums (types with mins) or offset sums, 8 i32 lanes.
+            let mut mlanes = [[_mm256_setzero_si256(); T]; R];
+            for k in 0..T {
+                let bs = ld256(ys[k].add(260));
+                for r in 0..R {
+                    mlanes[r][k] = _mm256_madd_epi16(prep[r].m16, bs);
+                }
             }
             let mut isum = [[zi; T]; R];
             for c in 0..4 {
@@ -775,34 +788,39 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
                 for r in 0..R {
                     let (q, s) = K::chunk(xs[r], &prep[r], c);
                     for k in 0..T {
-                        isum[r][k] = dpwssd(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
+                        if MODE == MODE_PAIRS {
+                            let i = dpwssd(zi, _mm512_maddubs_epi16(q, y[k]), s);
+                            let ci = _mm512_reduce_add_epi32(i);
+                            let ml: [i32; 8] = std::mem::transmute(mlanes[r][k]);
+                            let cm = ml[2 * c] + ml[2 * c + 1];
+                            acc[r][k] = (ci as f32).mul_add(prep[r].d * yd[k], acc[r][k]);
+                            accm[r][k] = (cm as f32).mul_add(prep[r].dmin * yd[k], accm[r][k]);
+                        } else {
+                            isum[r][k] = dpwssd(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
+                        }
                     }
                 }
             }
-            // Scales as vectors once per row and token; per (row, token) they only multiply.
-            let mut dv = [_mm512_setzero_ps(); R];
-            let mut mv = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                dv[r] = _mm512_set1_ps(prep[r].d);
-                mv[r] = _mm512_set1_ps(-prep[r].dmin);
-            }
-            for k in 0..T {
-                let bs = ld256(ys[k].add(260));
-                for r in 0..R {
-                    let m = _mm256_madd_epi16(prep[r].m16, bs);
-                    let mut i = isum[r][k];
-                    if K::OFFSET_SHIFT != 0 {
-                        let m = _mm256_sll_epi32(m, _mm_cvtsi32_si128(K::OFFSET_SHIFT));
-                        i = _mm512_sub_epi32(i, _mm512_zextsi256_si512(m));
-                    } else {
-                        let f = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(m));
-                        acc[r][k] = _mm512_fmadd_ps(f, _mm512_mul_ps(mv[r], yd[k]), acc[r][k]);
+            if MODE != MODE_PAIRS {
+                for k in 0..T {
+                    for r in 0..R {
+                        let ml: [i32; 8] = std::mem::transmute(mlanes[r][k]);
+                        let m: i32 = ml.iter().sum();
+                        let mut i = _mm512_reduce_add_epi32(isum[r][k]);
+                        if K::OFFSET_SHIFT != 0 {
+                            i -= m << K::OFFSET_SHIFT;
+                        }
+                        if MODE == MODE_BLOCK {
+                            acc[r][k] = (i as f32).mul_add(prep[r].d * yd[k], acc[r][k]);
+                            accm[r][k] = (m as f32).mul_add(prep[r].dmin * yd[k], accm[r][k]);
+                            continue;
+                        }
+                        let mut v = i as f32 * prep[r].d;
+                        if K::OFFSET_SHIFT == 0 {
+                            v = (-prep[r].dmin).mul_add(m as f32, v);
+                        }
+                        acc[r][k] = v.mul_add(yd[k], acc[r][k]);
                     }
-                    acc[r][k] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(i),
-                        _mm512_mul_ps(dv[r], yd[k]),
-                        acc[r][k],
-                    );
                 }
             }
         }
@@ -810,31 +828,52 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize>(t: &Tile) {
     for r in 0..R {
         for k in 0..T {
             // SAFETY: output (k, r) is inside the tile.
-            unsafe { *t.out.add(k * t.out_stride + r) = hsum(acc[r][k]) };
+            unsafe { *t.out.add(k * t.out_stride + r) = acc[r][k] - accm[r][k] };
         }
     }
 }
 
+/// llama.cpp's tiled K-quant matmul order.
+const MODE_TILED: u8 = 0;
+/// Its repacked Q4_K gemm order (groups of 4 tokens).
+const MODE_PAIRS: u8 = 1;
+/// Its repacked Q4_K gemv order (the tokens left over from groups of 4).
+const MODE_BLOCK: u8 = 2;
+
 macro_rules! k_kernel {
-    ($name:ident, $ty:ty) => {
+    ($name:ident, $ty:ty, $mode:expr) => {
         /// # Safety
         /// The [`Tile`] contract; AVX-512 available.
         unsafe fn $name(t: &Tile) {
             #[inline(always)]
             unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
                 // SAFETY: forwarded; `tile_dispatch` passes R == rows, T == toks.
-                unsafe { k_tile::<$ty, R, T>(t) }
+                unsafe { k_tile::<$ty, R, T, { $mode }>(t) }
             }
             // SAFETY: forwarded.
             unsafe { tile_dispatch!(t, f, 2, [1, 2, 3, 4], 4) }
         }
     };
 }
-k_kernel!(t_q2_k, Q2K);
-k_kernel!(t_q3_k, Q3K);
-k_kernel!(t_q4_k, Q4K);
-k_kernel!(t_q5_k, Q5K);
-k_kernel!(t_q6_k, Q6K);
+k_kernel!(t_q2_k, Q2K, MODE_TILED);
+k_kernel!(t_q3_k, Q3K, MODE_TILED);
+k_kernel!(t_q4_k, Q4K, MODE_PAIRS);
+k_kernel!(t_q4_k_gemv, Q4K, MODE_BLOCK);
+k_kernel!(t_q5_k, Q5K, MODE_TILED);
+k_kernel!(t_q6_k, Q6K, MODE_TILED);
+
+/// The kernel for the tokens llama.cpp leaves over from groups of 4 ([`super::kernels::tail_kernel`]).
+pub(crate) fn tail_kernel(ty: GgmlType) -> Option<Kernel> {
+    match ty {
+        GgmlType::Q4K => Some(Kernel {
+            mr: 2,
+            nt: 4,
+            mr1: 4,
+            tile: t_q4_k_gemv,
+        }),
+        _ => None,
+    }
+}
 
 // ---- float weights (f32 activations) --------------------------------------------------------
 

@@ -118,6 +118,7 @@ scalar_kernel!(s_q8_0, scalar::dot_q8_0, 34, 34);
 scalar_kernel!(s_q2_k, scalar::dot_q2_k, 84, 292);
 scalar_kernel!(s_q3_k, scalar::dot_q3_k, 110, 292);
 scalar_kernel!(s_q4_k, scalar::dot_q4_k, 144, 292);
+scalar_kernel!(s_q4_k_gemv, scalar::dot_q4_k_gemv, 144, 292);
 scalar_kernel!(s_q5_k, scalar::dot_q5_k, 176, 292);
 scalar_kernel!(s_q6_k, scalar::dot_q6_k, 210, 292);
 
@@ -158,6 +159,26 @@ pub(crate) fn kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
         Isa::Avx512 => super::avx512::kernel(ty),
         #[allow(unreachable_patterns)]
         _ => scalar_kernel(ty),
+    }
+}
+
+/// Tokens llama.cpp's repacked matmuls take in groups ([`tail_kernel`]).
+pub(crate) const GROUP_TOKENS: usize = 4;
+
+/// For weight types whose llama.cpp matmul rounds the tokens left over from groups of
+/// [`GROUP_TOKENS`] differently (repacked Q4_K: gemm for the groups, gemv for the rest), the
+/// kernel for those last `n % 4` tokens; `None` when every token uses [`kernel`].
+pub(crate) fn tail_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
+    match (ty, isa) {
+        (GgmlType::Q4K, Isa::Scalar) => Some(Kernel {
+            mr: 1,
+            nt: 1,
+            mr1: 1,
+            tile: s_q4_k_gemv,
+        }),
+        #[cfg(target_arch = "x86_64")]
+        (_, Isa::Avx512) => super::avx512::tail_kernel(ty),
+        _ => None,
     }
 }
 

@@ -232,6 +232,10 @@ unsafe impl Sync for SendPtr {}
 #[derive(Clone, Copy)]
 struct Prepared {
     k: Kernel,
+    /// Kernel for tokens `tail_from..` (llama.cpp's rounding of the tokens left over from
+    /// groups of 4, see `kernels::tail_kernel`); `tail_from == n_tokens` when none.
+    tail: Kernel,
+    tail_from: usize,
     nb: usize,
     rows: usize,
     wrb: usize,
@@ -327,8 +331,14 @@ fn run_jobs(
         let k =
             kernels::kernel(j.weight_ty, isa).ok_or(DotError::Unsupported { ty: j.weight_ty })?;
         let plan = Plan::new(&k, j.rows, n_tokens, wrb, pool.n_threads(), cols);
+        let (tail, tail_from) = match kernels::tail_kernel(j.weight_ty, isa) {
+            Some(t) => (t, n_tokens - n_tokens % kernels::GROUP_TOKENS),
+            None => (k, n_tokens),
+        };
         prepared.push(Prepared {
             k,
+            tail,
+            tail_from,
             nb: cols / j.weight_ty.block_size(),
             rows: j.rows,
             wrb,
@@ -370,10 +380,14 @@ fn run_jobs(
 /// and no other thread runs the same chunk.
 unsafe fn run_chunk(p: &Prepared, c: usize) {
     let (r0, r1, t0, t1) = p.plan.chunk(c);
-    let k = &p.k;
     let mut t = t0;
     while t < t1 {
-        let tn = (t1 - t).min(k.nt);
+        let (k, end) = if t < p.tail_from {
+            (&p.k, t1.min(p.tail_from))
+        } else {
+            (&p.tail, t1)
+        };
+        let tn = (end - t).min(k.nt);
         let mr = if tn == 1 { k.mr1 } else { k.mr };
         let mut r = r0;
         while r < r1 {

@@ -113,7 +113,6 @@ pub fn quantize_row_f32(x: &[f32], y: &mut [u8]) {
     }
 }
 
-
 /// Unpack the 32 4-bit values of a legacy block: low nibbles are elements 0..16, high 16..32.
 #[inline(always)]
 fn nibbles(qs: &[u8; 16]) -> [i8; 32] {
@@ -270,9 +269,7 @@ pub fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
             isum += (sc & 0x0f) as i32 * d;
             msum += (sc >> 4) as i32 * bs as i32;
         }
-        let dall = y.d * x.d.to_f32();
-        let dmin = y.d * x.dmin.to_f32();
-        sum += dall * isum as f32 - dmin * msum as f32;
+        sum = tiled_step(sum, isum, Some((x.dmin.to_f32(), msum)), x.d.to_f32(), y.d);
     }
     sum
 }
@@ -291,20 +288,20 @@ pub fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
             let q = lo as i32 - if hi != 0 { 0 } else { 4 };
             isum += sc[e / 16] as i32 * q * yq as i32;
         }
-        sum += x.d.to_f32() * y.d * isum as f32;
+        sum = tiled_step(sum, isum, None, x.d.to_f32(), y.d);
     }
     sum
 }
 
-/// `Q4_K` weights · `Q8_K` activations.
-pub fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+/// `Q4_K` weights · `Q8_K` activations in the order of llama.cpp's repacked Q4_K gemv (the
+/// tokens of a batch left over from groups of 4, and single-token decode): one fma per
+/// super-block into the scale and the min accumulators.
+pub fn dot_q4_k_gemv(w: &[u8], a: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
     for (x, y) in blocks::<BlockQ4K>(w).zip(blocks::<BlockQ8K>(a)) {
-        let mut isum = 0i32;
-        let mut msum = 0i32;
+        let (mut isum, mut msum) = (0i32, 0i32);
         for j in 0..8 {
             let (sc, m) = k4_scale_min(j, &x.scales);
-            // Sub-block j = 2c + half: nibble `half` of qs[32c .. 32c + 32].
             let (c, half) = (j / 2, j % 2);
             let mut d = 0i32;
             for l in 0..32 {
@@ -314,9 +311,40 @@ pub fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
             isum += sc as i32 * d;
             msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
         }
-        sum += x.d.to_f32() * y.d * isum as f32 - x.dmin.to_f32() * y.d * msum as f32;
+        acc = (isum as f32).mul_add(x.d.to_f32() * y.d, acc);
+        accm = (msum as f32).mul_add(x.dmin.to_f32() * y.d, accm);
     }
-    sum
+    acc - accm
+}
+
+/// `Q4_K` weights · `Q8_K` activations.
+pub fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    // llama.cpp repacks Q4_K rows on x86 (q4_K_8x8) and its gemm applies the scales per pair
+    // of sub-blocks: `acc = fma(isum, d * d_y, acc)`, the mins likewise into a second
+    // accumulator, and the result is their difference.
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (x, y) in blocks::<BlockQ4K>(w).zip(blocks::<BlockQ8K>(a)) {
+        let (dd, dm) = (x.d.to_f32() * y.d, x.dmin.to_f32() * y.d);
+        for pair in 0..4 {
+            let mut isum = 0i32;
+            let mut msum = 0i32;
+            for j in [2 * pair, 2 * pair + 1] {
+                let (sc, m) = k4_scale_min(j, &x.scales);
+                // Sub-block j = 2c + half: nibble `half` of qs[32c .. 32c + 32].
+                let (c, half) = (j / 2, j % 2);
+                let mut d = 0i32;
+                for l in 0..32 {
+                    let q = (x.qs[32 * c + l] >> (4 * half)) & 0x0f;
+                    d += q as i32 * y.qs[32 * j + l] as i32;
+                }
+                isum += sc as i32 * d;
+                msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+            }
+            acc = (isum as f32).mul_add(dd, acc);
+            accm = (msum as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
 }
 
 /// `Q5_K` weights · `Q8_K` activations.
@@ -337,7 +365,7 @@ pub fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
             isum += sc as i32 * d;
             msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
         }
-        sum += x.d.to_f32() * y.d * isum as f32 - x.dmin.to_f32() * y.d * msum as f32;
+        sum = tiled_step(sum, isum, Some((x.dmin.to_f32(), msum)), x.d.to_f32(), y.d);
     }
     sum
 }
@@ -357,7 +385,7 @@ pub fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             let q = ((lq & 0x0f) | (hq << 4)) as i32 - 32;
             isum += x.scales[e / 16] as i32 * q * yq as i32;
         }
-        sum += x.d.to_f32() * y.d * isum as f32;
+        sum = tiled_step(sum, isum, None, x.d.to_f32(), y.d);
     }
     sum
 }
@@ -394,4 +422,17 @@ pub fn dot_bf16w(w: &[u8], a: &[u8]) -> f32 {
         .zip(f32s(a))
         .map(|(x, y)| f32::from_bits((x as u32) << 16) * y)
         .sum()
+}
+
+/// One super-block of llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, taken for batches of
+/// 8+ rows): the exact integer sum times the weight scale (minus `dmin * msum` by one fused
+/// multiply-add for types with mins), then `acc = fma(r, d_y, acc)` (GCC contracts its
+/// multiply and add).
+#[inline(always)]
+fn tiled_step(acc: f32, isum: i32, min: Option<(f32, i32)>, d: f32, dy: f32) -> f32 {
+    let mut r = isum as f32 * d;
+    if let Some((dmin, msum)) = min {
+        r = (-dmin).mul_add(msum as f32, r);
+    }
+    r.mul_add(dy, acc)
 }
