@@ -4,6 +4,7 @@ use gguf::{GgmlType, GgufFile, TensorInfo};
 use half::f16;
 use model::{ModelConfig, ModelWeights};
 use quant::dot::{self, ggml, Pool};
+use runtime::fallback::{HostMatMul, HostWeight};
 use runtime::kv::BlockAllocator;
 use runtime::{BackendError, SeqId};
 
@@ -16,6 +17,9 @@ pub(crate) struct Mat {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    /// Run by the host fallback executor instead of the dot kernels (the `lacking_kernel` test
+    /// double).
+    pub host: bool,
 }
 
 impl Mat {
@@ -33,6 +37,7 @@ impl Mat {
             ty: info.ty,
             rows,
             cols,
+            host: false,
         })
     }
 }
@@ -61,6 +66,8 @@ pub(crate) struct Model {
     pub output: Mat,
     pub layers: Vec<Layer>,
     pub rope: Rope,
+    /// Weight type whose matmuls go through the host fallback executor (test double only).
+    pub host_fallback: Option<GgmlType>,
 }
 
 fn vector(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>, String> {
@@ -106,7 +113,28 @@ impl Model {
             layers,
             rope,
             cfg,
+            host_fallback: None,
         })
+    }
+
+    /// Send every matmul of weight type `ty` through the host fallback executor, as a backend
+    /// without a kernel for `ty` must.
+    pub fn route_to_host(&mut self, ty: GgmlType) {
+        self.host_fallback = Some(ty);
+        let mats = self.layers.iter_mut().flat_map(|l| {
+            [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ]
+        });
+        for m in mats.chain([&mut self.output]) {
+            m.host = m.ty == ty;
+        }
     }
 }
 
@@ -195,6 +223,9 @@ fn matmul(
     pool: &Pool,
 ) -> Result<(), BackendError> {
     resize(out, n_tok * m.rows);
+    if m.host {
+        return host_matmul(file, m, x, n_tok, out);
+    }
     dot::matmul_f32(
         m.ty,
         file.tensor_data(&m.info),
@@ -208,6 +239,39 @@ fn matmul(
     .map_err(|e| BackendError::Device {
         backend: "cpu".into(),
         msg: format!("{}: {e}", m.info.name),
+    })
+}
+
+/// The fallback path: activations copied to the executor's staging buffer, the weight rows
+/// dequantized from the memory-mapped file, the result copied back, as a device backend does it
+/// (`runtime::fallback`).
+fn host_matmul(
+    file: &GgufFile,
+    m: &Mat,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    thread_local! {
+        static HOST: std::cell::RefCell<HostMatMul> = std::cell::RefCell::new(HostMatMul::default());
+    }
+    let w = HostWeight {
+        name: &m.info.name,
+        ty: m.ty,
+        data: file.tensor_data(&m.info),
+        rows: m.rows,
+        cols: m.cols,
+    };
+    HOST.with(|h| {
+        let mut h = h.borrow_mut();
+        h.stage(n_tok * m.cols)
+            .copy_from_slice(&x[..n_tok * m.cols]);
+        let y = h.run(&w, n_tok).map_err(|e| BackendError::Device {
+            backend: "cpu".into(),
+            msg: e.to_string(),
+        })?;
+        out.copy_from_slice(y);
+        Ok(())
     })
 }
 

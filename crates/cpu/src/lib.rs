@@ -170,6 +170,25 @@ impl CpuBackend {
         Ok(be)
     }
 
+    /// **Test double** of a backend that lacks the matmul kernel for weight type `lacking`: a
+    /// real CPU backend whose matmuls of that type run through the host fallback executor
+    /// (`runtime::fallback::HostMatMul`: activations staged, rows dequantized from the
+    /// memory-mapped file, f32 dot products, result copied back) exactly as a device backend
+    /// without that kernel runs them. Named `cpu-lacking-<type>` (`cpu-lacking-q8_0`); its
+    /// `support` reports those matmuls as `Fallback { to: "host", .. }`. It exists so `audit`
+    /// and the fallback path can be tested on a machine without a GPU.
+    pub fn lacking_kernel(
+        file: Arc<GgufFile>,
+        label: &str,
+        opts: &CpuOptions,
+        lacking: gguf::GgmlType,
+    ) -> Result<CpuBackend, CpuError> {
+        let mut be = Self::from_file(file, label, opts)?;
+        be.model.route_to_host(lacking);
+        be.info.name = format!("cpu-lacking-{}", lacking.to_string().to_lowercase());
+        Ok(be)
+    }
+
     /// Install (or with `None` remove) a hook that sees every intermediate tensor of the
     /// forward pass under llama.cpp's graph names, and may overwrite it: a debugging aid for
     /// comparing our numerics with llama.cpp's op by op (`examples/trace.rs`).
@@ -263,6 +282,15 @@ impl Backend for CpuBackend {
 
     fn support(&self, op: &OpDesc) -> Support {
         match op.ty {
+            Some(ty) if op.op == "matmul" && self.model.host_fallback == Some(ty) => {
+                Support::Fallback {
+                    to: "host".into(),
+                    why: format!(
+                        "test double built without a {ty} matmul kernel: rows dequantized to f32 \
+                         on the host"
+                    ),
+                }
+            }
             Some(ty) if op.op == "matmul" || op.op == "get_rows" => {
                 if dot::supports(ty) {
                     Support::Native
