@@ -55,6 +55,22 @@ if has bench; then
   t "our bench done"
 fi
 
+if has prof; then
+  # Per-kernel GPU time over pp512 + tg128 at depth 512 + 4 parallel sequences, when Nsight
+  # Systems is installed there.
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [[ -n "$NSYS" ]]; then
+    timeout 150 "$NSYS" profile -o /tmp/prof --force-overwrite true -t cuda \
+      $G/cuda_bench /tmp/l3b.gguf --depth 512 --par 4 >/dev/null 2>&1
+    timeout 60 "$NSYS" stats -q --report cuda_gpu_kern_sum --format csv /tmp/prof.nsys-rep \
+      >"$OUT/kern_sum.csv" 2>&1
+    head -25 "$OUT/kern_sum.csv" | cut -c1-200
+  else
+    t "no nsys found"
+  fi
+  t "profile done"
+fi
+
 if has llama && [[ -n "$BUILD" ]]; then
   wait "$BUILD"; t "llama.cpp build finished (rc $?)"; tail -3 "$OUT/llama_build.log"
   timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \

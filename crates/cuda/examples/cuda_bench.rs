@@ -15,6 +15,101 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Median time of `reps` prompt steps of `n` tokens (after one warm-up), each in a fresh sequence.
+fn prompt_ms(
+    b: &mut CudaBackend,
+    r: &mut rand_chacha::ChaCha8Rng,
+    n: usize,
+    reps: usize,
+    seq: &mut u64,
+) -> f64 {
+    let nv = b.config().n_vocab as u32;
+    let mut v = Vec::new();
+    for rep in 0..=reps {
+        *seq += 1;
+        let batch = StepBatch {
+            chunks: vec![SeqChunk {
+                seq: *seq,
+                tokens: (0..n).map(|_| r.gen_range(0..nv)).collect(),
+                start_pos: 0,
+                want: Want::Last,
+            }],
+        };
+        let t = Instant::now();
+        let out = b.step(&batch).unwrap_or_else(|e| panic!("{e}"));
+        let dt = t.elapsed().as_secs_f64();
+        assert_eq!(out.n_rows(), 1);
+        b.release(*seq);
+        if rep > 0 {
+            v.push(dt);
+        }
+    }
+    median(v) * 1e3
+}
+
+/// Print per-kernel times of a 512-token prompt step and of a decode step at context `depth`.
+fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, seq: &mut u64) {
+    let nv = b.config().n_vocab as u32;
+    *seq += 1;
+    let s = *seq;
+    let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..nv)).collect() };
+    let mut pos = 0;
+    let report = |b: &mut CudaBackend, what: &str, batch: StepBatch| {
+        b.gpu().profile_start().unwrap_or_else(|e| panic!("{e}"));
+        b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
+        let p = b.gpu().profile_stop().unwrap_or_else(|e| panic!("{e}"));
+        let total: f64 = p.iter().map(|x| x.1).sum();
+        let mut by: Vec<(String, usize, f64)> = Vec::new();
+        for (name, ms) in p {
+            match by.iter_mut().find(|x| x.0 == name) {
+                Some(x) => {
+                    x.1 += 1;
+                    x.2 += ms;
+                }
+                None => by.push((name, 1, ms)),
+            }
+        }
+        by.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
+        println!("profile {what}: {total:.3} ms on the GPU (eager launches)");
+        for (name, n, ms) in by.iter().take(12) {
+            println!(
+                "  {name:<28} x{n:<4} {ms:8.3} ms  {:5.1}%",
+                100.0 * ms / total
+            );
+        }
+    };
+    while pos < depth {
+        let n = (depth - pos).min(512);
+        let batch = StepBatch {
+            chunks: vec![SeqChunk {
+                seq: s,
+                tokens: toks(n),
+                start_pos: pos,
+                want: Want::Last,
+            }],
+        };
+        if pos == 0 {
+            report(b, "prompt step (512 tokens)", batch);
+        } else {
+            b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
+        }
+        pos += n;
+    }
+    let batch = StepBatch {
+        chunks: vec![SeqChunk {
+            seq: s,
+            tokens: toks(1),
+            start_pos: pos,
+            want: Want::Last,
+        }],
+    };
+    // Graphs are kept only for decode steps; this one must run eagerly to be timed per kernel.
+    b.set_graphs(false);
+    report(b, &format!("decode step at depth {pos}"), batch);
+    b.set_graphs(true);
+    b.release(s);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
@@ -154,7 +249,35 @@ fn main() {
         b.stats.eager_steps,
         b.graph_failure()
     );
+    // Where the time goes: one prompt step and one decode step at `depth`, launched eagerly with
+    // a timing event after each kernel (so decode times include launch gaps).
+    let mut r3 = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    profile(&mut b, &mut r3, depth, &mut seq);
+    // Prompt steps through cuBLAS (f16 weights and activations) against the integer path
+    // (activations quantized like the CPU's, 8 tokens per weight pass), which numerically
+    // matches the CPU backend.
+    let mut r2 = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let mut gemm_ms = Vec::new();
+    for n in [16usize, 32, 64, 128] {
+        gemm_ms.push(prompt_ms(&mut b, &mut r2, n, 5, &mut seq));
+    }
     drop(b);
+    let iopts = CudaOptions {
+        gemm_min_tokens: 512,
+        gemm_weights: cuda::GemmWeights::OnTheFly,
+        ..opts.clone()
+    };
+    let mut bi = CudaBackend::load(path, &iopts).unwrap_or_else(|e| panic!("{e}"));
+    for (i, n) in [16usize, 32, 64, 128].into_iter().enumerate() {
+        let im = prompt_ms(&mut bi, &mut r2, n, 5, &mut seq);
+        println!(
+            "pp{n}: cuBLAS f16 {:.2} ms, integer path {im:.2} ms",
+            gemm_ms[i]
+        );
+    }
+    let im = prompt_ms(&mut bi, &mut r2, 512, 3, &mut seq);
+    println!("pp512: integer path {im:.2} ms ({:.0} tok/s)", 512e3 / im);
+    drop(bi);
 
     // Aggregate generation: P sequences with 512-token prompts, 128 tokens each, decoded together.
     let pmax = par.iter().copied().max().unwrap_or(1);

@@ -23,6 +23,9 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int len = tok_pos[t] + 1;
     int p0 = s * split_len, p1 = min(len, p0 + split_len);
+    // Slices past the context hold nothing: attn_combine reads only the slices that do. (Decode
+    // graphs are captured with splits for the longest context, so most are empty early on.)
+    if (p0 >= len) return;
     const int* bl = btab + (long long)tok_seq[t] * max_blocks;
     long long kv_row = (long long)n_kv * HD;
 
@@ -39,13 +42,22 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
             qv[g][d] = g < G ? h2f(f2h(q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d])) * scale : 0.0f;
         }
     }
-    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
+    // Each iteration issues the next position's K/V loads (and its block-table lookup) before
+    // computing on the current one, so a warp's walk is not one memory latency per position.
+    float kf[D], vf[D], kn[D], vn[D];
+    auto load = [&](int p, float* kk, float* vv) {
         long long row = (long long)bl[p / bt] * bt + p % bt;
         const u16* kr = kc + row * kv_row + kvh * HD + lane * D;
         const u16* vr = vc + row * kv_row + kvh * HD + lane * D;
-        float kf[D], vf[D];
 #pragma unroll
-        for (int d = 0; d < D; d++) { kf[d] = h2f(kr[d]); vf[d] = h2f(vr[d]); }
+        for (int d = 0; d < D; d++) { kk[d] = h2f(kr[d]); vv[d] = h2f(vr[d]); }
+    };
+    int p = p0 + warp;
+    if (p < p1) load(p, kn, vn);
+    for (; p < p1; p += ATT_WARPS) {
+#pragma unroll
+        for (int d = 0; d < D; d++) { kf[d] = kn[d]; vf[d] = vn[d]; }
+        if (p + ATT_WARPS < p1) load(p + ATT_WARPS, kn, vn);
 #pragma unroll
         for (int g = 0; g < ATT_MAXG; g++) {
             if (g < G) {
@@ -91,19 +103,24 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
     }
 }
 
-// out[t, h*HD + d] = merge of the n_split partial results. grid = (tokens, n_head), block = HD.
-extern "C" __global__ void attn_combine(const float* part, int n_head, int hd, int n_split,
-                                        float* out) {
+// out[t, h*HD + d] = merge of the partial results of the slices that hold any of token t's
+// context (the first ceil(len / split_len) of n_split). grid = (tokens, n_head), block = HD.
+// Branch-free and unrolled, so the loads of several slices are in flight at once.
+extern "C" __global__ void attn_combine(const float* part, const int* tok_pos, int n_head, int hd,
+                                        int n_split, int split_len, float* out) {
     int t = blockIdx.x, h = blockIdx.y;
+    int len = tok_pos[t] + 1;
+    int ns = min(n_split, (len + split_len - 1) / split_len);
     const float* pp = part + ((long long)t * n_head + h) * n_split * (hd + 2);
     float M = NEG_INF;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+#pragma unroll 8
+    for (int s = 0; s < ns; s++) M = fmaxf(M, pp[s * (hd + 2)]);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float L = 0.0f, A = 0.0f;
-        for (int s = 0; s < n_split; s++) {
+#pragma unroll 8
+        for (int s = 0; s < ns; s++) {
             float ms = pp[s * (hd + 2)];
-            if (ms == NEG_INF) continue;
-            float c = expf(ms - M);
+            float c = ms == NEG_INF ? 0.0f : expf(ms - M);
             L += pp[s * (hd + 2) + 1] * c;
             A += pp[s * (hd + 2) + 2 + d] * c;
         }

@@ -92,17 +92,17 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
     }
 }
 
-// Quantize rows of x (n columns each) for integer products. grid.x = rows, blockDim.x = 256.
+// Quantize rows of x (n columns each) for integer products. grid = (rows, ceil(n / 256)),
+// blockDim.x = 256: one block per 256 elements (a Q8_K super-block, 8 Q8_0 blocks), so a
+// decode step's single row spreads over many SMs.
 extern "C" __global__ void quantize_act(const float* x, int n, int fmt, i8* qs, float2* ds) {
     __shared__ float shf[9];
     __shared__ int shi[8];
     long long r = blockIdx.x;
-    for (int base = 0; base < n; base += 256) {
-        int c = base + threadIdx.x;
-        bool valid = c < n;
-        float v = valid ? x[r * n + c] : 0.0f;
-        quant_act_elem(v, valid, c, fmt, qs + r * n, ds + r * (n / 32), shf, shi);
-    }
+    int c = blockIdx.y * 256 + threadIdx.x;
+    bool valid = c < n;
+    float v = valid ? x[r * n + c] : 0.0f;
+    quant_act_elem(v, valid, c, fmt, qs + r * n, ds + r * (n / 32), shf, shi);
 }
 
 // Byte-wise x - k for bytes 0 <= x, x + (128 - k) < 256 (no carry between bytes).

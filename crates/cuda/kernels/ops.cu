@@ -1,7 +1,9 @@
 // Row and element-wise operations of the forward pass.
 
-// out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid.x = output rows,
-// blockDim.x = 256. out_h (optional) receives the same row as f16, the GEMM path's activation
+// out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid = (output rows,
+// ceil(n / 256)), blockDim.x = 256: block (i, c) sums row r's squares (the whole row, from L2) and
+// writes elements [256c, 256c + 256), so a single row spreads over many SMs instead of one
+// block walking it. out_h (optional) receives the same row as f16, the GEMM path's activation
 // operand; fmt != 0 also quantizes the row for the integer products (qs/ds, see matvec_q.cu), so
 // decode needs no separate launch for it. The arithmetic is cpu::ops::rms_norm's: the sum of
 // squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
@@ -18,16 +20,14 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     s = block_sum_d(s, sh);
     float mean = (float)(s / (double)n);
     float scale = 1.0f / sqrtf(mean + eps);
-    for (int base = 0; base < n; base += blockDim.x) {
-        int c = base + threadIdx.x;
-        bool valid = c < n;
-        float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), w[c]) : 0.0f;
-        if (valid) {
-            if (out) out[i * n + c] = o;
-            if (out_h) out_h[i * n + c] = f2h(o);
-        }
-        if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), shf, shi);
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    bool valid = c < n;
+    float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), w[c]) : 0.0f;
+    if (valid) {
+        if (out) out[i * n + c] = o;
+        if (out_h) out_h[i * n + c] = f2h(o);
     }
+    if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), shf, shi);
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.

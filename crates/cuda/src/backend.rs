@@ -467,6 +467,12 @@ impl CudaBackend {
         &self.gpu
     }
 
+    /// Turn graph replay of decode steps on or off (off: every step launches its kernels eagerly,
+    /// e.g. to time them one by one with [`Gpu::profile_start`]).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.opts.graphs = on;
+    }
+
     /// Why graph capture was given up, if it was.
     pub fn graph_failure(&self) -> Option<&str> {
         self.graph_failed.as_deref()
@@ -805,7 +811,16 @@ impl CudaBackend {
                 split_len,
                 s.part.ptr(),
             )?;
-            gpu.attn_combine(n, s.part.ptr(), nh, hd, n_split, s.att.ptr())?;
+            gpu.attn_combine(
+                n,
+                s.part.ptr(),
+                s.tok_pos.ptr(),
+                nh,
+                hd,
+                n_split,
+                split_len,
+                s.att.ptr(),
+            )?;
             Self::linear(
                 gpu,
                 o,

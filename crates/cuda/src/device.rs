@@ -5,11 +5,14 @@
 //! run and orders all work on one stream, so cudarc's per-buffer event tracking would only add
 //! host work to every launch (and get in the way of graph capture).
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
-use cudarc::driver::{result as drv_result, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{
+    result as drv_result, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream,
+};
 
 use crate::compile;
 use crate::error::{drv, CudaError};
@@ -81,6 +84,8 @@ impl Drop for Blas {
 
 /// One GPU ready to run the kernels.
 pub struct Gpu {
+    /// Timing events after each launch while a profile is being taken ([`Gpu::profile_start`]).
+    prof: RefCell<Option<Vec<(String, CudaEvent)>>>,
     funcs: Vec<CudaFunction>,
     names: Vec<String>,
     _module: Arc<CudaModule>,
@@ -171,6 +176,7 @@ impl Gpu {
             (None, Some("libcublas.so could not be loaded".to_string()))
         };
         Ok(Gpu {
+            prof: RefCell::new(None),
             funcs,
             names,
             _module: module,
@@ -293,6 +299,44 @@ impl Gpu {
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }
 
+    /// Start timing every launch (eager launches only: not while a graph is being captured).
+    /// Each launch is followed by a timing event; [`Gpu::profile_stop`] turns them into times.
+    pub fn profile_start(&self) -> Result<(), CudaError> {
+        let e = self
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("cuEventRecord"))?;
+        *self.prof.borrow_mut() = Some(vec![("start".into(), e)]);
+        Ok(())
+    }
+
+    fn prof_mark(&self, name: &str) -> Result<(), CudaError> {
+        if let Some(v) = self.prof.borrow_mut().as_mut() {
+            let e = self
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv("cuEventRecord"))?;
+            v.push((name.to_string(), e));
+        }
+        Ok(())
+    }
+
+    /// Stop timing; returns each launch's kernel name and the milliseconds from the previous
+    /// event to its own (its run time plus any idle gap before it).
+    pub fn profile_stop(&self) -> Result<Vec<(String, f64)>, CudaError> {
+        self.sync()?;
+        let v = self.prof.borrow_mut().take().unwrap_or_default();
+        let mut out = Vec::with_capacity(v.len());
+        for w in v.windows(2) {
+            let ms = w[0]
+                .1
+                .elapsed_ms(&w[1].1)
+                .map_err(drv("cuEventElapsedTime"))?;
+            out.push((w[1].0.clone(), ms as f64));
+        }
+        Ok(out)
+    }
+
     /// Launch kernel number `id` of [`all_kernel_names`] on the stream.
     pub(crate) fn launch_id(
         &self,
@@ -322,7 +366,8 @@ impl Gpu {
                 args,
             )
         }
-        .map_err(drv(format!("launching {name}")))
+        .map_err(drv(format!("launching {name}")))?;
+        self.prof_mark(name)
     }
 
     /// `C[n, m] (+)= A[n, k] * W[m, k]^T` with f16 `W` (row-major `m x k`) and f16 `A` (row-major
@@ -376,6 +421,7 @@ impl Gpu {
         .map_err(|e| CudaError::Cublas {
             what: format!("gemm m={m} n={n} k={k}"),
             err: format!("{e:?}"),
-        })
+        })?;
+        self.prof_mark("cublas_gemm_f16")
     }
 }

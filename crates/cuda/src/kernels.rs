@@ -378,7 +378,11 @@ impl Gpu {
         };
         self.launch_id(
             op(K_RMS_NORM),
-            (u32_of(n_rows, "rows")?, 1, 1),
+            (
+                u32_of(n_rows, "rows")?,
+                u32_of(n.div_ceil(256), "chunks")?,
+                1,
+            ),
             (256, 1, 1),
             kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds],
         )
@@ -404,7 +408,7 @@ impl Gpu {
         let (nn, f) = (i32_of(n, "width")?, fmt as i32);
         self.launch_id(
             op(K_QUANTIZE_ACT),
-            (u32_of(rows, "rows")?, 1, 1),
+            (u32_of(rows, "rows")?, u32_of(n.div_ceil(256), "chunks")?, 1),
             (256, 1, 1),
             kargs![x, nn, f, qs, ds],
         )
@@ -588,22 +592,31 @@ impl Gpu {
         )
     }
 
-    /// Merge the split results into `out[t, h*hd + d]`.
+    /// Merge the split results into `out[t, h*hd + d]`: for token `t`, the first
+    /// `ceil((tok_pos[t] + 1) / split_len)` of the `n_split` slices.
+    #[allow(clippy::too_many_arguments)]
     pub fn attn_combine(
         &self,
         n: usize,
         part: u64,
+        tok_pos: u64,
         n_head: usize,
         hd: usize,
         n_split: usize,
+        split_len: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        let (nh, h, ns) = (n_head as i32, hd as i32, i32_of(n_split, "splits")?);
+        let (nh, h, ns, sl) = (
+            n_head as i32,
+            hd as i32,
+            i32_of(n_split, "splits")?,
+            i32_of(split_len, "split_len")?,
+        );
         self.launch_id(
             op(K_ATTN_COMBINE),
             (u32_of(n, "tokens")?, n_head as u32, 1),
             (hd as u32, 1, 1),
-            kargs![part, nh, h, ns, out],
+            kargs![part, tok_pos, nh, h, ns, sl, out],
         )
     }
 }

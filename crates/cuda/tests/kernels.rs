@@ -358,8 +358,10 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 )
                 .unwrap();
                 let got: Vec<f32> = g.download(&ys, nt * rows).unwrap();
+                // silu(g) * u multiplies each product's rounding (relative to the size of its
+                // terms, which for the K-quants' d*isum - dmin*msum can exceed the result) by |u|.
                 let e = rel_err(&got, &want3);
-                assert!(e < 1e-5, "{name} nt={nt} swiglu: relative error {e:e}");
+                assert!(e < 1e-4, "{name} nt={nt} swiglu: relative error {e:e}");
             }
         }
     }
@@ -641,7 +643,8 @@ fn paged_attention_matches_reference() {
                     .map(|p| {
                         (0..hd)
                             .map(|d| {
-                                q[(t * nh + h) * hd + d] as f64
+                                // The query meets the f16 keys rounded to f16, as on the CPU.
+                                f16::from_f32(q[(t * nh + h) * hd + d]).to_f64()
                                     * f16::from_bits(kh[row(p) + d]).to_f64()
                             })
                             .sum::<f64>()
@@ -689,8 +692,17 @@ fn paged_attention_matches_reference() {
                 part.ptr(),
             )
             .unwrap();
-            g.attn_combine(n, part.ptr(), nh, hd, n_split, out.ptr())
-                .unwrap();
+            g.attn_combine(
+                n,
+                part.ptr(),
+                pb.ptr(),
+                nh,
+                hd,
+                n_split,
+                split_len,
+                out.ptr(),
+            )
+            .unwrap();
             let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
             let e = rel_err(&got, &want);
             assert!(e < 1e-5, "hd {hd} splits {n_split}: relative error {e:e}");

@@ -66,13 +66,15 @@ impl Agree {
             .map(|(&a, &b)| a * (a.ln() - b.max(1e-300).ln()))
             .sum();
         self.rows += 1;
-        let same = argmax(c) == argmax(g);
+        let ac = argmax(c);
+        let same = ac == argmax(g);
         self.top1 += same as usize;
-        let top = c[argmax(c)];
+        let top = c[ac];
+        // (v2 called argmax inside this filter: O(vocab^2) per row, ~280 s for SmolLM2.)
         let second = c
             .iter()
             .enumerate()
-            .filter(|&(i, _)| i != argmax(c))
+            .filter(|&(i, _)| i != ac)
             .map(|(_, &v)| v)
             .fold(f32::NEG_INFINITY, f32::max);
         if (top - second) as f64 >= DECISIVE {
@@ -134,12 +136,18 @@ fn gpu_logits_agree_with_cpu_backend() {
         };
         let mut cpu = CpuBackend::load(&path, &copts).expect("cpu load");
         let t_cpu_load = t.elapsed().as_secs_f64();
-        let gopts = CudaOptions {
+        let mut gopts = CudaOptions {
             ctx_size: 256,
             max_seqs: 4,
             max_batch_tokens: 128,
             ..Default::default()
         };
+        if let Some(v) = std::env::var("CROSSOVER_CUDA_GEMM_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            gopts.gemm_min_tokens = v;
+        }
         let mut gpu = CudaBackend::load(&path, &gopts).expect("gpu load");
         let t_gpu_load = t.elapsed().as_secs_f64() - t_cpu_load;
         let nv = gpu.config().n_vocab as u32;
@@ -200,7 +208,21 @@ fn gpu_logits_agree_with_cpu_backend() {
                     .collect(),
             });
         }
-        let (tc, tg) = run_both(&mut cpu, &mut gpu, &batches, &mut a);
+        // The first batch (the 64-token prefill) runs the GEMM path unless
+        // CROSSOVER_CUDA_GEMM_MIN raises the threshold; report it apart from the rest.
+        let (tc0, tg0) = run_both(&mut cpu, &mut gpu, &batches[..1], &mut a);
+        eprintln!(
+            "{}: prefill rows: {} rows, top-1 agreement {:.4}, mean KL {:.2e} ({} decisive, top-1 {:.4}); gemm_min_tokens {}",
+            path.display(),
+            a.rows,
+            a.top1 as f64 / a.rows.max(1) as f64,
+            a.kl / a.rows.max(1) as f64,
+            a.decisive,
+            a.decisive_top1 as f64 / a.decisive.max(1) as f64,
+            gopts.gemm_min_tokens
+        );
+        let (tc, tg) = run_both(&mut cpu, &mut gpu, &batches[1..], &mut a);
+        let (tc, tg) = (tc + tc0, tg + tg0);
         eprintln!(
             "{}: load cpu {t_cpu_load:.1} s, gpu {t_gpu_load:.1} s; steps cpu {tc:.1} s, gpu {tg:.1} s",
             path.display()
