@@ -751,11 +751,13 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize, const MODE: u8>(t: &
     }
     let zi = _mm512_setzero_si512();
     // The float side follows llama.cpp's order exactly: exact integer sums, reduced
-    // horizontally, then scalar fmas, as its tiled K-quant matmul (MODE_TILED,
-    // `scalar::tiled_step`), its repacked Q4_K gemm (MODE_PAIRS, `scalar::dot_q4_k`) or gemv
-    // (MODE_BLOCK, `scalar::dot_q4_k_gemv`) combine them.
-    let mut acc = [[0f32; T]; R];
-    let mut accm = [[0f32; T]; R];
+    // horizontally, then fmas, as its tiled K-quant matmul (MODE_TILED, `scalar::tiled_step`),
+    // its repacked Q4_K gemm (MODE_PAIRS, `scalar::dot_q4_k`) or gemv (MODE_BLOCK,
+    // `scalar::dot_q4_k_gemv`) combine them. The (row, token) combos of the tile (combo
+    // i = r * T + k, at most 8) sit in the lanes of one 256-bit register, so each lane is its own
+    // sequential chain, as in the scalar form.
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
     for b in 0..t.nb {
         // SAFETY: block b exists in every row and token of the tile.
         unsafe {
@@ -771,15 +773,24 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize, const MODE: u8>(t: &
                 ys[k] = arow[k].add(b * 292);
                 yd[k] = std::ptr::read_unaligned(ys[k] as *const f32);
             }
-            // Per-sub-block min sums (types with mins) or offset sums, 8 i32 lanes.
-            let mut mlanes = [[_mm256_setzero_si256(); T]; R];
+            let (mut dv, mut mv, mut yv) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+            // Per-sub-block min (or offset) sums, 8 i32 lanes per combo.
+            let mut ml = [_mm256_setzero_si256(); 8];
             for k in 0..T {
                 let bs = ld256(ys[k].add(260));
                 for r in 0..R {
-                    mlanes[r][k] = _mm256_madd_epi16(prep[r].m16, bs);
+                    ml[r * T + k] = _mm256_madd_epi16(prep[r].m16, bs);
+                    dv[r * T + k] = prep[r].d;
+                    mv[r * T + k] = prep[r].dmin;
+                    yv[r * T + k] = yd[k];
                 }
             }
-            let mut isum = [[zi; T]; R];
+            let dv = _mm256_loadu_ps(dv.as_ptr());
+            let mv = _mm256_loadu_ps(mv.as_ptr());
+            let yv = _mm256_loadu_ps(yv.as_ptr());
+            // m_c: per combo, the min sum of chunk c (sub-block lanes 2c and 2c + 1).
+            let m_c = chunk_sums(&ml);
+            let mut isum = [zi; 8];
             for c in 0..4 {
                 let mut y = [zi; T];
                 for k in 0..T {
@@ -788,49 +799,105 @@ unsafe fn k_tile<K: KQuant, const R: usize, const T: usize, const MODE: u8>(t: &
                 for r in 0..R {
                     let (q, s) = K::chunk(xs[r], &prep[r], c);
                     for k in 0..T {
-                        if MODE == MODE_PAIRS {
-                            let i = dpwssd(zi, _mm512_maddubs_epi16(q, y[k]), s);
-                            let ci = _mm512_reduce_add_epi32(i);
-                            let ml: [i32; 8] = std::mem::transmute(mlanes[r][k]);
-                            let cm = ml[2 * c] + ml[2 * c + 1];
-                            acc[r][k] = (ci as f32).mul_add(prep[r].d * yd[k], acc[r][k]);
-                            accm[r][k] = (cm as f32).mul_add(prep[r].dmin * yd[k], accm[r][k]);
+                        let base = if MODE == MODE_PAIRS {
+                            zi
                         } else {
-                            isum[r][k] = dpwssd(isum[r][k], _mm512_maddubs_epi16(q, y[k]), s);
-                        }
+                            isum[r * T + k]
+                        };
+                        isum[r * T + k] = dpwssd(base, _mm512_maddubs_epi16(q, y[k]), s);
                     }
+                }
+                if MODE == MODE_PAIRS {
+                    let tot = _mm256_cvtepi32_ps(reduce8(&isum));
+                    acc = _mm256_fmadd_ps(tot, _mm256_mul_ps(dv, yv), acc);
+                    let m = _mm256_cvtepi32_ps(m_c[c]);
+                    accm = _mm256_fmadd_ps(m, _mm256_mul_ps(mv, yv), accm);
                 }
             }
             if MODE != MODE_PAIRS {
-                for k in 0..T {
-                    for r in 0..R {
-                        let ml: [i32; 8] = std::mem::transmute(mlanes[r][k]);
-                        let m: i32 = ml.iter().sum();
-                        let mut i = _mm512_reduce_add_epi32(isum[r][k]);
-                        if K::OFFSET_SHIFT != 0 {
-                            i -= m << K::OFFSET_SHIFT;
-                        }
-                        if MODE == MODE_BLOCK {
-                            acc[r][k] = (i as f32).mul_add(prep[r].d * yd[k], acc[r][k]);
-                            accm[r][k] = (m as f32).mul_add(prep[r].dmin * yd[k], accm[r][k]);
-                            continue;
-                        }
-                        let mut v = i as f32 * prep[r].d;
-                        if K::OFFSET_SHIFT == 0 {
-                            v = (-prep[r].dmin).mul_add(m as f32, v);
-                        }
-                        acc[r][k] = v.mul_add(yd[k], acc[r][k]);
+                let mut tot = reduce8(&isum);
+                let mt = _mm256_add_epi32(
+                    _mm256_add_epi32(m_c[0], m_c[1]),
+                    _mm256_add_epi32(m_c[2], m_c[3]),
+                );
+                if K::OFFSET_SHIFT != 0 {
+                    let sh = _mm_cvtsi32_si128(K::OFFSET_SHIFT);
+                    tot = _mm256_sub_epi32(tot, _mm256_sll_epi32(mt, sh));
+                }
+                let tf = _mm256_cvtepi32_ps(tot);
+                let mf = _mm256_cvtepi32_ps(mt);
+                if MODE == MODE_BLOCK {
+                    acc = _mm256_fmadd_ps(tf, _mm256_mul_ps(dv, yv), acc);
+                    accm = _mm256_fmadd_ps(mf, _mm256_mul_ps(mv, yv), accm);
+                } else {
+                    let mut v = _mm256_mul_ps(tf, dv);
+                    if K::OFFSET_SHIFT == 0 {
+                        v = _mm256_fnmadd_ps(mv, mf, v);
                     }
+                    acc = _mm256_fmadd_ps(v, yv, acc);
                 }
             }
         }
     }
+    let mut res = [0f32; 8];
+    // SAFETY: `res` holds 8 floats.
+    unsafe { _mm256_storeu_ps(res.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
     for r in 0..R {
         for k in 0..T {
             // SAFETY: output (k, r) is inside the tile.
-            unsafe { *t.out.add(k * t.out_stride + r) = acc[r][k] - accm[r][k] };
+            unsafe { *t.out.add(k * t.out_stride + r) = res[r * T + k] };
         }
     }
+}
+
+/// Lane `i` of the result: the sum of the 16 i32 lanes of `v[i]` (exact).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn reduce8(v: &[__m512i; 8]) -> __m256i {
+    let pair = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    };
+    let (t0, t1, t2, t3) = (
+        pair(v[0], v[1]),
+        pair(v[2], v[3]),
+        pair(v[4], v[5]),
+        pair(v[6], v[7]),
+    );
+    // Per 128-bit lane: partial sums of [v0, v1, v2, v3] (u0) and [v4 .. v7] (u1).
+    let q = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    };
+    let (u0, u1) = (q(t0, t1), q(t2, t3));
+    let z = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(u0, u1),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(u0, u1),
+    );
+    let w = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(z, z),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(z, z),
+    );
+    _mm512_castsi512_si256(w)
+}
+
+/// `out[c]` lane `i`: lanes `2c` and `2c + 1` of `ml[i]` summed (the min sums of the two
+/// 32-element sub-blocks of 64-element chunk `c`, per combo).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn chunk_sums(ml: &[__m256i; 8]) -> [__m256i; 4] {
+    // h(a, b) = [a01, a23, b01, b23 | a45, a67, b45, b67]
+    let h01 = _mm256_hadd_epi32(ml[0], ml[1]);
+    let h23 = _mm256_hadd_epi32(ml[2], ml[3]);
+    let h45 = _mm256_hadd_epi32(ml[4], ml[5]);
+    let h67 = _mm256_hadd_epi32(ml[6], ml[7]);
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (c, o) in out.iter_mut().enumerate() {
+        let p = ((c / 2) * 4 + c % 2) as i32;
+        let idx = _mm256_setr_epi32(p, p + 2, 8 + p, 10 + p, p, p + 2, 8 + p, 10 + p);
+        let lo = _mm256_permutex2var_epi32(h01, idx, h23);
+        let hi = _mm256_permutex2var_epi32(h45, idx, h67);
+        *o = _mm256_blend_epi32::<0xf0>(lo, hi);
+    }
+    out
 }
 
 /// llama.cpp's tiled K-quant matmul order.
