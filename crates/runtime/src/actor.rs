@@ -840,19 +840,24 @@ impl<'t> Actor<'t> {
                         }
                     }
                 } else if !self.disconnected {
-                    // Only reachable while the head cannot be admitted: sleep until a message
-                    // or its deadline.
-                    let now = Instant::now();
-                    let deadline = self
-                        .waiting
-                        .iter()
-                        .map(|w| w.sub.submitted + self.sched.admission_timeout)
-                        .min()
-                        .unwrap_or(now);
-                    match rx.recv_timeout(deadline.saturating_duration_since(now)) {
-                        Ok(m) => self.handle(m),
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
+                    // The last running sequence may just have finished: admit first, and sleep
+                    // (until a message or the head's deadline) only if the head still does not
+                    // fit. Sleeping unconditionally left a queue behind a finished sequence
+                    // waiting for its admission timeout.
+                    self.admit();
+                    if self.running.is_empty() {
+                        let now = Instant::now();
+                        let deadline = self
+                            .waiting
+                            .iter()
+                            .map(|w| w.sub.submitted + self.sched.admission_timeout)
+                            .min()
+                            .unwrap_or(now);
+                        match rx.recv_timeout(deadline.saturating_duration_since(now)) {
+                            Ok(m) => self.handle(m),
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => self.disconnected = true,
+                        }
                     }
                 }
             }
@@ -1057,12 +1062,21 @@ impl<'t> Actor<'t> {
             };
             return refuse(&sub, e);
         }
-        self.waiting.push_back(Waiting {
-            sub,
-            sampler,
-            max_new,
-            blocks,
-        });
+        let ranks: Vec<u8> = self
+            .waiting
+            .iter()
+            .map(|w| w.sub.req.hints.priority.rank())
+            .collect();
+        let at = scheduler::queue_position(&ranks, sub.req.hints.priority.rank());
+        self.waiting.insert(
+            at,
+            Waiting {
+                sub,
+                sampler,
+                max_new,
+                blocks,
+            },
+        );
     }
 
     fn reap_cancelled(&mut self) {

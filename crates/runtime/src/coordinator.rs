@@ -92,23 +92,47 @@ impl Coordinator {
 
     /// Decide where `req` would go now.
     pub fn route(&self, req: &GenerateRequest) -> Result<Decision, RuntimeError> {
+        self.route_requested(req, None)
+    }
+
+    /// Decide where `req` would go now when its caller may have named a backend.
+    pub fn route_requested(
+        &self,
+        req: &GenerateRequest,
+        requested: Option<&str>,
+    ) -> Result<Decision, RuntimeError> {
         let shape = RequestShape {
             prompt_tokens: req.prompt.len(),
             max_new_tokens: req.params.max_tokens,
             priority: req.hints.priority,
             batch: req.hints.batch,
         };
-        routing::decide(&self.policy, &shape, &self.states())
+        match requested {
+            Some(name) => routing::decide_requested(&self.policy, &shape, &self.states(), name),
+            None => routing::decide(&self.policy, &shape, &self.states()),
+        }
     }
 
     /// Validate, route and submit `req`. Request errors (empty or too long prompt, bad
     /// parameters) come back here; later failures arrive as stream events.
     pub fn submit(&self, req: GenerateRequest) -> Result<TokenStream, RuntimeError> {
+        self.submit_to(req, None)
+    }
+
+    /// [`Coordinator::submit`] for a caller that may name the backend to serve it
+    /// (`x-crossover-backend`): honoured when that backend is eligible (the rest of the normal
+    /// order stays behind it for failover), otherwise routed normally with the reason saying
+    /// why; an unknown name is a request error.
+    pub fn submit_to(
+        &self,
+        req: GenerateRequest,
+        requested: Option<&str>,
+    ) -> Result<TokenStream, RuntimeError> {
         if req.prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
         req.params.validate()?;
-        let decision = self.route(&req)?;
+        let decision = self.route_requested(&req, requested)?;
         tracing::info!(
             backend = %decision.backend(),
             prompt_tokens = req.prompt.len(),

@@ -18,7 +18,18 @@ pub enum Priority {
     Low,
 }
 
-/// Request-shape hints a caller may give the router.
+impl Priority {
+    /// Admission order: a higher rank is admitted before every waiting request of a lower one.
+    pub fn rank(self) -> u8 {
+        match self {
+            Priority::High => 2,
+            Priority::Normal => 1,
+            Priority::Low => 0,
+        }
+    }
+}
+
+/// Request-shape hints a caller may give the router (and, for priority, the admission queue).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RouteHints {
     pub priority: Priority,

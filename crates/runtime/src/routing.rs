@@ -318,6 +318,60 @@ pub fn decide(
     })
 }
 
+/// Like [`decide`], for a request whose caller named a backend (`x-crossover-backend`): the named
+/// backend serves when it is eligible, with the normal decision's order behind it for failover
+/// (code `requested`); when it is not eligible the normal decision stands and its reason says
+/// why the caller's choice was not honoured. A name that is not among `states` is an error.
+pub fn decide_requested(
+    policy: &RoutingPolicy,
+    req: &RequestShape,
+    states: &[BackendState],
+    requested: &str,
+) -> Result<Decision, RuntimeError> {
+    let Some(s) = states.iter().find(|s| s.name == requested) else {
+        return Err(RuntimeError::UnknownBackend {
+            name: requested.to_string(),
+            available: states
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let not_eligible = if !s.healthy {
+        Some("unhealthy".to_string())
+    } else if req.prompt_tokens >= s.max_seq_tokens {
+        Some(format!(
+            "its context of {} tokens cannot hold a prompt of {}",
+            s.max_seq_tokens, req.prompt_tokens
+        ))
+    } else {
+        None
+    };
+    let normal = decide(policy, req, states);
+    match not_eligible {
+        None => {
+            let mut order = vec![requested.to_string()];
+            if let Ok(d) = &normal {
+                order.extend(d.order.iter().filter(|n| *n != requested).cloned());
+            }
+            Ok(Decision {
+                order,
+                reason: format!("requested: the caller named {requested}"),
+                code: "requested".into(),
+            })
+        }
+        Some(why) => {
+            let mut d = normal?;
+            d.reason = format!(
+                "requested {requested} is not eligible ({why}); {}",
+                d.reason
+            );
+            Ok(d)
+        }
+    }
+}
+
 /// `Some(explanation)` when every condition of `rule` holds.
 fn rule_holds(rule: &Rule, req: &RequestShape, s: &BackendState) -> Option<String> {
     let mut why: Vec<String> = Vec::new();
@@ -394,6 +448,43 @@ mod tests {
             queue_depth: depth,
             free_kv_blocks: free,
             max_seq_tokens: ctx,
+        }
+    }
+
+    #[test]
+    fn a_requested_backend_serves_when_eligible_and_is_explained_when_not() {
+        let policy = RoutingPolicy::from_toml(POLICY, "test").unwrap();
+        let states = [
+            st("cpu:a", true, 0, 100, 512),
+            st("cpu:b", true, 5, 100, 512),
+            st("cpu:c", false, 0, 100, 4096),
+            st("cpu:d", true, 0, 100, 64),
+        ];
+        let d = decide_requested(&policy, &shape(10, Some(8)), &states, "cpu:b").unwrap();
+        assert_eq!(d.order, ["cpu:b", "cpu:a", "cpu:d"]);
+        assert_eq!(d.code, "requested");
+        assert!(d.reason.contains("caller named cpu:b"), "{}", d.reason);
+        // Unhealthy: the normal decision, saying why.
+        let d = decide_requested(&policy, &shape(10, Some(8)), &states, "cpu:c").unwrap();
+        let normal = decide(&policy, &shape(10, Some(8)), &states).unwrap();
+        assert_eq!(d.order, normal.order);
+        assert_eq!(d.code, normal.code);
+        assert!(
+            d.reason
+                .starts_with("requested cpu:c is not eligible (unhealthy); "),
+            "{}",
+            d.reason
+        );
+        // Too short a context for the prompt.
+        let d = decide_requested(&policy, &shape(100, Some(8)), &states, "cpu:d").unwrap();
+        assert_ne!(d.backend(), "cpu:d");
+        assert!(d.reason.contains("context of 64 tokens"), "{}", d.reason);
+        match decide_requested(&policy, &shape(10, None), &states, "cuda:7") {
+            Err(RuntimeError::UnknownBackend { name, available }) => {
+                assert_eq!(name, "cuda:7");
+                assert_eq!(available, "cpu:a, cpu:b, cpu:c, cpu:d");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

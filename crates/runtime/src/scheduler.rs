@@ -67,6 +67,17 @@ pub fn admit_count(
     n
 }
 
+/// Where a request of priority `rank` joins the waiting queue, given the ranks of the requests
+/// already waiting in queue order: behind every one of the same or a higher rank, ahead of the
+/// lower ones. Each priority is therefore first come, first served, and a higher one is admitted
+/// first (a lower one still gets its turn or its overloaded refusal at `admission_timeout`).
+pub fn queue_position(waiting_ranks: &[u8], rank: u8) -> usize {
+    waiting_ranks
+        .iter()
+        .position(|&r| r < rank)
+        .unwrap_or(waiting_ranks.len())
+}
+
 /// A running sequence as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunView {
@@ -113,6 +124,20 @@ pub fn plan_step(cfg: &SchedConfig, running: &[RunView]) -> Vec<(usize, usize)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn priorities_queue_ahead_of_lower_ones_and_in_arrival_order_among_equals() {
+        // Arrivals: normal, low, high, normal, high, low -> high, high, normal, normal, low, low.
+        let arrivals = [(1u8, 'a'), (0, 'b'), (2, 'c'), (1, 'd'), (2, 'e'), (0, 'f')];
+        let mut q: Vec<(u8, char)> = Vec::new();
+        for (rank, id) in arrivals {
+            let ranks: Vec<u8> = q.iter().map(|e| e.0).collect();
+            q.insert(queue_position(&ranks, rank), (rank, id));
+        }
+        let order: String = q.iter().map(|e| e.1).collect();
+        assert_eq!(order, "ceadbf");
+        assert_eq!(queue_position(&[], 0), 0);
+    }
 
     fn cfg() -> SchedConfig {
         SchedConfig {

@@ -522,7 +522,19 @@ async fn handle(st: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind) -
         "prompt"
     };
     let deadline = started + st.cfg.request_timeout;
-    generate(st, p, kind, param, deadline).await
+    // The caller may name the backend (`x-crossover-backend`, as in the response); the
+    // coordinator honours it when that backend is eligible.
+    let requested = match headers.get("x-crossover-backend").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => Some(v.trim().to_string()),
+        Some(Err(_)) => {
+            return fail(
+                &st,
+                ApiError::invalid("header x-crossover-backend is not visible ASCII", None),
+            )
+        }
+    };
+    generate(st, p, kind, param, deadline, requested).await
 }
 
 async fn chat_completions(
@@ -626,6 +638,7 @@ async fn generate(
     kind: Kind,
     prompt_param: &str,
     deadline: tokio::time::Instant,
+    requested: Option<String>,
 ) -> Response {
     let Prepared {
         gen: req,
@@ -642,7 +655,7 @@ async fn generate(
         start: Instant::now(),
         last: None,
     };
-    let mut ts = match st.coord.submit(req) {
+    let mut ts = match st.coord.submit_to(req, requested.as_deref()) {
         Ok(ts) => ts,
         Err(e) => return fail(&st, runtime_error(e, prompt_param)),
     };

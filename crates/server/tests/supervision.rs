@@ -407,35 +407,6 @@ fn a_one_shot_factory_is_not_restarted() {
     );
 }
 
-/// One HTTP/1.1 request on a fresh connection; (status, body).
-fn http(
-    addr: &std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-    body: &str,
-) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let body = out.split_once("\r\n\r\n").map_or("", |p| p.1).to_string();
-    (status, body)
-}
-
 fn backend_json<'v>(health: &'v serde_json::Value, name: &str) -> &'v serde_json::Value {
     health["backends"]
         .as_array()
@@ -458,20 +429,8 @@ fn health_and_metrics_show_crashes_restarts_and_failure() {
         api_key: Some(key.into()),
         ..server::ServerConfig::default()
     };
-    let state = server::AppState::new(coord, tok, cfg).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(server::serve(listener, state, async {
-        let _ = stop_rx.await;
-    }));
+    let srv = TestServer::start(coord, tok, cfg);
+    let addr = srv.addr;
     let health = |k: Option<&str>| {
         let (code, body) = http(&addr, "GET", "/health", k, "");
         (
@@ -599,6 +558,5 @@ fn health_and_metrics_show_crashes_restarts_and_failure() {
     let (code, body) = complete();
     assert_eq!(code, 200, "{body}");
     sw.set(Fault::Off);
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(server);
+    drop(srv);
 }

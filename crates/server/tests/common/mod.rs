@@ -151,3 +151,117 @@ pub fn direct_greedy(
     }
     out
 }
+
+/// A whole HTTP/1.1 response.
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl Reply {
+    /// A response header's value (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection, with extra header lines (`Name: value`).
+pub fn http_with(
+    addr: &std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> Reply {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out.as_str(), ""));
+    Reply {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection, with the API key if given; (status, body).
+pub fn http(
+    addr: &std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let auth = key.map(|k| format!("Authorization: Bearer {k}"));
+    let headers: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let r = http_with(addr, method, path, &headers, body);
+    (r.status, r.body)
+}
+
+/// The real server on a loopback port, in its own runtime; stopped when dropped.
+pub struct TestServer {
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl TestServer {
+    pub fn start(
+        coord: runtime::Coordinator,
+        tok: Arc<Tokenizer>,
+        cfg: server::ServerConfig,
+    ) -> TestServer {
+        let state = server::AppState::new(coord, tok, cfg).expect("server state");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = rt.spawn(server::serve(listener, state, async {
+            let _ = stop_rx.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+            rt,
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = self.rt.block_on(t);
+        }
+    }
+}
