@@ -79,8 +79,10 @@ impl BenchReport {
              prompts: random token ids, seed {}; greedy, end-of-generation ignored\n",
             self.method.runs, self.method.warmup, self.method.seed
         ));
+        let mut seen: Vec<&str> = Vec::new();
         for m in &self.results {
-            if m.power_w.is_some() {
+            if m.power_w.is_some() && !seen.contains(&m.backend.as_str()) {
+                seen.push(&m.backend);
                 out.push_str(&format!(
                     "power of {}: {} (whole device, energy counter over each run)\n",
                     m.backend, m.power_source

@@ -29,6 +29,12 @@ enum Command {
     Synth(cmd::synth::SynthArgs),
     /// Turn text into token ids with a model's tokenizer (or ids back into text with --decode).
     Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Measure time to first token, tokens/s and power per workload and backend.
+    Bench(cmd::bench::BenchArgs),
+    /// Measure backends across your prompt lengths and write a routing policy from the crossovers.
+    Calibrate(cmd::calibrate::CalibrateArgs),
+    /// List a model's ops with where they run on a backend, and the share that falls back.
+    Audit(cmd::audit::AuditArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +46,9 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
+        Command::Audit(a) => cmd::audit::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,4 +1,7 @@
 //! One module per subcommand.
+pub mod audit;
+pub mod bench;
+pub mod calibrate;
 pub mod inspect;
 pub mod run;
 pub mod serve;

@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// Testing aid: make a backend's steps fail from the start (`NAME`), to show failover.
     #[arg(long = "inject-fault", hide = true)]
     pub inject_fault: Vec<String>,
+    /// Append one JSON line per finished request (time, prompt and completion tokens, backend,
+    /// route, time to first token) to FILE: the input `crossover calibrate --contexts` reads.
+    #[arg(long = "log-requests", value_name = "FILE")]
+    pub log_requests: Option<PathBuf>,
 }
 
 fn seconds(v: f64, name: &str) -> Result<Duration> {
@@ -116,10 +120,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // Route decisions and request summaries are logged; CROSSOVER_LOG overrides the filter.
     let filter = tracing_subscriber::EnvFilter::try_from_env("CROSSOVER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let request_log = match &a.log_requests {
+        Some(p) => Some(RequestLog::open(p)?),
+        None => None,
+    };
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let _ = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
+            )
+            .with(request_log)
+            .try_init();
+    }
     let shutdown_timeout = seconds(a.shutdown_timeout, "shutdown-timeout")?;
     let path = match &a.model {
         Some(p) => p.clone(),
@@ -228,4 +245,86 @@ pub fn run(a: ServeArgs) -> Result<()> {
         eprintln!("stopped");
         Ok(())
     })
+}
+
+/// The `--log-requests` file: fed by the server's one-event-per-finished-request log line
+/// (`request done`, target `server`, with its structured fields), whatever the log filter.
+struct RequestLog {
+    path: String,
+    file: std::sync::Mutex<std::fs::File>,
+}
+
+impl RequestLog {
+    fn open(p: &std::path::Path) -> Result<RequestLog> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .with_context(|| format!("opening --log-requests {}", p.display()))?;
+        Ok(RequestLog {
+            path: p.display().to_string(),
+            file: std::sync::Mutex::new(file),
+        })
+    }
+}
+
+/// Collects an event's fields as JSON.
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonFields {
+    fn record_u64(&mut self, f: &tracing::field::Field, v: u64) {
+        self.0.insert(f.name().into(), v.into());
+    }
+    fn record_i64(&mut self, f: &tracing::field::Field, v: i64) {
+        self.0.insert(f.name().into(), v.into());
+    }
+    fn record_f64(&mut self, f: &tracing::field::Field, v: f64) {
+        self.0.insert(f.name().into(), v.into());
+    }
+    fn record_bool(&mut self, f: &tracing::field::Field, v: bool) {
+        self.0.insert(f.name().into(), v.into());
+    }
+    fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+        self.0.insert(f.name().into(), v.into());
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.insert(f.name().into(), format!("{v:?}").into());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RequestLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if !event.metadata().target().starts_with("server") {
+            return;
+        }
+        let mut v = JsonFields(serde_json::Map::new());
+        event.record(&mut v);
+        let mut fields = v.0;
+        let Some(msg) = fields.remove("message") else {
+            return;
+        };
+        let msg = msg.as_str().unwrap_or_default().to_string();
+        let Some(rest) = msg.strip_prefix("request done") else {
+            return;
+        };
+        if !fields.contains_key("prompt_tokens") {
+            return;
+        }
+        if let Some(route) = rest.strip_prefix("; route: ") {
+            fields.insert("route".into(), route.into());
+        }
+        fields.insert("ts".into(), bench::time::now_utc().into());
+        let line = serde_json::Value::Object(fields).to_string();
+        let written = self
+            .file
+            .lock()
+            .map_err(|e| e.to_string())
+            .and_then(|mut f| {
+                use std::io::Write;
+                writeln!(f, "{line}").map_err(|e| e.to_string())
+            });
+        if let Err(e) = written {
+            eprintln!("--log-requests {}: {e}", self.path);
+        }
+    }
 }
