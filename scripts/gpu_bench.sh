@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # One run on the GPU machine (see docs/perf/cuda.md): builds llama.cpp's CUDA llama-bench in the
 # background, makes the synthetic models there, runs the CUDA kernel tests, benchmarks our
-# backend, then llama-bench on the same file, then the CPU-vs-GPU agreement tests with the time
-# left. Results go to $OUT.
+# backend, runs the CPU-vs-GPU agreement tests, then llama-bench on the same file. Results go
+# to $OUT.
 #
 # Expects in .gpu/ (prepared on the build machine by scripts/gpu_prepare.sh): crossover,
 # kernels, model_agree, cuda_bench (stripped), llama-src.tar.gz (llama.cpp source subset from the
 # llama-cpp-python 0.3.36 sdist), ggml-vocab-starcoder.gguf, ggml-vocab-llama-bpe.gguf.
 #
-# STAGES (default build,models,tests,bench,llama,agree) picks stages; DEADLINE (seconds from
-# start, default 570) bounds the agreement tests so the whole run ends inside a 600 s device call.
+# STAGES (default build,models,tests,bench,agree,llama) picks stages; the agreement tests run
+# while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
+# llama-bench still fits in a 600 s device call.
 set -uo pipefail
 G=.gpu
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache
-STAGES=${STAGES:-build,models,tests,bench,llama,agree}
-DEADLINE=${DEADLINE:-570}
+STAGES=${STAGES:-build,models,tests,bench,agree,llama}
+DEADLINE=${DEADLINE:-420}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
@@ -71,19 +72,24 @@ if has prof; then
   t "profile done"
 fi
 
-if has llama && [[ -n "$BUILD" ]]; then
-  wait "$BUILD"; t "llama.cpp build finished (rc $?)"; tail -3 "$OUT/llama_build.log"
-  timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
-    -d 0,4096 -o md 2>&1 | tee "$OUT/llama_bench.log"
-  t "llama-bench done"
-fi
-
 if has agree; then
-  for m in /tmp/smol.gguf /tmp/l3b.gguf; do
+  # The SmolLM2 file twice: default thresholds (64-token prefill on cuBLAS), then with the
+  # prefill on the integer path (CROSSOVER_CUDA_GEMM_MIN=64).
+  for run in /tmp/smol.gguf:8 /tmp/smol.gguf:64 /tmp/l3b.gguf:8; do
+    m=${run%:*}
     L=$(left)
     if (( L < 30 )); then t "no time left for the agreement test on $m"; continue; fi
-    CROSSOVER_CUDA_MODELS=$m timeout "$L" $G/model_agree --nocapture 2>&1 \
+    CROSSOVER_CUDA_GEMM_MIN=${run##*:} CROSSOVER_CUDA_MODELS=$m timeout "$L" $G/model_agree --nocapture 2>&1 \
       | tee -a "$OUT/model_agree.log" | grep -E "rows|load|test result|panicked|SKIPPED|error"
     t "agreement test on $m done (limit $L s)"
   done
 fi
+
+if has llama && [[ -n "$BUILD" ]]; then
+  wait "$BUILD"; t "llama.cpp build finished (rc $?)"; tail -3 "$OUT/llama_build.log"
+  LB=$(( ${END:-590} - ($(date +%s) - T0) )); (( LB > 150 )) && LB=150
+  timeout "$LB" /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
+    -d 0,4096 -o md 2>&1 | tee "$OUT/llama_bench.log"
+  t "llama-bench done"
+fi
+
