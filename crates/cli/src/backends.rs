@@ -118,7 +118,7 @@ pub fn start(
         };
         let (file, label) = (file.clone(), label.to_string());
         let factory = factory(&name, faults, move || {
-            CudaBackend::from_file(file, &label, &opts)
+            CudaBackend::from_file(file.clone(), &label, &opts)
                 .map(|b| Box::new(b) as Box<dyn Backend>)
                 .map_err(|e| e.to_string())
         });
@@ -156,7 +156,7 @@ pub fn start(
             };
             let (file, label) = (file.clone(), label.to_string());
             let factory = factory(&name, faults, move || {
-                CpuBackend::from_file(file, &label, &opts)
+                CpuBackend::from_file(file.clone(), &label, &opts)
                     .map(|b| Box::new(b) as Box<dyn Backend>)
                     .map_err(|e| e.to_string())
             });
@@ -184,21 +184,24 @@ pub fn start(
 
 /// The factory an actor runs on its own thread: build the backend, wrapped in the fault switch
 /// when `faults` names it.
-fn factory<F>(name: &str, faults: &[String], build: F) -> runtime::BackendFactory
+fn factory<F>(name: &str, faults: &[String], build: F) -> runtime::RestartFactory
 where
-    F: FnOnce() -> Result<Box<dyn Backend>, String> + Send + 'static,
+    F: Fn() -> Result<Box<dyn Backend>, String> + Send + Sync + 'static,
 {
     let name = name.to_string();
-    let faulty = faults.contains(&name);
-    Box::new(move || {
+    // Restartable: the actor's supervisor runs it again after a crash. One switch for every
+    // rebuilt backend, so `--inject-fault` keeps failing it after a restart.
+    let switch = faults
+        .contains(&name)
+        .then(|| FaultSwitch::new(Fault::Error));
+    Arc::new(move || {
         let be = build().map_err(|why| BackendError::Unsupported {
             backend: name.clone(),
             why,
         })?;
-        Ok(if faulty {
-            Box::new(Faulty::new(be, FaultSwitch::new(Fault::Error))) as Box<dyn Backend>
-        } else {
-            be
+        Ok(match &switch {
+            Some(sw) => Box::new(Faulty::new(be, sw.clone())) as Box<dyn Backend>,
+            None => be,
         })
     })
 }

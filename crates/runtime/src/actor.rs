@@ -446,7 +446,7 @@ impl Supervisor {
                     {
                         attempts = 0;
                     }
-                    tracing::error!(backend = %self.name, "backend crashed: {why}");
+                    // The actor logged the crash with the requests it ended.
                     status.last_error = Some(why);
                 }
             }
