@@ -165,6 +165,11 @@ impl KvCache {
     }
 }
 
+/// Tokens per feed-forward pass (see `forward`). A multiple of 4: llama.cpp's repacked Q4_K
+/// matmul rounds the last `n % 4` tokens of a batch differently, and we mirror that, so the
+/// chunks must leave the same tokens over as the whole batch does.
+const FFN_TOKENS: usize = 64;
+
 /// One token of the flattened batch.
 struct Tok {
     id: u32,
@@ -489,24 +494,36 @@ pub(crate) fn forward(
         if let Some(t) = s.trace.as_mut() {
             t("ffn_norm", li, 0, &mut s.xn);
         }
-        matmul(file, &l.gate, &s.xn, n, &mut s.g, pool)?;
-        matmul(file, &l.up, &s.xn, n, &mut s.u, pool)?;
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_gate", li, 0, &mut s.g);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_up", li, 0, &mut s.u);
-        }
-        swiglu(&mut s.g, &s.u);
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_swiglu", li, 0, &mut s.g);
-        }
-        matmul(file, &l.down, &s.g, n, &mut s.o, pool)?;
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_out", li, 0, &mut s.o);
-        }
-        for (x, o) in s.x.iter_mut().zip(&s.o) {
-            *x += o;
+        // The feed-forward runs FFN_TOKENS tokens at a time, which keeps its two widest
+        // buffers (gate and up, n_ff per token) small; whole batch under a trace hook, so the
+        // hook sees whole tensors.
+        let step = if s.trace.is_some() {
+            n.max(1)
+        } else {
+            FFN_TOKENS
+        };
+        let mut t0 = 0;
+        while t0 < n {
+            let t1 = (t0 + step).min(n);
+            let xn = &s.xn[t0 * e..t1 * e];
+            matmul(file, &l.gate, xn, t1 - t0, &mut s.g, pool)?;
+            matmul(file, &l.up, xn, t1 - t0, &mut s.u, pool)?;
+            if let Some(t) = s.trace.as_mut() {
+                t("ffn_gate", li, 0, &mut s.g);
+                t("ffn_up", li, 0, &mut s.u);
+            }
+            swiglu(&mut s.g, &s.u);
+            if let Some(t) = s.trace.as_mut() {
+                t("ffn_swiglu", li, 0, &mut s.g);
+            }
+            matmul(file, &l.down, &s.g, t1 - t0, &mut s.o, pool)?;
+            if let Some(t) = s.trace.as_mut() {
+                t("ffn_out", li, 0, &mut s.o);
+            }
+            for (x, o) in s.x[t0 * e..t1 * e].iter_mut().zip(&s.o) {
+                *x += o;
+            }
+            t0 = t1;
         }
         if let Some(t) = s.trace.as_mut() {
             t("l_out", li, 0, &mut s.x);
