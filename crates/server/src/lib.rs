@@ -579,7 +579,10 @@ fn fail(st: &AppState, e: ApiError) -> Response {
     st.metrics
         .error(e.status.as_u16(), e.code.unwrap_or(e.kind));
     let id = request_id();
-    if e.status.is_server_error() || e.status == StatusCode::TOO_MANY_REQUESTS {
+    // 500s are logged (at ERROR, with their details) by `public`.
+    if (e.status.is_server_error() && e.status != StatusCode::INTERNAL_SERVER_ERROR)
+        || e.status == StatusCode::TOO_MANY_REQUESTS
+    {
         tracing::warn!(request_id = %id, status = %e.status, "{}", e.message);
     }
     public(e, &id).into_response()
