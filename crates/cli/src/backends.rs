@@ -34,6 +34,10 @@ pub struct BackendArgs {
     /// Leave the CPU backend out (with a GPU present).
     #[arg(long = "no-cpu")]
     pub no_cpu: bool,
+    /// Most requests waiting for admission on one backend; one more is refused as overloaded
+    /// (HTTP 429 from `serve`).
+    #[arg(long = "max-queued", default_value_t = 64)]
+    pub max_queued: usize,
 }
 
 /// How big each backend's KV pool and steps are.
@@ -86,6 +90,7 @@ pub fn start(
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,
+        max_waiting: a.max_queued,
         ..ActorConfig::default()
     };
     let mut handles = Vec::new();
