@@ -10,8 +10,10 @@
 //!
 //! Every kernel has a scalar reference (module [`scalar`]) and SIMD versions for AVX2+FMA+F16C and
 //! AVX-512 (F/BW/VL/VNNI), chosen at run time ([`best_isa`]); NEON on aarch64. Activation
-//! quantization is bit-identical across instruction sets; dot products differ only in the order
-//! of float additions.
+//! quantization is bit-identical across instruction sets. The scalar dot products follow the
+//! order of float operations of llama.cpp's x86 kernels (see [`scalar`]), and the AVX-512 tiles of
+//! the quantized types reproduce them bit for bit, so products round as llama.cpp's do; the AVX2
+//! tiles differ only in the order of float additions.
 
 use gguf::GgmlType;
 
