@@ -208,7 +208,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        if let Some(w) = server::exposure_warning(&addr, a.api_key.is_some()) {
+        if let Some(w) = server::exposure_warning(&listener.local_addr()?, a.api_key.is_some()) {
             eprintln!("warning: {w}");
             tracing::warn!("{w}");
         }
