@@ -34,6 +34,13 @@ pub struct BackendArgs {
     /// Leave the CPU backend out (with a GPU present).
     #[arg(long = "no-cpu")]
     pub no_cpu: bool,
+    /// Restart attempts in a row for a crashed backend before it is marked failed (0: never).
+    #[arg(long = "max-restarts", default_value_t = 5)]
+    pub max_restarts: u32,
+    /// Seconds before the first restart attempt of a crashed backend; doubles with each attempt
+    /// (at most 30 s).
+    #[arg(long = "restart-backoff", default_value_t = 0.5)]
+    pub restart_backoff: f64,
     /// Most requests waiting for admission on one backend; one more is refused as overloaded
     /// (HTTP 429 from `serve`).
     #[arg(long = "max-queued", default_value_t = 64)]
@@ -87,9 +94,21 @@ pub fn start(
     faults: &[String],
 ) -> Result<Vec<BackendHandle>> {
     let gpus = parse_gpus(&a.gpus)?;
+    let backoff = Duration::try_from_secs_f64(a.restart_backoff).with_context(|| {
+        format!(
+            "--restart-backoff must be a non-negative number of seconds, got {}",
+            a.restart_backoff
+        )
+    })?;
+    let restart = runtime::RestartPolicy {
+        max_restarts: a.max_restarts,
+        backoff,
+        ..runtime::RestartPolicy::default()
+    };
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,
+        restart: restart.clone(),
         max_waiting: a.max_queued,
         ..ActorConfig::default()
     };
