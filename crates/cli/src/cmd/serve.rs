@@ -190,7 +190,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .max(tokenizer::TemplateLimits::DEFAULT_MAX_OUTPUT_BYTES),
             ..tokenizer::TemplateLimits::default()
         },
-        ..ServerConfig::default()
     };
     let state = AppState::new(coord.clone(), tok, cfg).context("preparing the chat template")?;
 
