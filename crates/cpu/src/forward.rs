@@ -444,6 +444,9 @@ pub(crate) fn forward(
                 }
                 let qh = &*qh;
                 let len = t.pos + 1;
+                // A batch of one token takes ggml's `vec_dot_f16` order (llamafile's kernel
+                // refuses single-token products): 64 lanes instead of 16.
+                let (single, nl) = if n == 1 { (true, 64) } else { (false, 16) };
                 thread_local! {
                     static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
                 }
@@ -454,15 +457,19 @@ pub(crate) fn forward(
                     for (j, s) in sc.iter_mut().enumerate() {
                         let slot = blocks[j / bt] as usize * bt + j % bt;
                         let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        *s = ggml::dot_f16(kr, qh) * scale;
+                        *s = if single {
+                            ggml::dot_f16_vec(kr, qh)
+                        } else {
+                            ggml::dot_f16(kr, qh)
+                        } * scale;
                     }
                     ggml::softmax(sc);
                     lanes.clear();
-                    lanes.resize(16 * hd, 0.0);
+                    lanes.resize(nl * hd, 0.0);
                     for (j, &p) in sc.iter().enumerate() {
                         let slot = blocks[j / bt] as usize * bt + j % bt;
                         let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        let l = (j % 16) * hd;
+                        let l = (j % nl) * hd;
                         ggml::fma_f16_row(&mut lanes[l..l + hd], f16::from_f32(p).to_f32(), vr);
                     }
                     // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
@@ -470,7 +477,11 @@ pub(crate) fn forward(
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
                     };
-                    ggml::reduce_lanes(lanes, o);
+                    if single {
+                        ggml::reduce_lanes64(lanes, o);
+                    } else {
+                        ggml::reduce_lanes(lanes, o);
+                    }
                 });
             });
         }

@@ -157,6 +157,65 @@ pub fn dot_f16_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
     s
 }
 
+/// `sum(a[i] * b[i])` of two f16 vectors as ggml's `ggml_vec_dot_f16` computes it (the path of
+/// its single-token `mul_mat`, which llamafile's kernel refuses): four 16-lane accumulators
+/// over 64-element steps (element `i` of a step in accumulator `(i / 16) % 4`, lane `i % 16`),
+/// reduced by [`reduce_lanes64`]; a tail past the last whole step summed in f64.
+pub fn dot_f16_vec(a: &[f16], b: &[f16]) -> f32 {
+    dot_f16_vec_isa(best_isa(), a, b)
+}
+
+/// [`dot_f16_vec`] on the given level; the caller checks availability.
+pub fn dot_f16_vec_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let body = n & !63;
+    let r = match isa {
+        // SAFETY: the level is available (caller's contract); both pointers cover `body`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::dot_f16_vec_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        _ => {
+            let mut acc = [0f32; 64];
+            for (ca, cb) in a[..body].chunks_exact(64).zip(b[..body].chunks_exact(64)) {
+                for i in 0..64 {
+                    acc[i] = ca[i].to_f32().mul_add(cb[i].to_f32(), acc[i]);
+                }
+            }
+            reduce64(&acc)
+        }
+    };
+    let mut s = r as f64;
+    for (x, y) in a[body..n].iter().zip(&b[body..n]) {
+        s += (x.to_f32() * y.to_f32()) as f64;
+    }
+    s as f32
+}
+
+/// ggml's `GGML_F32x16_REDUCE` of four 16-lane accumulators stored one after another:
+/// `(x0 + x2) + (x1 + x3)` lane-wise, then [`reduce16`].
+#[inline(always)]
+pub fn reduce64(acc: &[f32; 64]) -> f32 {
+    let mut v = [0f32; 16];
+    for (l, o) in v.iter_mut().enumerate() {
+        *o = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    }
+    reduce16(&v)
+}
+
+/// `out[d] = reduce64(lanes[0][d], ..., lanes[63][d])` for 64 accumulator rows of `out.len()`
+/// each (the single-token `V · p` of [`dot_f16_vec`]'s order: KV position `j` in row `j % 64`).
+pub fn reduce_lanes64(lanes: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    for (d, o) in out.iter_mut().enumerate() {
+        let mut v = [0f32; 64];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
+        }
+        *o = reduce64(&v);
+    }
+}
+
 /// One step of tinyBLAS's `V · p` in lane form: `acc[d] = fma(v[d], p, acc[d])`. The caller
 /// keeps 16 such accumulator rows, uses row `j % 16` for KV position `j`, and finishes with
 /// [`reduce_lanes`].
@@ -303,6 +362,29 @@ mod x86 {
     }
 
     /// # Safety
+    /// AVX-512 F available; `a`, `b` valid for `n` f16 values, `n % 64 == 0`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot_f16_vec_512(a: *const u16, b: *const u16, n: usize) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (j, s) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 64 <= n, inside both vectors.
+                unsafe {
+                    let p = i + 16 * j;
+                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(a.add(p) as *const __m256i));
+                    let y = _mm512_cvtph_ps(_mm256_loadu_si256(b.add(p) as *const __m256i));
+                    *s = _mm512_fmadd_ps(x, y, *s);
+                }
+            }
+            i += 64;
+        }
+        let x0 = _mm512_add_ps(acc[0], acc[2]);
+        let x1 = _mm512_add_ps(acc[1], acc[3]);
+        reduce(_mm512_add_ps(x0, x1))
+    }
+
+    /// # Safety
     /// AVX-512 F available; `acc` and `v` valid for `n` elements.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn fma_f16_row_512(acc: *mut f32, p: f32, v: *const u16, n: usize) {
@@ -387,6 +469,11 @@ mod tests {
                 let x: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f() * 4.0)).collect();
                 let y: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f() * 4.0)).collect();
                 assert_eq!(
+                    dot_f16_vec_isa(Isa::Scalar, &x, &y).to_bits(),
+                    dot_f16_vec_isa(isa, &x, &y).to_bits(),
+                    "{isa:?} dot_f16_vec {n}"
+                );
+                assert_eq!(
                     dot_f16_isa(Isa::Scalar, &x, &y).to_bits(),
                     dot_f16_isa(isa, &x, &y).to_bits(),
                     "{isa:?} dot_f16 {n}"
@@ -407,6 +494,29 @@ mod tests {
                 assert_eq!(a, b, "{isa:?} fma_f16_row {n}");
             }
         }
+    }
+
+    #[test]
+    fn vec_dot_f16_order_agrees_with_its_lane_form() {
+        let mut r = Rng(13);
+        let n = 192;
+        let x: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f())).collect();
+        let y: Vec<f16> = (0..n).map(|_| f16::from_f32(r.f())).collect();
+        let exact: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+        let d = dot_f16_vec_isa(Isa::Scalar, &x, &y);
+        assert!((d as f64 - exact).abs() < 1e-5);
+        let mut lanes = vec![0f32; 64];
+        for (j, (a, b)) in x.iter().zip(&y).enumerate() {
+            fma_f16_row_isa(
+                Isa::Scalar,
+                &mut lanes[j % 64..j % 64 + 1],
+                b.to_f32(),
+                &[*a],
+            );
+        }
+        let mut out = [0f32];
+        reduce_lanes64(&lanes, &mut out);
+        assert_eq!(out[0], d);
     }
 
     #[test]
