@@ -10,7 +10,8 @@
 #
 # STAGES (default build,models,tests,bench,agree,llama) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
-# llama-bench still fits in a 600 s device call.
+# llama-bench still fits in a 600 s device call. AGREE lists the agreement runs as FILE:GEMM_MIN
+# (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s).
 set -uo pipefail
 G=.gpu
 OUT=${OUT:-/tmp/gpu-out}
@@ -18,6 +19,7 @@ mkdir -p "$OUT"
 export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache
 STAGES=${STAGES:-build,models,tests,bench,agree,llama}
 DEADLINE=${DEADLINE:-420}
+AGREE=${AGREE:-/tmp/smol.gguf:8 /tmp/smol.gguf:64 /tmp/l3b.gguf:8}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
@@ -52,7 +54,7 @@ if has tests; then
 fi
 
 if has bench; then
-  timeout 200 $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4,16,64} 2>&1 | tee "$OUT/cuda_bench.log"
+  timeout ${BENCH_S:-200} $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4,16,64} 2>&1 | tee "$OUT/cuda_bench.log"
   t "our bench done"
 fi
 
@@ -75,7 +77,7 @@ fi
 if has agree; then
   # The SmolLM2 file twice: default thresholds (64-token prefill on cuBLAS), then with the
   # prefill on the integer path (CROSSOVER_CUDA_GEMM_MIN=64).
-  for run in /tmp/smol.gguf:8 /tmp/smol.gguf:64 /tmp/l3b.gguf:8; do
+  for run in $AGREE; do
     m=${run%:*}
     L=$(left)
     if (( L < 30 )); then t "no time left for the agreement test on $m"; continue; fi

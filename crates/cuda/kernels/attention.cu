@@ -38,8 +38,9 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
         for (int d = 0; d < D; d++) {
             acc[g][d] = 0.0f;
             // The query is rounded to f16 before meeting the f16 keys, as the CPU backend
-            // (and ggml's CPU mul_mat) does.
-            qv[g][d] = g < G ? h2f(f2h(q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d])) * scale : 0.0f;
+            // (and ggml's CPU mul_mat) does; the scale multiplies the finished dot product,
+            // as there (not the query).
+            qv[g][d] = g < G ? h2f(f2h(q[((long long)t * n_head + kvh * G + g) * HD + lane * D + d])) : 0.0f;
         }
     }
     // Each iteration issues the next position's K/V loads (and its block-table lookup) before
@@ -64,7 +65,7 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
                 float sc = 0.0f;
 #pragma unroll
                 for (int d = 0; d < D; d++) sc += qv[g][d] * kf[d];
-                sc = warp_sum(sc);
+                sc = warp_sum(sc) * scale;
                 float mn = fmaxf(m[g], sc);
                 float c = expf(m[g] - mn), e = expf(sc - mn);
                 l[g] = l[g] * c + e;

@@ -37,9 +37,11 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 // Quantize one element per thread of a 256-thread block: element c of a row whose int8 values
 // start at qs and whose per-32 scales start at ds. Every thread of the block calls it with the
 // same chunk (c = chunk start + threadIdx.x); `valid` is false past the row end (only possible for
-// ACT_Q8_32, whose rows are whole warps). `shf`/`shi` hold 9 floats / 8 ints of scratch.
+// ACT_Q8_32, whose rows are whole warps). `shf`/`shi` hold 9 floats / 8 ints of scratch. qs/ds
+// may be null; xh (may be null) receives f16(d * q), the value the CPU's integer dot stands for,
+// as the GEMM path's activation operand.
 __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int fmt, i8* qs,
-                                               float2* ds, float* shf, int* shi) {
+                                               float2* ds, u16* xh, float* shf, int* shi) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (fmt == ACT_Q8_32) {
         // f32 max skips NaN, as the CPU's fold over f32::max does.
@@ -48,10 +50,12 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
         float id = am != 0.0f ? 127.0f / am : 0.0f;
         int q = __float2int_rn(v * id);
         int s = warp_sum_i(valid ? q : 0);
-        if (valid) {
+        float dh = h2f(f2h(d));
+        if (valid && qs) {
             qs[c] = (i8)q;
-            if (lane == 0) ds[c / 32] = make_float2(h2f(f2h(d)), h2f(f2h(d * (float)s)));
+            if (lane == 0) ds[c / 32] = make_float2(dh, h2f(f2h(d * (float)s)));
         }
+        if (valid && xh) xh[c] = f2h(dh * (float)q);
         return;
     }
     // ACT_Q8_K: the first element (lowest index) of largest magnitude over the 256 of the block.
@@ -86,23 +90,27 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     int s_hi = __shfl_sync(0xffffffffu, s, 16);
-    if (valid) {
+    if (valid && qs) {
         qs[c] = (i8)q;
         if (lane == 0) ds[c / 32] = make_float2(d, __int_as_float((s & 0xffff) | (s_hi << 16)));
     }
+    if (valid && xh) xh[c] = f2h(d * (float)q);
 }
 
 // Quantize rows of x (n columns each) for integer products. grid = (rows, ceil(n / 256)),
 // blockDim.x = 256: one block per 256 elements (a Q8_K super-block, 8 Q8_0 blocks), so a
-// decode step's single row spreads over many SMs.
-extern "C" __global__ void quantize_act(const float* x, int n, int fmt, i8* qs, float2* ds) {
+// decode step's single row spreads over many SMs. qs/ds (int8 values and scales) or xh (the
+// dequantized values as f16, for the GEMM path) may be null.
+extern "C" __global__ void quantize_act(const float* x, int n, int fmt, i8* qs, float2* ds,
+                                        u16* xh) {
     __shared__ float shf[9];
     __shared__ int shi[8];
     long long r = blockIdx.x;
     int c = blockIdx.y * 256 + threadIdx.x;
     bool valid = c < n;
     float v = valid ? x[r * n + c] : 0.0f;
-    quant_act_elem(v, valid, c, fmt, qs + r * n, ds + r * (n / 32), shf, shi);
+    quant_act_elem(v, valid, c, fmt, qs ? qs + r * n : qs, qs ? ds + r * (n / 32) : ds,
+                   xh ? xh + r * n : xh, shf, shi);
 }
 
 // Byte-wise x - k for bytes 0 <= x, x + (128 - k) < 256 (no carry between bytes).

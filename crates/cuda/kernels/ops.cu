@@ -27,7 +27,7 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
         if (out) out[i * n + c] = o;
         if (out_h) out_h[i * n + c] = f2h(o);
     }
-    if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), shf, shi);
+    if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), (u16*)0, shf, shi);
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.

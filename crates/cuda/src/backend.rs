@@ -119,6 +119,17 @@ struct Scratch {
     btab: DevBuf,
 }
 
+/// Which activation the scratch operands hold now (the buffer they were made from, and how), so
+/// one conversion serves every matrix that reads the same activation; reset whenever that
+/// buffer is rewritten.
+#[derive(Clone, Copy, Default)]
+struct Acts {
+    /// `aq`/`ad`: quantized for the integer matrix-vector kernels.
+    q: Option<(u64, ActFormat)>,
+    /// `xh`: the f16 GEMM operand, quantize-dequantized in the given format (None: plain f16).
+    h: Option<(u64, Option<ActFormat>)>,
+}
+
 /// Host copies of one step's metadata.
 #[derive(Default)]
 struct Meta {
@@ -634,7 +645,7 @@ impl CudaBackend {
     }
 
     /// `y (+)= W x` for `n` tokens, choosing GEMM, integer matvec (quantized weights: `x` is
-    /// quantized first unless `qcur` says the activation buffers already hold it) or f32 matvec.
+    /// quantized first unless `acts` says the activation buffers already hold it) or f32 matvec.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         gpu: &Gpu,
@@ -646,7 +657,7 @@ impl CudaBackend {
         y: u64,
         acc: bool,
         stats: &mut StepStats,
-        qcur: &mut Option<(u64, ActFormat)>,
+        acts: &mut Acts,
     ) -> Result<(), CudaError> {
         let name = |e: CudaError| match e {
             CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
@@ -662,7 +673,19 @@ impl CudaBackend {
                 (None, None) => 0,
             };
             if w != 0 {
-                gpu.to_f16(x, n * m.cols, s.xh.ptr())?;
+                // The f16 operand holds the activations the CPU backend's integer products use
+                // (its Q8_1 / Q8_K values, dequantized), so prompts and decode steps see the same
+                // numbers up to f16 rounding; float weights take plain f16 activations.
+                let key = (x, kernels::act_format(m.ty));
+                if acts.h != Some(key) {
+                    match key.1 {
+                        Some(f) => gpu
+                            .quantize_act_f16(x, n, m.cols, f, s.xh.ptr())
+                            .map_err(name)?,
+                        None => gpu.to_f16(x, n * m.cols, s.xh.ptr())?,
+                    }
+                    acts.h = Some(key);
+                }
                 stats.gemm_calls += 1;
                 return gpu.gemm_f16(
                     w,
@@ -677,10 +700,10 @@ impl CudaBackend {
         }
         let fmt = kernels::act_format(m.ty);
         if let Some(f) = fmt {
-            if *qcur != Some((x, f)) {
+            if acts.q != Some((x, f)) {
                 gpu.quantize_act(x, n, m.cols, f, s.aq.ptr(), s.ad.ptr())
                     .map_err(name)?;
-                *qcur = Some((x, f));
+                acts.q = Some((x, f));
             }
         }
         let mut t0 = 0;
@@ -725,10 +748,12 @@ impl CudaBackend {
         m: &Mat,
         matvec_path: bool,
         out: u64,
-        qcur: &mut Option<(u64, ActFormat)>,
+        acts: &mut Acts,
     ) -> Option<(ActFormat, u64, u64)> {
+        // The norm rewrites `out`: no f16 copy of it survives.
+        acts.h = None;
         let f = kernels::act_format(m.ty).filter(|_| matvec_path)?;
-        *qcur = Some((out, f));
+        acts.q = Some((out, f));
         Some((f, s.aq.ptr(), s.ad.ptr()))
     }
 
@@ -748,7 +773,7 @@ impl CudaBackend {
         let st = &mut self.stats;
         let (e, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_head_kv);
         // Which activation the quantized-activation buffers hold now (pointer, format).
-        let mut qc: Option<(u64, ActFormat)> = None;
+        let mut qc = Acts::default();
         gpu.get_rows(
             self.embd.ty,
             self.embd.q.ptr(),
@@ -761,7 +786,7 @@ impl CudaBackend {
         for (li, l) in self.layers.iter().enumerate() {
             let nq = Self::norm_quant(s, &l.wq, matvec_path, s.xn.ptr(), &mut qc);
             if nq.is_none() {
-                qc = None;
+                qc = Acts::default();
             }
             gpu.rms_norm(
                 s.x.ptr(),
@@ -835,7 +860,7 @@ impl CudaBackend {
             )?;
             let nq = Self::norm_quant(s, &l.gate, matvec_path, s.xn.ptr(), &mut qc);
             if nq.is_none() {
-                qc = None;
+                qc = Acts::default();
             }
             gpu.rms_norm(
                 s.x.ptr(),
@@ -852,7 +877,7 @@ impl CudaBackend {
             if matvec_path
                 && l.gate.ty == l.up.ty
                 && gf.is_some()
-                && qc == gf.map(|f| (s.xn.ptr(), f))
+                && qc.q == gf.map(|f| (s.xn.ptr(), f))
             {
                 let (ff, cols) = (l.gate.rows, l.gate.cols);
                 let mut t0 = 0;
@@ -907,7 +932,7 @@ impl CudaBackend {
                 &mut qc,
             )?;
             // g and att are rewritten next layer: forget their quantized copies.
-            qc = None;
+            qc = Acts::default();
         }
         if n_out == 0 {
             return Ok(());

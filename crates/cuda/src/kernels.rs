@@ -399,6 +399,35 @@ impl Gpu {
         qs: u64,
         ds: u64,
     ) -> Result<(), CudaError> {
+        self.quantize_act_to(x, rows, n, fmt, qs, ds, 0)
+    }
+
+    /// Quantize `rows` rows of `n` f32 activations exactly as [`Gpu::quantize_act`] does and
+    /// write the values the integer products stand for, `f16(d * q)`, to `out` (f16, row after
+    /// row): the GEMM path's activation operand, so cuBLAS multiplies the CPU backend's
+    /// quantized activations (up to f16 rounding) rather than the raw ones.
+    pub fn quantize_act_f16(
+        &self,
+        x: u64,
+        rows: usize,
+        n: usize,
+        fmt: ActFormat,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        self.quantize_act_to(x, rows, n, fmt, 0, 0, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_act_to(
+        &self,
+        x: u64,
+        rows: usize,
+        n: usize,
+        fmt: ActFormat,
+        qs: u64,
+        ds: u64,
+        xh: u64,
+    ) -> Result<(), CudaError> {
         if n == 0 || !n.is_multiple_of(fmt.block()) {
             return Err(CudaError::Arg(format!(
                 "{n} columns is not a multiple of {} ({fmt:?} activations)",
@@ -410,7 +439,7 @@ impl Gpu {
             op(K_QUANTIZE_ACT),
             (u32_of(rows, "rows")?, u32_of(n.div_ceil(256), "chunks")?, 1),
             (256, 1, 1),
-            kargs![x, nn, f, qs, ds],
+            kargs![x, nn, f, qs, ds, xh],
         )
     }
 

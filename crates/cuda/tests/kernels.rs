@@ -255,6 +255,72 @@ fn quantize_act_is_bit_identical_to_cpu() {
     }
 }
 
+/// The GEMM path's activation operand: `f16(d * q)` of the CPU backend's own quantized
+/// activations (`quant::dot::quantize_acts`, scalar), bit for bit, for both formats and for
+/// weight types of each, with the planted edge cases of the test above.
+#[test]
+fn quantize_act_f16_is_the_cpu_quantized_value() {
+    let Some(g) = gpu_or_skip("quantize_act_f16") else {
+        return;
+    };
+    let mut r = rng("quantize_act_f16");
+    let (rows, cols) = (5, 1536);
+    for wty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let fmt = act_format(wty).unwrap();
+        let mut x = randn(&mut r, rows * cols, 2.0);
+        x[256..512].iter_mut().for_each(|v| *v = 0.0);
+        x[600] = 7.25;
+        x[700] = -7.25;
+        x[1600] = -7.25;
+        x[1700] = 7.25;
+        x[3072..3328].iter_mut().for_each(|v| *v *= 1e-30);
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(wty, &x, rows, cols, &mut buf, Isa::Scalar).unwrap();
+        let bytes = buf.bytes();
+        let h16 = |b: &[u8]| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        let mut want = vec![0u16; rows * cols];
+        for (i, w) in want.iter_mut().enumerate() {
+            let (d, q) = match fmt {
+                ActFormat::Q8x32 => {
+                    // Q8_0 blocks are {d, q[32]}, Q8_1 blocks {d, s, q[32]}.
+                    let hdr = if quant::dot::act_type(wty).unwrap() == GgmlType::Q8_1 {
+                        4
+                    } else {
+                        2
+                    };
+                    let b = &bytes[(i / 32) * (hdr + 32)..][..hdr + 32];
+                    (h16(&b[0..2]), b[hdr + i % 32] as i8)
+                }
+                ActFormat::Q8K => {
+                    let b = &bytes[(i / 256) * 292..][..292];
+                    (
+                        f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                        b[4 + i % 256] as i8,
+                    )
+                }
+            };
+            *w = f16::from_f32(d * q as f32).to_bits();
+        }
+        let xb = g.upload(&x).unwrap();
+        let out = g.upload(&vec![0xffffu16; rows * cols]).unwrap();
+        g.quantize_act_f16(xb.ptr(), rows, cols, fmt, out.ptr())
+            .unwrap();
+        let got: Vec<u16> = g.download(&out, rows * cols).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a,
+                b,
+                "{wty}: row {} col {}: GPU {} vs CPU {} (x = {})",
+                i / cols,
+                i % cols,
+                f16::from_bits(*a),
+                f16::from_bits(*b),
+                x[i]
+            );
+        }
+    }
+}
+
 /// Integer-dot matrix-vector kernels (plain, accumulating, SwiGLU) for every quantized type and
 /// token count against the CPU backend's scalar `vec_dot` on the CPU's own quantized activations.
 #[test]
