@@ -401,6 +401,7 @@ fn render_chat(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<String> {
 
 /// An interactive conversation: each line you type is a user message; the model's answer streams
 /// back. The conversation is kept (and its KV cache reused) until you type /reset; /quit ends.
+/// Runs on the CPU backend (`-t` threads); the backend-choice flags belong to `run` and `serve`.
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
@@ -413,6 +414,12 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
+    let b = &a.engine.backends;
+    if b.no_cpu || b.gpus != "all" || !b.cpu_threads.is_empty() {
+        // The conversation's KV cache is kept between turns on one CPU backend; the runtime's
+        // actors (which `run` and `serve` use) have no prefix cache to keep it yet.
+        bail!("chat runs on the CPU backend only for now; --gpus, --no-cpu and --cpu-threads apply to run and serve");
+    }
     let mut e = Engine::open(&a.engine)?;
     let params = a.sampling.params();
     let mut msgs: Vec<ChatMessage> = Vec::new();
