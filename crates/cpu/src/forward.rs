@@ -444,9 +444,12 @@ pub(crate) fn forward(
                 }
                 let qh = &*qh;
                 let len = t.pos + 1;
-                // A batch of one token takes ggml's `vec_dot_f16` order (llamafile's kernel
-                // refuses single-token products): 64 lanes instead of 16.
-                let (single, nl) = if n == 1 { (true, 64) } else { (false, 16) };
+                // A one-token chunk (a decode step) takes ggml's `vec_dot_f16` order, as
+                // llama.cpp's single-token decode does (llamafile's kernel refuses single-token
+                // products): 64 lanes instead of 16. Chosen per chunk, not per step, so a
+                // sequence decodes to the same tokens alone or batched with others.
+                let single = chunks[t.chunk].tokens.len() == 1;
+                let nl = if single { 64 } else { 16 };
                 thread_local! {
                     static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
                 }
