@@ -1,16 +1,19 @@
 //! Host fallback: how a backend runs a weight matmul it has no kernel for.
 //!
-//! A backend that lacks a kernel for a weight type (a GPU without a Q5_1 matmul, say) still runs
-//! the model: that op runs on the host CPU inside the backend's own plan. The weights stay where
-//! they are in host memory (the memory-mapped GGUF file); the backend copies the op's activations
-//! into this executor's staging buffer (a device-to-host copy on a GPU), calls
-//! [`HostMatMul::run`], and copies the result back (host-to-device). Its `support` answer for
-//! such an op is [`Support::Fallback`](crate::Support) with `to = "host"` and the reason, which
+//! A backend that lacks a kernel for a weight type (a GPU without a Q5_1 matmul, say), or that
+//! keeps some layers' weights in host memory (`--layers-on-gpu`), still runs the model: those
+//! ops run on the host CPU inside the backend's own plan. The weights stay where they are in
+//! host memory (the memory-mapped GGUF file); the backend copies the op's activations into this
+//! executor's staging buffer (a device-to-host copy on a GPU), calls [`HostMatMul::run`], and
+//! copies the result back (host-to-device). Its `support` answer for such an op is
+//! [`Support::Fallback`](crate::Support) with `to = "host"` and the reason, which
 //! `crossover audit` lists and counts.
 //!
-//! The arithmetic is deliberately plain and independent of the backends' quantized kernels:
-//! each weight row is dequantized to f32 and dotted with the f32 activations. Rows are split over
-//! rayon's pool in blocks.
+//! The arithmetic is the CPU backend's own: [`quant::dot::matmul_f32`], which quantizes the
+//! activations to the weight type's activation format (Q8_0, Q8_1, Q8_K or f32) and runs the
+//! CPU's dot kernels in their fixed float order. Every output element is a function of its
+//! weight row and its token's activations alone (not of how work is split over threads), so an
+//! op that falls back gives bit for bit what the CPU backend computes for the same input.
 //!
 //! ```ignore
 //! let mut host = HostMatMul::default();
@@ -22,7 +25,7 @@
 use std::time::{Duration, Instant};
 
 use gguf::GgmlType;
-use rayon::prelude::*;
+use quant::dot::{self, Pool};
 
 /// A weight matrix in host memory: `rows` rows of `cols` elements of `ty`, row-major as GGUF
 /// stores it (ggml shape `[cols, rows]`).
@@ -39,7 +42,7 @@ pub struct HostWeight<'a> {
 /// Why a host matmul could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum FallbackError {
-    #[error("host fallback for {name}: type {ty} cannot be dequantized")]
+    #[error("host fallback for {name}: the CPU has no {ty} matmul kernel either")]
     Type { name: String, ty: GgmlType },
     #[error("host fallback for {name}: {rows} rows of {cols} {ty} need {need} bytes, the tensor has {have}")]
     Size {
@@ -59,7 +62,9 @@ pub enum FallbackError {
         need: usize,
     },
     #[error("host fallback for {name}: {why}")]
-    Dequantize { name: String, why: String },
+    Kernel { name: String, why: String },
+    #[error("host fallback: could not start its {threads} threads: {why}")]
+    Pool { threads: usize, why: String },
 }
 
 /// What the executor has done, for reports.
@@ -75,19 +80,27 @@ pub struct FallbackStats {
     pub time: Duration,
 }
 
-/// Rows dequantized together by one worker.
-const ROW_BLOCK: usize = 32;
-
 /// The host-side matmul executor of a backend's fallback ops. Keeps its staging and output
-/// buffers between calls.
+/// buffers, and its thread pool, between calls.
 #[derive(Debug, Default)]
 pub struct HostMatMul {
     staging: Vec<f32>,
     out: Vec<f32>,
     stats: FallbackStats,
+    /// Threads of the pool (0: one per available CPU), started at the first call.
+    threads: usize,
+    pool: Option<Pool>,
 }
 
 impl HostMatMul {
+    /// An executor whose pool has `threads` threads (0: one per available CPU, the default).
+    pub fn with_threads(threads: usize) -> HostMatMul {
+        HostMatMul {
+            threads,
+            ..HostMatMul::default()
+        }
+    }
+
     /// The staging buffer for the next call's activations, `n` floats (`n_tok * cols`,
     /// token-major). The backend copies its activations here.
     pub fn stage(&mut self, n: usize) -> &mut [f32] {
@@ -96,23 +109,21 @@ impl HostMatMul {
         &mut self.staging
     }
 
-    /// `y[t][r] = sum_c W[r][c] * x[t][c]` over the staged activations `x` (`n_tok` rows of
-    /// `w.cols`). Returns `y`, `n_tok` rows of `w.rows`, for the backend to copy back.
+    /// `y[t][r] = dot(W[r], x[t])` over the staged activations `x` (`n_tok` rows of `w.cols`),
+    /// as the CPU backend computes it ([`quant::dot::matmul_f32`]). Returns `y`, `n_tok` rows of
+    /// `w.rows`, for the backend to copy back.
     pub fn run(&mut self, w: &HostWeight<'_>, n_tok: usize) -> Result<&[f32], FallbackError> {
         let t0 = Instant::now();
-        if !quant::can_dequantize(w.ty) {
+        if !dot::supports(w.ty) {
             return Err(FallbackError::Type {
                 name: w.name.into(),
                 ty: w.ty,
             });
         }
-        let row_bytes =
-            w.ty.bytes_for(w.cols as u64)
-                .map(|b| b as usize)
-                .ok_or_else(|| FallbackError::Dequantize {
-                    name: w.name.into(),
-                    why: format!("{} columns are not whole {} blocks", w.cols, w.ty),
-                })?;
+        let row_bytes = dot::row_bytes(w.ty, w.cols).map_err(|e| FallbackError::Kernel {
+            name: w.name.into(),
+            why: e.to_string(),
+        })?;
         let need = row_bytes.saturating_mul(w.rows);
         if w.data.len() < need {
             return Err(FallbackError::Size {
@@ -134,40 +145,29 @@ impl HostMatMul {
                 need: need_x,
             });
         }
-        let x = &self.staging;
-        // Each block of rows: dequantize into a local buffer, then dot with every token.
-        let blocks: Vec<Result<Vec<f32>, String>> = (0..w.rows.div_ceil(ROW_BLOCK))
-            .into_par_iter()
-            .map(|b| {
-                let r0 = b * ROW_BLOCK;
-                let nr = ROW_BLOCK.min(w.rows - r0);
-                let mut wf = vec![0.0f32; nr * w.cols];
-                let src = &w.data[r0 * row_bytes..(r0 + nr) * row_bytes];
-                quant::dequantize_serial(w.ty, src, &mut wf).map_err(|e| e.to_string())?;
-                let mut y = vec![0.0f32; n_tok * nr];
-                for (t, yt) in y.chunks_exact_mut(nr).enumerate() {
-                    let xt = &x[t * w.cols..(t + 1) * w.cols];
-                    for (yr, wr) in yt.iter_mut().zip(wf.chunks_exact(w.cols)) {
-                        *yr = dot_f32(wr, xt);
-                    }
-                }
-                Ok(y)
-            })
-            .collect();
+        let pool = match &mut self.pool {
+            Some(p) => p,
+            slot => slot.insert(Pool::new(self.threads).map_err(|e| FallbackError::Pool {
+                threads: self.threads,
+                why: e.to_string(),
+            })?),
+        };
         self.out.clear();
         self.out.resize(n_tok * w.rows, 0.0);
-        for (b, y) in blocks.into_iter().enumerate() {
-            let y = y.map_err(|why| FallbackError::Dequantize {
-                name: w.name.into(),
-                why,
-            })?;
-            let r0 = b * ROW_BLOCK;
-            let nr = y.len() / n_tok.max(1);
-            for t in 0..n_tok {
-                self.out[t * w.rows + r0..t * w.rows + r0 + nr]
-                    .copy_from_slice(&y[t * nr..(t + 1) * nr]);
-            }
-        }
+        dot::matmul_f32(
+            w.ty,
+            &w.data[..need],
+            w.rows,
+            w.cols,
+            &self.staging,
+            n_tok,
+            &mut self.out,
+            pool,
+        )
+        .map_err(|e| FallbackError::Kernel {
+            name: w.name.into(),
+            why: e.to_string(),
+        })?;
         self.stats.calls += 1;
         self.stats.staged += need_x as u64;
         self.stats.produced += self.out.len() as u64;
@@ -181,41 +181,34 @@ impl HostMatMul {
     }
 }
 
-/// Plain f32 dot product, accumulated in four lanes (order fixed, so results are reproducible).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 4];
-    let mut ca = a.chunks_exact(4);
-    let mut cb = b.chunks_exact(4);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for i in 0..4 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y;
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// Against a plain f64 triple loop over weights dequantized in one go, for a quantized and
-    /// a float type, on random data.
+    /// The fallback is the CPU backend's arithmetic: bit for bit what `quant::dot::matmul_f32`
+    /// gives on one thread (so the split over threads changes nothing), for quantized, K-quant
+    /// and float types and token counts that take the one-token, grouped and left-over paths;
+    /// and within 8-bit activation rounding of a plain f64 product of the dequantized weights.
     #[test]
-    fn matches_reference_on_random_weights() {
+    fn equals_the_cpu_kernels_bit_for_bit() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let (rows, cols, n_tok) = (70, 64, 3);
-        for ty in [GgmlType::Q8_0, GgmlType::F32] {
+        let (rows, cols) = (70, 512);
+        let one = Pool::new(1).unwrap();
+        let mut h = HostMatMul::with_threads(2);
+        let mut calls = 0;
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::F32,
+        ] {
             let wf: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let data = quant::quantize_to_vec(ty, &wf).unwrap();
             let deq = quant::dequantize_to_vec(ty, &data, rows * cols).unwrap();
-            let x: Vec<f32> = (0..n_tok * cols)
-                .map(|_| rng.gen_range(-1.0..1.0))
-                .collect();
             let w = HostWeight {
                 name: "w",
                 ty,
@@ -223,20 +216,35 @@ mod tests {
                 rows,
                 cols,
             };
-            let mut h = HostMatMul::default();
-            h.stage(x.len()).copy_from_slice(&x);
-            let y = h.run(&w, n_tok).unwrap().to_vec();
-            for t in 0..n_tok {
-                for r in 0..rows {
-                    let want: f64 = (0..cols)
-                        .map(|c| deq[r * cols + c] as f64 * x[t * cols + c] as f64)
-                        .sum();
-                    let got = y[t * rows + r] as f64;
-                    assert!((got - want).abs() < 1e-4, "{ty} t{t} r{r}: {got} vs {want}");
+            for n_tok in [1, 3, 9] {
+                let x: Vec<f32> = (0..n_tok * cols)
+                    .map(|_| rng.gen_range(-1.0..1.0))
+                    .collect();
+                h.stage(x.len()).copy_from_slice(&x);
+                let y = h.run(&w, n_tok).unwrap().to_vec();
+                calls += 1;
+                let mut cpu = vec![0f32; n_tok * rows];
+                dot::matmul_f32(ty, &data, rows, cols, &x, n_tok, &mut cpu, &one).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&cpu), "{ty}, {n_tok} tokens");
+                for t in 0..n_tok {
+                    for r in 0..rows {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for c in 0..cols {
+                            let p = deq[r * cols + c] as f64 * x[t * cols + c] as f64;
+                            want += p;
+                            mag += p.abs();
+                        }
+                        let got = y[t * rows + r] as f64;
+                        assert!(
+                            (got - want).abs() <= 0.01 * mag + 1e-4,
+                            "{ty} t{t} r{r}: {got} vs {want}"
+                        );
+                    }
                 }
             }
-            assert_eq!(h.stats().calls, 1);
         }
+        assert_eq!(h.stats().calls, calls);
     }
 
     #[test]
