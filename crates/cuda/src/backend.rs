@@ -19,6 +19,7 @@ use runtime::{
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::CudaError;
+use crate::host::{HostExec, HostMat, HostPlan};
 use crate::kernels::{self, matrix_bytes, ActFormat, RopeParams, MV_MAX_NT};
 
 /// How f16 weight copies for the GEMM (prefill) path are kept.
@@ -52,6 +53,8 @@ pub struct CudaOptions {
     /// Steps with more tokens than this use cuBLAS GEMMs (when present); smaller ones the fused
     /// matrix-vector kernels.
     pub gemm_min_tokens: usize,
+    /// Matmuls run on the host instead (layer placement, or the missing-kernel test double).
+    pub host: HostPlan,
 }
 
 impl Default for CudaOptions {
@@ -65,6 +68,7 @@ impl Default for CudaOptions {
             graphs: true,
             gemm_weights: GemmWeights::Auto,
             gemm_min_tokens: MV_MAX_NT,
+            host: HostPlan::default(),
         }
     }
 }
@@ -76,6 +80,9 @@ struct Mat {
     cols: usize,
     q: DevBuf,
     f16: Option<DevBuf>,
+    /// Multiplied on the host (`q` is then an empty placeholder unless the embedding lookup
+    /// needs it).
+    host: Option<HostMat>,
 }
 
 struct Layer {
@@ -111,6 +118,7 @@ struct Scratch {
     logits: DevBuf,
     argmax: DevBuf,
     wf16: Option<DevBuf>,
+    host: std::cell::RefCell<HostExec>,
     tok_ids: DevBuf,
     tok_pos: DevBuf,
     tok_slot: DevBuf,
@@ -170,6 +178,8 @@ pub struct CudaBackend {
     meta: Meta,
     /// Graph replays and eager steps so far (for reports).
     pub stats: StepStats,
+    /// GPU memory taken at load (free before minus free after).
+    mem_loaded: u64,
     gpu: Gpu,
 }
 
@@ -225,6 +235,30 @@ fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, Cuda
         cols,
         q: gpu.upload(data)?,
         f16: None,
+        host: None,
+    })
+}
+
+/// A matrix where `plan` puts it: uploaded, or left in host memory.
+fn placed_mat(
+    gpu: &Gpu,
+    file: &Arc<GgufFile>,
+    info: &TensorInfo,
+    plan: &HostPlan,
+    layer: Option<usize>,
+) -> Result<Mat, CudaError> {
+    if plan.host_reason(layer, info.ty).is_none() {
+        return upload_mat(gpu, file, info);
+    }
+    let h = HostMat::new(file, info)?;
+    Ok(Mat {
+        name: info.name.clone(),
+        ty: info.ty,
+        rows: h.rows,
+        cols: h.cols,
+        q: gpu.alloc(0)?,
+        f16: None,
+        host: Some(h),
     })
 }
 
@@ -267,6 +301,7 @@ impl CudaBackend {
             }
         }
         let gpu = Gpu::new(opts.device)?;
+        let free0 = gpu.mem_info()?.0;
         let cfg = ModelConfig::from_gguf(&file).map_err(|e| model_err(label, e.to_string()))?;
         let w =
             ModelWeights::from_gguf(&cfg, &file).map_err(|e| model_err(label, e.to_string()))?;
@@ -283,29 +318,33 @@ impl CudaBackend {
             return Err(model_err(label, "more than 8 query heads per KV head"));
         }
         let mut layers = Vec::with_capacity(cfg.n_layer);
-        for l in &w.layers {
+        for (li, l) in w.layers.iter().enumerate() {
             let opt =
                 |t: &Option<TensorInfo>| t.as_ref().map(|i| vector(&gpu, &file, i)).transpose();
             layers.push(Layer {
                 attn_norm: vector(&gpu, &file, &l.attn_norm)?,
                 ffn_norm: vector(&gpu, &file, &l.ffn_norm)?,
-                wq: upload_mat(&gpu, &file, &l.attn_q)?,
-                wk: upload_mat(&gpu, &file, &l.attn_k)?,
-                wv: upload_mat(&gpu, &file, &l.attn_v)?,
-                wo: upload_mat(&gpu, &file, &l.attn_output)?,
+                wq: placed_mat(&gpu, &file, &l.attn_q, &opts.host, Some(li))?,
+                wk: placed_mat(&gpu, &file, &l.attn_k, &opts.host, Some(li))?,
+                wv: placed_mat(&gpu, &file, &l.attn_v, &opts.host, Some(li))?,
+                wo: placed_mat(&gpu, &file, &l.attn_output, &opts.host, Some(li))?,
                 bq: opt(&l.attn_q_bias)?,
                 bk: opt(&l.attn_k_bias)?,
                 bv: opt(&l.attn_v_bias)?,
-                gate: upload_mat(&gpu, &file, &l.ffn_gate)?,
-                up: upload_mat(&gpu, &file, &l.ffn_up)?,
-                down: upload_mat(&gpu, &file, &l.ffn_down)?,
+                gate: placed_mat(&gpu, &file, &l.ffn_gate, &opts.host, Some(li))?,
+                up: placed_mat(&gpu, &file, &l.ffn_up, &opts.host, Some(li))?,
+                down: placed_mat(&gpu, &file, &l.ffn_down, &opts.host, Some(li))?,
             });
         }
-        let embd = upload_mat(&gpu, &file, &w.token_embd)?;
+        let mut embd = upload_mat(&gpu, &file, &w.token_embd)?;
+        // A tied head stays on the GPU for lookups and multiplies on the host if placed there.
+        if cfg.tied_output && opts.host.host_reason(None, embd.ty).is_some() {
+            embd.host = Some(HostMat::new(&file, &w.token_embd)?);
+        }
         let output = if cfg.tied_output {
             None
         } else {
-            Some(upload_mat(&gpu, &file, &w.output)?)
+            Some(placed_mat(&gpu, &file, &w.output, &opts.host, None)?)
         };
         let output_norm = vector(&gpu, &file, &w.output_norm)?;
         let factors = match &w.rope_freqs {
@@ -367,6 +406,7 @@ impl CudaBackend {
             logits: gpu.alloc(n * nv * f4)?,
             argmax: gpu.alloc(n * 4)?,
             wf16: None,
+            host: std::cell::RefCell::new(HostExec::new(opts.host.threads)),
             tok_ids: gpu.alloc(n * 4)?,
             tok_pos: gpu.alloc(n * 4)?,
             tok_slot: gpu.alloc(n * 4)?,
@@ -385,6 +425,7 @@ impl CudaBackend {
                 all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
             }
             all.push(output.as_ref().unwrap_or(&embd));
+            all.retain(|m| m.host.is_none());
             let total: usize = all.iter().map(|m| m.rows * m.cols * 2).sum();
             let largest = all.iter().map(|m| m.rows * m.cols * 2).max().unwrap_or(0);
             let (free, _) = gpu.mem_info()?;
@@ -395,6 +436,9 @@ impl CudaBackend {
             };
             if cache {
                 let conv = |m: &mut Mat| -> Result<(), CudaError> {
+                    if m.host.is_some() {
+                        return Ok(());
+                    }
                     let b = gpu.alloc(m.rows * m.cols * 2)?;
                     gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
                     m.f16 = Some(b);
@@ -424,7 +468,7 @@ impl CudaBackend {
         gpu.sync()?;
 
         let info = BackendInfo {
-            name: format!("cuda:{}", opts.device),
+            name: opts.host.backend_name(opts.device),
             device: format!(
                 "{} (sm_{}{}, {} SMs, {:.0} GiB)",
                 gpu.name,
@@ -438,6 +482,7 @@ impl CudaBackend {
             max_seq_tokens: opts.ctx_size,
             kv_block_tokens: bt,
         };
+        let mem_loaded = free0.saturating_sub(gpu.mem_info()?.0);
         Ok(CudaBackend {
             graphs: Vec::new(),
             graph_failed: None,
@@ -464,6 +509,7 @@ impl CudaBackend {
             max_split,
             meta: Meta::default(),
             stats: StepStats::default(),
+            mem_loaded,
             gpu,
         })
     }
@@ -482,6 +528,28 @@ impl CudaBackend {
     /// e.g. to time them one by one with [`Gpu::profile_start`]).
     pub fn set_graphs(&mut self, on: bool) {
         self.opts.graphs = on;
+    }
+
+    /// What the matmuls run on the host (layer placement, missing kernels) have cost so far.
+    pub fn host_stats(&self) -> runtime::fallback::FallbackStats {
+        self.s.host.borrow().stats()
+    }
+
+    /// GPU memory this backend took at load (weights, f16 copies, KV cache, scratch), as the
+    /// driver's free memory before and after.
+    pub fn memory_loaded(&self) -> u64 {
+        self.mem_loaded
+    }
+
+    /// Whether any matmul runs on the host (then no step is captured in a graph).
+    fn any_host(&self) -> bool {
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        out.host.is_some()
+            || self.layers.iter().any(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .any(|m| m.host.is_some())
+            })
     }
 
     /// Why graph capture was given up, if it was.
@@ -659,6 +727,9 @@ impl CudaBackend {
         stats: &mut StepStats,
         acts: &mut Acts,
     ) -> Result<(), CudaError> {
+        if let Some(h) = &m.host {
+            return s.host.borrow_mut().linear(gpu, h, x, n, y, acc);
+        }
         let name = |e: CudaError| match e {
             CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
             o => o,
@@ -875,6 +946,8 @@ impl CudaBackend {
             )?;
             let gf = kernels::act_format(l.gate.ty);
             if matvec_path
+                && l.gate.host.is_none()
+                && l.up.host.is_none()
                 && l.gate.ty == l.up.ty
                 && gf.is_some()
                 && qc.q == gf.map(|f| (s.xn.ptr(), f))
@@ -899,6 +972,8 @@ impl CudaBackend {
                 }
             } else if matvec_path
                 && gf.is_none()
+                && l.gate.host.is_none()
+                && l.up.host.is_none()
                 && l.gate.ty == l.up.ty
                 && n <= MV_MAX_NT
                 && kernels::mv_rows_per_warp(l.gate.rows, n) == 1
@@ -969,6 +1044,7 @@ impl CudaBackend {
         let n = batch.chunks.len();
         self.opts.graphs
             && self.graph_failed.is_none()
+            && !self.any_host()
             && n > 0
             && n <= MV_MAX_NT
             && batch
@@ -1087,6 +1163,9 @@ impl Backend for CudaBackend {
     }
 
     fn support(&self, op: &OpDesc) -> Support {
+        if let Some(s) = self.opts.host.support(op) {
+            return s;
+        }
         match op.ty {
             Some(ty) if (op.op == "matmul" || op.op == "get_rows") && !kernels::supports(ty) => {
                 Support::Fallback {

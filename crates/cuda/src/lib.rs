@@ -13,7 +13,9 @@ pub mod kernels;
 pub use device::{available, DevBuf, Gpu};
 pub use error::CudaError;
 pub mod backend;
+pub mod host;
 pub mod power;
 
 pub use backend::{CudaBackend, CudaOptions, GemmWeights, StepStats};
+pub use host::{HostPlan, WeightSplit};
 pub use power::PowerMeter;
