@@ -20,6 +20,9 @@ pub(crate) struct Mat {
     /// Run by the host fallback executor instead of the dot kernels (the `lacking_kernel` test
     /// double).
     pub host: bool,
+    /// The weights repacked for this CPU's kernels (see [`Mat::pack`]); `None`: multiplied
+    /// straight from the mapped file.
+    pub packed: Option<std::sync::Arc<dot::PackedMat>>,
 }
 
 impl Mat {
@@ -38,9 +41,51 @@ impl Mat {
             rows,
             cols,
             host: false,
+            packed: None,
         })
     }
+
+    /// Repack the weights for a faster kernel when one exists for this type, shape and CPU
+    /// (`dot::PackedMat`: Q4_K on AVX-512; same results bit for bit), and hand the mapped
+    /// pages of the original back to the kernel, so the copy replaces the file's pages in
+    /// memory instead of adding to them. The file stays mapped: anything that reads the
+    /// original later (the host fallback test double) faults the pages back in from the file.
+    fn pack(&mut self, file: &GgufFile) -> Result<(), String> {
+        let data = file.tensor_data(&self.info);
+        let p = dot::PackedMat::pack(self.ty, data, self.rows, self.cols)
+            .map_err(|e| format!("tensor {}: {e}", self.info.name))?;
+        if let Some(p) = p {
+            self.packed = Some(std::sync::Arc::new(p));
+            if file.is_mmapped() {
+                release_pages(data);
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Tell the kernel it may drop the resident pages of `data`, a range of a read-only file
+/// mapping (whole pages inside the range only). Advisory: failure changes nothing.
+#[cfg(target_os = "linux")]
+fn release_pages(data: &[u8]) {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = if page > 0 { page as usize } else { 4096 };
+    let start = (data.as_ptr() as usize).div_ceil(page) * page;
+    let end = (data.as_ptr() as usize + data.len()) / page * page;
+    if end > start {
+        // SAFETY: [start, end) lies inside `data`, which is part of a read-only shared file
+        // mapping (the caller checks `is_mmapped`). MADV_DONTNEED on such a mapping only drops
+        // this process's page-table entries; the next read faults the same file contents back
+        // in, so every live reference keeps seeing the same bytes.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release_pages(_data: &[u8]) {}
 
 /// Weights of one block, vectors already in f32.
 pub(crate) struct Layer {
@@ -97,6 +142,19 @@ impl Model {
                 up: Mat::new(&l.ffn_up)?,
                 down: Mat::new(&l.ffn_down)?,
             });
+        }
+        for l in layers.iter_mut() {
+            for m in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                m.pack(file)?;
+            }
         }
         let factors = w.rope_freqs.as_ref().map(|i| vector(file, i)).transpose()?;
         let rope = Rope::new(
@@ -230,6 +288,12 @@ fn matmul(
     resize(out, n_tok * m.rows);
     if m.host {
         return host_matmul(file, m, x, n_tok, out);
+    }
+    if let Some(p) = &m.packed {
+        return dot::matmul_f32_packed(p, x, n_tok, out, pool).map_err(|e| BackendError::Device {
+            backend: "cpu".into(),
+            msg: format!("{}: {e}", m.info.name),
+        });
     }
     dot::matmul_f32(
         m.ty,

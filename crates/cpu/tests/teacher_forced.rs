@@ -129,7 +129,7 @@ pub fn compare(fixture: &str, model_override: Option<PathBuf>) -> (f64, f64) {
     }
     let n = fx.positions.len() as f64;
     eprintln!(
-        "{fixture}: |logit - llama.cpp| over the reference top-{}: mean {:.4}, max {:.4}",
+        "{fixture}: |logit - llama.cpp| over the reference top-{}: mean {:.3e}, max {:.3e}",
         fx.positions.first().map_or(0, |p| p.ids.len()),
         diff_sum / diff_n.max(1) as f64,
         diff_max

@@ -809,3 +809,58 @@ fn dot_avx512_matmul_is_bit_identical_to_scalar() {
         }
     }
 }
+
+/// The packed `Q4_K` layout (16 interleaved rows, made at load) gives the scalar reference's
+/// results bit for bit, for every token count (groups of 4 and the tokens left over take
+/// llama.cpp's two orders), and unpacks back to the GGUF bytes it came from.
+#[test]
+fn dot_packed_q4k_is_bit_identical_to_scalar() {
+    if !Isa::Avx512.available() {
+        println!("skipping: AVX-512 not available on this CPU");
+        return;
+    }
+    let ty = GgmlType::Q4K;
+    let mut rng = Rng(0x9ac4_ed01);
+    let pool = Pool::new(2).unwrap();
+    for &(rows, cols, random_bytes) in &[
+        (16usize, 256usize, true),
+        (48, 1024, false),
+        (32, 512, true),
+        (2048, 256, false),
+    ] {
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
+            .collect();
+        let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
+            .unwrap()
+            .expect("Q4_K with 16-row groups packs on AVX-512");
+        let rb = dot::row_bytes(ty, cols).unwrap();
+        for r in 0..rows {
+            assert_eq!(p.unpack_row(r).unwrap(), w[r * rb..(r + 1) * rb], "row {r}");
+        }
+        for n_tokens in [1usize, 2, 3, 4, 5, 7, 8, 9, 13] {
+            let x = rng.acts(n_tokens * cols);
+            let acts = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
+            let mut want = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut want, &pool, Isa::Scalar).unwrap();
+            let mut got = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_packed(&p, &acts, &mut got, &pool).unwrap();
+            let mut got_f32 = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_f32_packed(&p, &x, n_tokens, &mut got_f32, &pool).unwrap();
+            for (i, ((a, b), c)) in want.iter().zip(&got).zip(&got_f32).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs packed {b}"
+                );
+                assert_eq!(b.to_bits(), c.to_bits(), "element {i}: f32 entry point");
+            }
+        }
+    }
+    // Shapes the packed kernel does not take are refused, not mangled.
+    let w = weight_row(&mut rng, ty, 256, false);
+    assert!(dot::PackedMat::pack_with_isa(ty, &w, 1, 256, Isa::Avx512)
+        .unwrap()
+        .is_none());
+    assert!(dot::PackedMat::pack_with_isa(GgmlType::Q4K, &w, 1, 255, Isa::Avx512).is_err());
+}

@@ -732,6 +732,7 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         mr: 4,
         nt: 4,
         mr1: 4,
+        exact_rows: false,
         tile,
     })
 }

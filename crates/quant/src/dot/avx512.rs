@@ -936,10 +936,222 @@ pub(crate) fn tail_kernel(ty: GgmlType) -> Option<Kernel> {
             mr: 2,
             nt: 4,
             mr1: 4,
+            exact_rows: false,
             tile: t_q4_k_gemv,
         }),
         _ => None,
     }
+}
+
+// ---- packed Q4_K (16 interleaved rows, see `super::packed`) ---------------------------------
+
+/// A tile of 16 packed `Q4_K` rows × `T` tokens. Lane `r` of every vector belongs to row `r`;
+/// per token, `vpdpbusd` of a weight vector (4 elements of each row) with 4 activation bytes
+/// broadcast gives the 16 rows' partial sums; a sub-block's sum times its scale (`vpmulld`) is
+/// added into the pair's (`PAIRS`) or the block's integer sum, exactly as the scalar references
+/// add them. The float side per (row, token) is that of [`super::scalar::dot_q4_k`]
+/// (`PAIRS`: one fma per pair of sub-blocks) or [`super::scalar::dot_q4_k_gemv`] (one per
+/// super-block), lane by lane.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `T == t.toks`, `t.w` at the start of a packed
+/// group of `t.nb` super-blocks; AVX-512 F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_x16<const T: usize, const PAIRS: bool>(t: &Tile) {
+    let mut arow = [t.a; T];
+    for (k, p) in arow.iter_mut().enumerate() {
+        *p = t.a.wrapping_add(k * t.a_stride);
+    }
+    let zi = _mm512_setzero_si512();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut accm = [_mm512_setzero_ps(); T];
+    // Unpacked scales (bytes 0..128: sub-block j at 16 j, one byte per row) and mins (128..256).
+    let mut sm = [Line64([0; 64]); 4];
+    for b in 0..t.nb {
+        // SAFETY: super-block b of the group (2304 bytes at x) and block b of every token's
+        // activation row (292 bytes at ys[k]) exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * super::packed::Q4K_GROUP_BYTES);
+            let d = _mm512_cvtph_ps(ld256(x));
+            let dmin = _mm512_cvtph_ps(ld256(x.add(32)));
+            // Scale bytes k = 0..4 (z0), 4..8 (z1), 8..12 (z2), 16 rows each. The scalar form
+            // is `scalar::k4_scale_min`: sc_j = s[j] & 63 and m_j = s[j+4] & 63 for j < 4;
+            // sc_j = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m_j = (s[j+4] >> 4) | (s[j] >> 6) << 4.
+            let z0 = _mm512_loadu_si512(x.add(64) as *const __m512i);
+            let z1 = _mm512_loadu_si512(x.add(128) as *const __m512i);
+            let z2 = _mm512_loadu_si512(x.add(192) as *const __m512i);
+            let c63 = _mm512_set1_epi8(63);
+            let c30 = _mm512_set1_epi8(0x30);
+            let sc_hi = _mm512_or_si512(
+                _mm512_and_si512(z2, m4),
+                _mm512_and_si512(_mm512_srli_epi16::<2>(z0), c30),
+            );
+            let m_hi = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(z2), m4),
+                _mm512_and_si512(_mm512_srli_epi16::<2>(z1), c30),
+            );
+            let smp = sm.as_mut_ptr() as *mut __m512i;
+            _mm512_storeu_si512(smp, _mm512_and_si512(z0, c63));
+            _mm512_storeu_si512(smp.add(1), sc_hi);
+            _mm512_storeu_si512(smp.add(2), _mm512_and_si512(z1, c63));
+            _mm512_storeu_si512(smp.add(3), m_hi);
+            let smb = sm.as_ptr() as *const u8;
+            let mut ys = [t.a; T];
+            let mut dd = [_mm512_setzero_ps(); T];
+            let mut dm = [_mm512_setzero_ps(); T];
+            // Per token, the activation sums of sub-blocks (2p, 2p + 1) as i16 pairs in the
+            // i32 lane p of `sp` (for `vpdpwssd` against the rows' min pairs).
+            let mut sp = [[0i32; 8]; T];
+            for k in 0..T {
+                ys[k] = arow[k].add(b * 292);
+                let yd = _mm512_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
+                dd[k] = _mm512_mul_ps(d, yd);
+                dm[k] = _mm512_mul_ps(dmin, yd);
+                let s = _mm256_madd_epi16(ld256(ys[k].add(260)), _mm256_set1_epi16(1));
+                // Per 128-bit lane: [S0, S1, S2, S3] -> i16 [S0..S3, S0..S3]; lanes 0, 1 of the
+                // low half are the pairs (S0, S1), (S2, S3), lanes 4, 5 (S4, S5), (S6, S7).
+                let pk = _mm256_packs_epi32(s, s);
+                _mm256_storeu_si256(sp[k].as_mut_ptr() as *mut __m256i, pk);
+            }
+            let mut isb = [zi; T];
+            let mut msb = [zi; T];
+            for p in 0..4 {
+                let mut ip = [zi; T];
+                for j in [2 * p, 2 * p + 1] {
+                    let mut sj = [zi; T];
+                    for q in 0..4 {
+                        let v = _mm512_loadu_si512(x.add(256 + 64 * (4 * j + q)) as *const __m512i);
+                        let w0 = _mm512_and_si512(v, m4);
+                        let w1 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                        for k in 0..T {
+                            let yq = ys[k].add(4 + 32 * j + 8 * q);
+                            sj[k] = dpbusd_bcast2(sj[k], w0, w1, yq);
+                        }
+                    }
+                    let sc =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(smb.add(16 * j) as *const __m128i));
+                    for k in 0..T {
+                        ip[k] = _mm512_add_epi32(ip[k], _mm512_mullo_epi32(sj[k], sc));
+                    }
+                }
+                // Lane r: m_{2p} | m_{2p+1} << 16 of row r.
+                let ma = _mm_loadu_si128(smb.add(128 + 32 * p) as *const __m128i);
+                let mb = _mm_loadu_si128(smb.add(128 + 32 * p + 16) as *const __m128i);
+                let mp = _mm512_cvtepu8_epi16(_mm256_set_m128i(
+                    _mm_unpackhi_epi8(ma, mb),
+                    _mm_unpacklo_epi8(ma, mb),
+                ));
+                let lane = [0usize, 1, 4, 5][p];
+                for k in 0..T {
+                    let ms = dpwssd_bcast(zi, mp, sp[k].as_ptr().add(lane) as *const u8);
+                    if PAIRS {
+                        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip[k]), dd[k], acc[k]);
+                        accm[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), dm[k], accm[k]);
+                    } else {
+                        isb[k] = _mm512_add_epi32(isb[k], ip[k]);
+                        msb[k] = _mm512_add_epi32(msb[k], ms);
+                    }
+                }
+            }
+            if !PAIRS {
+                for k in 0..T {
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb[k]), dd[k], acc[k]);
+                    accm[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msb[k]), dm[k], accm[k]);
+                }
+            }
+        }
+    }
+    for k in 0..T {
+        // SAFETY: outputs (k, 0..16) are inside the tile.
+        unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), _mm512_sub_ps(acc[k], accm[k])) };
+    }
+}
+
+/// `acc + dot4(w0, bcast(p[0..4])) + dot4(w1, bcast(p[4..8]))` per i32 lane (`vpdpbusd`, `w`
+/// unsigned, the activation bytes signed), the activation words broadcast from memory. Inline
+/// assembly because LLVM otherwise loads each broadcast word through a general register and
+/// the stack.
+///
+/// # Safety
+/// `p` valid for 8 bytes; AVX-512 F and VNNI available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn dpbusd_bcast2(acc: __m512i, w0: __m512i, w1: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: reads 8 bytes at `p` (caller's contract); an instruction of an enabled feature.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {acc}, {w0}, dword ptr [{p}]{{1to16}}",
+            "vpdpbusd {acc}, {w1}, dword ptr [{p} + 4]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            w0 = in(zmm_reg) w0,
+            w1 = in(zmm_reg) w1,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// `acc + pairwise(a * bcast(p[0..4]))` (i16 pairs, `vpdpwssd`), the word broadcast from memory.
+///
+/// # Safety
+/// `p` valid for 4 bytes; AVX-512 F and VNNI available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: reads 4 bytes at `p` (caller's contract); an instruction of an enabled feature.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, dword ptr [{p}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// 64 bytes, aligned (scratch for unpacked scales).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line64([u8; 64]);
+
+macro_rules! packed_kernel {
+    ($name:ident, $pairs:expr) => {
+        /// # Safety
+        /// The [`Tile`] contract of [`q4k_x16`].
+        unsafe fn $name(t: &Tile) {
+            // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+            unsafe {
+                match t.toks {
+                    1 => q4k_x16::<1, { $pairs }>(t),
+                    2 => q4k_x16::<2, { $pairs }>(t),
+                    3 => q4k_x16::<3, { $pairs }>(t),
+                    4 => q4k_x16::<4, { $pairs }>(t),
+                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                }
+            }
+        }
+    };
+}
+packed_kernel!(t_q4k_x16, true);
+packed_kernel!(t_q4k_x16_gemv, false);
+
+/// The packed `Q4_K` kernels: groups of 4 tokens (llama.cpp's gemm order) and the tokens left
+/// over (its gemv order). Rows come in whole groups of 16.
+pub(crate) fn packed_q4k_kernels() -> (Kernel, Kernel) {
+    let k = |tile: TileFn| Kernel {
+        mr: 16,
+        nt: 4,
+        mr1: 16,
+        exact_rows: true,
+        tile,
+    };
+    (k(t_q4k_x16), k(t_q4k_x16_gemv))
 }
 
 // ---- float weights (f32 activations) --------------------------------------------------------
@@ -1069,5 +1281,11 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         BF16 => (t_bf16, 4, 4, 4),
         _ => return None,
     };
-    Some(Kernel { mr, nt, mr1, tile })
+    Some(Kernel {
+        mr,
+        nt,
+        mr1,
+        exact_rows: false,
+        tile,
+    })
 }

@@ -49,6 +49,9 @@ pub(crate) struct Kernel {
     pub nt: usize,
     /// Rows per tile when the tile has a single token (decode).
     pub mr1: usize,
+    /// The tile takes exactly `mr` rows, never fewer (packed layouts interleave `mr` rows), so
+    /// a product's chunks must be whole multiples of `mr` rows.
+    pub exact_rows: bool,
     pub tile: TileFn,
 }
 
@@ -144,6 +147,7 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
         mr: 1,
         nt: 1,
         mr1: 1,
+        exact_rows: false,
         tile,
     })
 }
@@ -174,6 +178,7 @@ pub(crate) fn tail_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
             mr: 1,
             nt: 1,
             mr1: 1,
+            exact_rows: false,
             tile: s_q4_k_gemv,
         }),
         #[cfg(target_arch = "x86_64")]

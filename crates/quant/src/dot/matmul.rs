@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use gguf::GgmlType;
 
 use super::kernels::{self, Kernel, Tile};
+use super::packed::PackedMat;
 use super::{act_type, best_isa, row_bytes, ActBuf, DotError, Isa, Pool};
 
 /// Products smaller than this many multiply-adds run on the calling thread alone: handing them
@@ -76,7 +77,48 @@ pub fn matmul_with_isa(
         rows,
         out,
     }];
-    run_jobs(&mut jobs, &[acts], pool, isa)
+    run_jobs(&mut jobs, &[acts], pool, isa, None)
+}
+
+/// [`matmul`] of a packed matrix ([`PackedMat`]): the same results, bit for bit, as
+/// [`matmul`] on the GGUF bytes it was packed from.
+pub fn matmul_packed(
+    w: &PackedMat,
+    acts: &ActBuf,
+    out: &mut [f32],
+    pool: &Pool,
+) -> Result<(), DotError> {
+    if acts.cols() != w.cols() {
+        return Err(DotError::Cols {
+            weight_ty: w.weight_type(),
+            expected: w.cols(),
+            got: acts.cols(),
+        });
+    }
+    let mut jobs = [MatJob {
+        weight_ty: w.weight_type(),
+        w: w.bytes(),
+        rows: w.rows(),
+        out,
+    }];
+    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels())
+}
+
+/// [`matmul_f32`] of a packed matrix ([`PackedMat`]).
+pub fn matmul_f32_packed(
+    w: &PackedMat,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    pool: &Pool,
+) -> Result<(), DotError> {
+    let mut jobs = [MatJob {
+        weight_ty: w.weight_type(),
+        w: w.bytes(),
+        rows: w.rows(),
+        out,
+    }];
+    f32_jobs(&mut jobs, x, n_tokens, w.cols(), pool, w.kernels())
 }
 
 /// Run several products over the same activations in one dispatch. `acts` holds the input
@@ -87,7 +129,7 @@ pub fn matmul_multi(
     acts: &[&ActBuf],
     pool: &Pool,
 ) -> Result<(), DotError> {
-    run_jobs(jobs, acts, pool, best_isa())
+    run_jobs(jobs, acts, pool, best_isa(), None)
 }
 
 thread_local! {
@@ -137,6 +179,17 @@ pub fn matmul_f32_multi(
     cols: usize,
     pool: &Pool,
 ) -> Result<(), DotError> {
+    f32_jobs(jobs, x, n_tokens, cols, pool, None)
+}
+
+fn f32_jobs(
+    jobs: &mut [MatJob<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    cols: usize,
+    pool: &Pool,
+    packed: Option<(Kernel, Kernel)>,
+) -> Result<(), DotError> {
     let isa = best_isa();
     SCRATCH.with(|s| {
         let mut fresh: [ActBuf; 4];
@@ -172,7 +225,7 @@ pub fn matmul_f32_multi(
             .filter(|(n, _)| n.is_some())
             .map(|(_, b)| b)
             .collect();
-        run_jobs(jobs, &acts, pool, isa)
+        run_jobs(jobs, &acts, pool, isa, packed)
     })
 }
 
@@ -253,11 +306,14 @@ unsafe impl Send for Prepared {}
 // SAFETY: as above.
 unsafe impl Sync for Prepared {}
 
+/// `packed`: the kernels of a packed layout (groups of 4 tokens, tokens left over), which then
+/// apply to every job (the weights are packed bytes); `None` for GGUF-layout weights.
 fn run_jobs(
     jobs: &mut [MatJob<'_>],
     acts: &[&ActBuf],
     pool: &Pool,
     isa: Isa,
+    packed: Option<(Kernel, Kernel)>,
 ) -> Result<(), DotError> {
     if !isa.available() {
         return Err(DotError::IsaUnavailable { isa });
@@ -328,10 +384,23 @@ fn run_jobs(
             j.out.fill(0.0);
             continue;
         }
-        let k =
-            kernels::kernel(j.weight_ty, isa).ok_or(DotError::Unsupported { ty: j.weight_ty })?;
+        let (k, tail) = match packed {
+            Some((k, t)) => (k, Some(t)),
+            None => (
+                kernels::kernel(j.weight_ty, isa)
+                    .ok_or(DotError::Unsupported { ty: j.weight_ty })?,
+                kernels::tail_kernel(j.weight_ty, isa),
+            ),
+        };
+        if k.exact_rows && !j.rows.is_multiple_of(k.mr) {
+            return Err(DotError::Length {
+                what: "rows of a packed matrix (whole groups)",
+                expected: j.rows.div_ceil(k.mr) * k.mr,
+                got: j.rows,
+            });
+        }
         let plan = Plan::new(&k, j.rows, n_tokens, wrb, pool.n_threads(), cols);
-        let (tail, tail_from) = match kernels::tail_kernel(j.weight_ty, isa) {
+        let (tail, tail_from) = match tail {
             Some(t) => (t, n_tokens - n_tokens % kernels::GROUP_TOKENS),
             None => (k, n_tokens),
         };
@@ -452,7 +521,11 @@ impl Plan {
         let rc = rc.min(max_rc).max(1);
         // Whole tiles per chunk where possible.
         let mr = if n_tokens == 1 { k.mr1 } else { k.mr };
-        let rc = if rc >= mr { rc.div_ceil(mr) * mr } else { rc };
+        let rc = if rc >= mr || k.exact_rows {
+            rc.div_ceil(mr) * mr
+        } else {
+            rc
+        };
         let row_chunks = rows.div_ceil(rc);
         Plan {
             rows,

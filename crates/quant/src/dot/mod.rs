@@ -21,6 +21,7 @@ pub mod f32ops;
 pub mod ggml;
 mod kernels;
 mod matmul;
+mod packed;
 mod pool;
 pub mod scalar;
 
@@ -30,7 +31,11 @@ mod avx2;
 mod avx512;
 
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
-pub use matmul::{matmul, matmul_f32, matmul_f32_multi, matmul_multi, matmul_with_isa, MatJob};
+pub use matmul::{
+    matmul, matmul_f32, matmul_f32_multi, matmul_f32_packed, matmul_multi, matmul_packed,
+    matmul_with_isa, MatJob,
+};
+pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS};
 pub use pool::Pool;
 
 use std::sync::atomic::{AtomicU8, Ordering};

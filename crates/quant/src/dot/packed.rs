@@ -1,0 +1,230 @@
+//! Weight matrices repacked once, at load, into a layout made for this CPU's kernels.
+//!
+//! `Q4_K` rows in GGUF order make an AVX-512 kernel unpack every row's nibbles and scales per
+//! 64-element chunk and reduce each (row, token) pair's integer sums horizontally, which costs
+//! more than the integer products themselves. llama.cpp repacks `Q4_K` at load for the same
+//! reason (`q4_K_8x8`). Here 16 rows are interleaved per super-block so that one 512-bit vector
+//! holds 4 consecutive elements of each of the 16 rows: `vpdpbusd` against 4 activation bytes
+//! broadcast to every lane then yields 16 rows' partial dot products in 16 lanes, with no
+//! horizontal work, and the per-row scales, mins and `d` are vectors across rows.
+//!
+//! Only the integer work is rearranged: per (row, token) the float operations are the same, in
+//! the same order, as [`super::scalar::dot_q4_k`] (groups of 4 tokens) and
+//! [`super::scalar::dot_q4_k_gemv`] (the tokens left over, and decode), so the results are bit
+//! for bit those of the GGUF-layout kernels (and of llama.cpp).
+//!
+//! Layout of one `Q4_K` group (16 rows) for super-block `b`, [`Q4K_GROUP_BYTES`] = 16 × 144 bytes,
+//! groups of super-blocks stored super-block after super-block, groups after groups (so group
+//! `g` starts at byte `16 g` × row bytes, as in the GGUF layout):
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 0..32 | `d` of rows 0..16 (f16) |
+//! | 32..64 | `dmin` of rows 0..16 (f16) |
+//! | 64..256 | the 12 packed scale bytes, byte `k` of row `r` at `64 + 16 k + r` |
+//! | 256..2304 | 32 vectors of 64 bytes: vector `4 j + k` (sub-block `j`, quarter `k`), byte `4 r + i`: low nibble = element `32 j + 8 k + i` of row `r`, high nibble = element `32 j + 8 k + 4 + i` |
+
+use gguf::GgmlType;
+
+use super::kernels::Kernel;
+use super::{row_bytes, DotError, Isa};
+
+/// Rows interleaved per group of the packed `Q4_K` layout.
+pub const Q4K_GROUP_ROWS: usize = 16;
+/// Bytes of one group of [`Q4K_GROUP_ROWS`] rows for one super-block (the same as in GGUF).
+pub const Q4K_GROUP_BYTES: usize = Q4K_GROUP_ROWS * 144;
+
+/// 64-byte aligned storage unit.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A weight matrix in a kernel-specific layout (see the module docs), made by
+/// [`PackedMat::pack`] from GGUF bytes; multiplied by [`super::matmul_f32_packed`] /
+/// [`super::matmul_packed`], with results bit-identical to [`super::matmul`] on the GGUF bytes.
+pub struct PackedMat {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    len: usize,
+    data: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMat")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+impl PackedMat {
+    /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
+    /// `Q4_K` with a multiple of 16 rows, on AVX-512 (the only packed kernel so far).
+    pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
+        ty == GgmlType::Q4K
+            && isa == Isa::Avx512
+            && isa.available()
+            && rows > 0
+            && rows.is_multiple_of(Q4K_GROUP_ROWS)
+            && cols > 0
+            && cols.is_multiple_of(256)
+    }
+
+    /// Repack `rows` rows of `cols` elements of `ty` (GGUF layout, `w`) for the best
+    /// instruction set, or `Ok(None)` when no packed kernel takes this type, shape or CPU (then
+    /// multiply the GGUF bytes with [`super::matmul`]).
+    pub fn pack(
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<PackedMat>, DotError> {
+        Self::pack_with_isa(ty, w, rows, cols, super::best_isa())
+    }
+
+    /// [`PackedMat::pack`] for an explicit instruction set.
+    pub fn pack_with_isa(
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        isa: Isa,
+    ) -> Result<Option<PackedMat>, DotError> {
+        let wrb = row_bytes(ty, cols)?;
+        let len = wrb.checked_mul(rows).ok_or(DotError::Overflow {
+            what: "weight matrix size",
+        })?;
+        if w.len() != len {
+            return Err(DotError::Length {
+                what: "weights (bytes)",
+                expected: len,
+                got: w.len(),
+            });
+        }
+        if !Self::packable(ty, rows, cols, isa) {
+            return Ok(None);
+        }
+        let mut data = vec![Line([0; 64]); len.div_ceil(64)];
+        // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) };
+        let nb = cols / 256;
+        let group = Q4K_GROUP_ROWS * wrb;
+        // Groups are independent: spread them over rayon's threads (a 1B model packs about
+        // 450 MiB at load).
+        use rayon::prelude::*;
+        w.par_chunks_exact(group)
+            .zip(dst.par_chunks_exact_mut(group))
+            .for_each(|(src, out)| {
+                for b in 0..nb {
+                    let o = &mut out[b * Q4K_GROUP_BYTES..(b + 1) * Q4K_GROUP_BYTES];
+                    for r in 0..Q4K_GROUP_ROWS {
+                        let x = &src[r * wrb + b * 144..r * wrb + (b + 1) * 144];
+                        pack_q4k_row(x, r, o);
+                    }
+                }
+            });
+        Ok(Some(PackedMat {
+            ty,
+            rows,
+            cols,
+            len,
+            data,
+        }))
+    }
+
+    /// The weight type.
+    pub fn weight_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Elements per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The packed bytes (as many as the GGUF layout has).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `data` holds at least `len` initialized bytes; `Line` is plain bytes.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.len) }
+    }
+
+    /// Row `r` back in GGUF layout (`None` past the last row).
+    pub fn unpack_row(&self, r: usize) -> Option<Vec<u8>> {
+        if r >= self.rows {
+            return None;
+        }
+        let nb = self.cols / 256;
+        let (g, rr) = (r / Q4K_GROUP_ROWS, r % Q4K_GROUP_ROWS);
+        let group = self
+            .bytes()
+            .get(g * nb * Q4K_GROUP_BYTES..(g + 1) * nb * Q4K_GROUP_BYTES)?;
+        let mut out = vec![0u8; nb * 144];
+        for (b, x) in out.chunks_exact_mut(144).enumerate() {
+            unpack_q4k_row(
+                &group[b * Q4K_GROUP_BYTES..(b + 1) * Q4K_GROUP_BYTES],
+                rr,
+                x,
+            );
+        }
+        Some(out)
+    }
+
+    /// The kernel for groups of 4 tokens and the one for the tokens left over.
+    pub(crate) fn kernels(&self) -> Option<(Kernel, Kernel)> {
+        #[cfg(target_arch = "x86_64")]
+        if self.ty == GgmlType::Q4K {
+            return Some(super::avx512::packed_q4k_kernels());
+        }
+        None
+    }
+}
+
+/// Place one row's `Q4_K` block `x` (144 bytes) as row `r` of the packed group block `o`.
+fn pack_q4k_row(x: &[u8], r: usize, o: &mut [u8]) {
+    o[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+    o[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
+    for k in 0..12 {
+        o[64 + 16 * k + r] = x[4 + k];
+    }
+    let qs = &x[16..144];
+    // Element e = 64c + 32h + l is nibble h of qs[32c + l].
+    let q = |e: usize| (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0f;
+    for j in 0..8 {
+        for k in 0..4 {
+            for i in 0..4 {
+                let e = 32 * j + 8 * k + i;
+                o[256 + 64 * (4 * j + k) + 4 * r + i] = q(e) | (q(e + 4) << 4);
+            }
+        }
+    }
+}
+
+/// The inverse of [`pack_q4k_row`].
+fn unpack_q4k_row(o: &[u8], r: usize, x: &mut [u8]) {
+    x[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
+    x[2..4].copy_from_slice(&o[32 + 2 * r..32 + 2 * r + 2]);
+    for k in 0..12 {
+        x[4 + k] = o[64 + 16 * k + r];
+    }
+    let qs = &mut x[16..144];
+    qs.fill(0);
+    for j in 0..8 {
+        for k in 0..4 {
+            for i in 0..4 {
+                let e = 32 * j + 8 * k + i;
+                let v = o[256 + 64 * (4 * j + k) + 4 * r + i];
+                for (e, q) in [(e, v & 0x0f), (e + 4, v >> 4)] {
+                    qs[32 * (e / 64) + e % 32] |= q << (4 * ((e / 32) % 2));
+                }
+            }
+        }
+    }
+}
