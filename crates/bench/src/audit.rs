@@ -185,11 +185,35 @@ pub fn audit(
     n_kv: u64,
     kv_type: GgmlType,
 ) -> Audit {
+    let info = backend.info();
+    audit_with(
+        cfg,
+        weights,
+        (&info.name, &info.device),
+        &|op| backend.support(op),
+        n_tokens,
+        n_kv,
+        kv_type,
+    )
+}
+
+/// [`audit`] with the backend's answer function given directly (`(name, device)` label the
+/// result): for a placement computed without the device, e.g. `cuda::host::cuda_support` on a
+/// machine without a GPU.
+pub fn audit_with(
+    cfg: &ModelConfig,
+    weights: &ModelWeights,
+    (name, device): (&str, &str),
+    support: &dyn Fn(&runtime::OpDesc) -> Support,
+    n_tokens: u64,
+    n_kv: u64,
+    kv_type: GgmlType,
+) -> Audit {
     let ops = model::ops(cfg, weights, n_tokens, n_kv.max(n_tokens), kv_type);
     let rows: Vec<OpRow> = ops
         .iter()
         .map(|op| {
-            let placement = Placement::from(backend.support(&runtime::OpDesc::from_model(op)));
+            let placement = Placement::from(support(&runtime::OpDesc::from_model(op)));
             let (bytes, flops) = cost(op);
             OpRow {
                 layer: op.layer,
@@ -216,10 +240,9 @@ pub fn audit(
     } else {
         0.0
     };
-    let info = backend.info();
     Audit {
-        backend: info.name.clone(),
-        device: info.device.clone(),
+        backend: name.to_string(),
+        device: device.to_string(),
         n_tokens,
         n_kv: n_kv.max(n_tokens),
         ops: rows,
@@ -272,6 +295,40 @@ impl Audit {
                 r.est_us,
                 place
             ));
+        }
+        out
+    }
+
+    /// The ops that are not native grouped by reason (the text of `why` before its first `:`,
+    /// so every `layer placement: layer N ...` counts as one): reason, ops, percent of ops,
+    /// percent of estimated time. In order of first appearance.
+    pub fn by_reason(&self) -> Vec<(String, usize, f64, f64)> {
+        let n = self.ops.len().max(1) as f64;
+        let total: f64 = self.ops.iter().map(|r| r.est_us).sum();
+        let mut out: Vec<(String, usize, f64, f64)> = Vec::new();
+        for r in &self.ops {
+            let why = match &r.placement {
+                Placement::Native => continue,
+                Placement::Fallback { why, .. } | Placement::Unsupported { why } => why,
+            };
+            let key = why.split(':').next().unwrap_or(why).trim().to_string();
+            let i = match out.iter().position(|e| e.0 == key) {
+                Some(i) => i,
+                None => {
+                    out.push((key, 0, 0.0, 0.0));
+                    out.len() - 1
+                }
+            };
+            out[i].1 += 1;
+            out[i].3 += r.est_us;
+        }
+        for e in &mut out {
+            e.2 = 100.0 * e.1 as f64 / n;
+            e.3 = if total > 0.0 {
+                100.0 * e.3 / total
+            } else {
+                0.0
+            };
         }
         out
     }

@@ -22,6 +22,8 @@ pub mod stats;
 pub mod time;
 pub mod workload;
 
+pub use measure::{runners_for, Runners};
+
 /// What can go wrong while measuring.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -98,6 +98,32 @@ impl Measurement {
     }
 }
 
+/// What a measuring command (`bench`, `calibrate`) needs: the prompt maker, the method, and one
+/// [`Runner`] per backend.
+pub struct Runners {
+    pub prompts: PromptMaker,
+    pub method: Method,
+    pub runners: Vec<Runner>,
+}
+
+/// One [`Runner`] per handle (each reading its backend's energy counter,
+/// [`PowerSource::for_backend`]), prompts drawn from `tok`'s vocabulary, and `method`.
+pub fn runners_for(
+    handles: &[BackendHandle],
+    tok: &tokenizer::Tokenizer,
+    method: Method,
+) -> Result<Runners, BenchError> {
+    let runners = handles
+        .iter()
+        .map(|h| Runner::new(h.clone(), PowerSource::for_backend(h.name())))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Runners {
+        prompts: PromptMaker::new(tok)?,
+        method,
+        runners,
+    })
+}
+
 /// Runs workloads on one backend actor, through a coordinator that holds only it (the request
 /// path of `serve` and `run`: validation, routing, the actor's mailbox, continuous batching).
 pub struct Runner {

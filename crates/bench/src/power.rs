@@ -27,13 +27,14 @@ impl PowerSource {
     /// The source for the backend named `name`: `cuda:N` reads NVML device N; `cpu...` reads
     /// RAPL under `/sys/class/powercap`; anything else has none.
     pub fn for_backend(name: &str) -> PowerSource {
-        if let Some(idx) = name.strip_prefix("cuda:") {
-            return match idx.parse::<u32>() {
-                Ok(i) => match cuda::power::PowerMeter::open(i) {
+        if name.starts_with("cuda:") {
+            // `cuda:N`, or a test double `cuda:N-lacking-TYPE` on the same device.
+            return match cuda::HostPlan::parse_name(name).map(|(d, _)| d as u32) {
+                Some(i) => match cuda::power::PowerMeter::open(i) {
                     Ok(m) => PowerSource::Counter(Box::new(Nvml(m))),
                     Err(why) => PowerSource::Unavailable(format!("n/a ({why})")),
                 },
-                Err(_) => PowerSource::Unavailable(format!("n/a (no device index in {name})")),
+                None => PowerSource::Unavailable(format!("n/a (no device index in {name})")),
             };
         }
         if name.starts_with("cpu") {

@@ -45,6 +45,26 @@ pub struct BackendArgs {
     /// (HTTP 429 from `serve`).
     #[arg(long = "max-queued", default_value_t = 64)]
     pub max_queued: usize,
+    /// Partial placement for models bigger than GPU memory: layers 0..N keep their matmul
+    /// weights on each GPU; the matmuls of layers N and above stay in host memory and run on the
+    /// CPU inside the GPU backend's plan (everything else of those layers stays on the GPU).
+    /// Default: every layer on the GPU.
+    #[arg(
+        long = "layers-on-gpu",
+        visible_alias = "n-gpu-layers",
+        value_name = "N"
+    )]
+    pub layers_on_gpu: Option<usize>,
+}
+
+impl BackendArgs {
+    /// The host placement each CUDA backend gets from these flags.
+    pub fn host_plan(&self) -> cuda::HostPlan {
+        cuda::HostPlan {
+            layers_on_gpu: self.layers_on_gpu,
+            ..cuda::HostPlan::default()
+        }
+    }
 }
 
 /// How big each backend's KV pool and steps are.
@@ -131,6 +151,7 @@ pub fn start(
             list.clone()
         }
     };
+    let split = placement(file, &a.host_plan());
     for d in devices {
         let name = format!("cuda:{d}");
         let opts = CudaOptions {
@@ -138,6 +159,7 @@ pub fn start(
             ctx_size: size.ctx_size,
             max_seqs: size.parallel.max(1),
             max_batch_tokens: size.batch_size.max(1),
+            host: a.host_plan(),
             ..CudaOptions::default()
         };
         let (file, label) = (file.clone(), label.to_string());
@@ -149,12 +171,23 @@ pub fn start(
         match runtime::spawn(factory, tok.clone(), cfg(&name)) {
             Ok(h) => {
                 eprintln!("backend {name}: {}", h.info().device);
+                if let Some(split) = &split {
+                    eprintln!("backend {name}: {split}");
+                }
                 handles.push(h);
             }
             Err(e) if matches!(gpus, GpuChoice::All) => {
                 eprintln!("backend {name}: not started: {e}");
             }
             Err(e) => return Err(e).with_context(|| format!("starting backend {name}")),
+        }
+    }
+
+    if let Some(n) = a.layers_on_gpu {
+        if !handles.iter().any(|h| h.name().starts_with("cuda:")) {
+            eprintln!(
+                "--layers-on-gpu {n}: no GPU backend started; the CPU backend runs every layer"
+            );
         }
     }
 
@@ -204,6 +237,16 @@ pub fn start(
         bail!("no backend to run on (--no-cpu and no usable GPU)");
     }
     Ok(handles)
+}
+
+/// How a GPU backend's matmul weights are split under `plan`, when it puts any on the host.
+fn placement(file: &GgufFile, plan: &cuda::HostPlan) -> Option<cuda::WeightSplit> {
+    if *plan == cuda::HostPlan::default() {
+        return None;
+    }
+    let cfg = model::ModelConfig::from_gguf(file).ok()?;
+    let w = model::ModelWeights::from_gguf(&cfg, file).ok()?;
+    Some(cuda::host::weight_split(&cfg, &w, plan))
 }
 
 /// The factory an actor runs on its own thread: build the backend, wrapped in the fault switch

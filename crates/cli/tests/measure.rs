@@ -189,17 +189,11 @@ fn audit_shows_native_ops_and_a_test_double_falling_back() {
         "--strict",
         "--csv",
         &csv_s,
-        "--layers-on-gpu",
-        "10",
     ]);
     assert!(!out.status.success(), "--strict must fail");
     let s = text(&out.stdout);
     assert!(
         s.contains("FALLBACK to host (test double built without a q8_0 matmul kernel"),
-        "{s}"
-    );
-    assert!(
-        s.contains("--layers-on-gpu 10: partial placement is not supported"),
         "{s}"
     );
     let e = text(&out.stderr);
@@ -416,4 +410,112 @@ fn serve_logs_requests_for_calibration() {
     }
     let parsed = bench::calibrate::parse_contexts(&text, "log").unwrap();
     assert_eq!(parsed.iter().map(|&n| n as u64).collect::<Vec<_>>(), sent);
+}
+
+/// `--layers-on-gpu`: the CUDA backend's matmuls of layers N.. fall back to the host with reason
+/// "layer placement", everything else stays native; the shares and the weight split are checked
+/// against the op rows and the file's own tensor sizes. Runs without a GPU (the placement is then
+/// planned from the file with the CUDA backend's support function) and with one (the real
+/// backend answers).
+#[test]
+fn audit_shows_layer_placement_of_a_cuda_backend() {
+    let out = crossover(&[
+        "audit",
+        "--backend",
+        "cuda:0",
+        "--layers-on-gpu",
+        "10",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["layers_on_gpu"], 10);
+    let a = &v["audits"][0];
+    assert_eq!(a["backend"], "cuda:0");
+    let ops = a["ops"].as_array().unwrap();
+    let (mut host, mut host_us, mut total_us) = (0usize, 0f64, 0f64);
+    for op in ops {
+        let us = op["est_us"].as_f64().unwrap();
+        total_us += us;
+        let layer = op["layer"].as_u64();
+        let placed = op["op"] == "mat_mul" && layer.is_some_and(|l| l >= 10);
+        if placed {
+            assert_eq!(op["placement"]["placement"], "fallback", "{op}");
+            assert_eq!(op["placement"]["to"], "host", "{op}");
+            let why = op["placement"]["why"].as_str().unwrap();
+            let want = format!("layer placement: layer {} ", layer.unwrap());
+            assert!(why.starts_with(&want), "{why}");
+            host += 1;
+            host_us += us;
+        } else {
+            assert_eq!(op["placement"]["placement"], "native", "{op}");
+        }
+    }
+    assert_eq!(host, 20 * 7);
+    let count_pct = a["fallback_count_pct"].as_f64().unwrap();
+    assert!((count_pct - 100.0 * host as f64 / ops.len() as f64).abs() < 1e-9);
+    let time_pct = a["fallback_time_pct"].as_f64().unwrap();
+    assert!((time_pct - 100.0 * host_us / total_us).abs() < 1e-6);
+    let p = &v["placement"][0];
+    assert_eq!(p["matmuls_on_host"], 140);
+    let reasons = p["fallback_by_reason"].as_array().unwrap();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert_eq!(reasons[0]["reason"], "layer placement");
+    assert_eq!(reasons[0]["ops"], 140);
+    // Bytes from the file's tensor table.
+    let f = gguf::GgufFile::open(model()).unwrap();
+    let (mut on_host, mut on_gpu) = (0u64, 0u64);
+    for t in f.tensors() {
+        let n = &t.name;
+        let layer = n
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse::<u64>().ok());
+        let mat = [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ]
+        .iter()
+        .any(|m| n.ends_with(&format!(".{m}.weight")));
+        let bytes = f.tensor_data(t).len() as u64;
+        match layer {
+            Some(l) if mat && l >= 10 => on_host += bytes,
+            Some(_) if mat => on_gpu += bytes,
+            // SmolLM2 ties the head to the embedding table, which stays on the GPU.
+            None if n == "token_embd.weight" => on_gpu += bytes,
+            _ => {}
+        }
+    }
+    assert_eq!(p["weights_on_host_bytes"], on_host);
+    assert_eq!(p["weights_on_gpu_bytes"], on_gpu);
+
+    // The text form names the reason and its shares; --strict fails on them.
+    let out = crossover(&[
+        "audit",
+        "--backend",
+        "cuda:0",
+        "--layers-on-gpu",
+        "10",
+        "--strict",
+    ]);
+    assert!(!out.status.success());
+    let s = text(&out.stdout);
+    assert!(
+        s.contains(&format!(
+            "layer placement: 140 ops, {count_pct:.1}% by count, {time_pct:.1}% by estimated time"
+        )),
+        "{s}"
+    );
+    assert!(s.contains("weights: 140 of 211 matmuls on the host"), "{s}");
+    assert!(text(&out.stderr).contains("--strict: above --max-fallback 15%: cuda:0 falls back"));
+
+    let out = crossover(&["audit", "--backend", "cuda:0", "--layers-on-gpu", "31"]);
+    assert!(text(&out.stderr).contains("--layers-on-gpu 31: the model has 30 layers"));
+    let out = crossover(&["audit", "--backend", "cpu", "--layers-on-gpu", "3"]);
+    assert!(text(&out.stderr).contains("no cuda:N backend is audited"));
 }

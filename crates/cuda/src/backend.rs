@@ -483,6 +483,12 @@ impl CudaBackend {
             kv_block_tokens: bt,
         };
         let mem_loaded = free0.saturating_sub(gpu.mem_info()?.0);
+        let mut info = info;
+        info.device.push_str(&format!(
+            ", {} MiB taken at load{}",
+            mem_loaded >> 20,
+            opts.host.note()
+        ));
         Ok(CudaBackend {
             graphs: Vec::new(),
             graph_failed: None,
@@ -1163,18 +1169,7 @@ impl Backend for CudaBackend {
     }
 
     fn support(&self, op: &OpDesc) -> Support {
-        if let Some(s) = self.opts.host.support(op) {
-            return s;
-        }
-        match op.ty {
-            Some(ty) if (op.op == "matmul" || op.op == "get_rows") && !kernels::supports(ty) => {
-                Support::Fallback {
-                    to: "none".into(),
-                    why: format!("no CUDA kernel for {ty}"),
-                }
-            }
-            _ => Support::Native,
-        }
+        crate::host::cuda_support(&self.opts.host, op)
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, BackendError> {

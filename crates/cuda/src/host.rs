@@ -73,6 +73,23 @@ impl HostPlan {
         })
     }
 
+    /// A note for the backend's device description: empty when everything runs on the GPU.
+    pub fn note(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = self.layers_on_gpu {
+            s.push_str(&format!(
+                "; matmuls of layers {n}.. in host memory, run on the CPU (--layers-on-gpu {n})"
+            ));
+        }
+        if let Some(t) = self.lacking {
+            let t = t.to_string().to_lowercase();
+            s.push_str(&format!(
+                "; {t} matmuls run on the CPU (test double without that kernel)"
+            ));
+        }
+        s
+    }
+
     /// The backend's name for device `device`: `cuda:N`, or `cuda:N-lacking-TYPE` for the test
     /// double.
     pub fn backend_name(&self, device: usize) -> String {
@@ -95,6 +112,25 @@ impl HostPlan {
     }
 }
 
+/// The CUDA backend's answer to "can you run this op?" ([`runtime::Backend::support`]): the
+/// plan's host placement first, then the kernels this build has (a weight type without a
+/// matmul or lookup kernel cannot run: `to = "none"`). A function of the plan alone, so
+/// `crossover audit` can show a placement on a machine without a GPU.
+pub fn cuda_support(plan: &HostPlan, op: &OpDesc) -> Support {
+    if let Some(s) = plan.support(op) {
+        return s;
+    }
+    match op.ty {
+        Some(ty) if (op.op == "matmul" || op.op == "get_rows") && !crate::kernels::supports(ty) => {
+            Support::Fallback {
+                to: "none".into(),
+                why: format!("no CUDA kernel for {ty}"),
+            }
+        }
+        _ => Support::Native,
+    }
+}
+
 /// Where a model's matmul weights go under a plan, in bytes (as stored in the file).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WeightSplit {
@@ -106,6 +142,22 @@ pub struct WeightSplit {
     pub host_mats: usize,
     /// Matmuls in all.
     pub mats: usize,
+}
+
+impl std::fmt::Display for WeightSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "{} of {} matmuls on the host ({:.1} MiB of weights kept in host memory), {:.1} MiB \
+             of matmul weights on the GPU ({:.1} MiB with every layer there)",
+            self.host_mats,
+            self.mats,
+            mib(self.host_bytes),
+            mib(self.device_bytes),
+            mib(self.device_bytes + self.host_bytes)
+        )
+    }
 }
 
 /// How `plan` splits the matmul weights of a model (the 7 of each layer and the output head;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use bench::audit::{audit, support_matrix_csv, Audit};
+use bench::audit::{audit, audit_with, support_matrix_csv, Audit};
 use cpu::{CpuBackend, CpuOptions};
 use cuda::{CudaBackend, CudaOptions};
 use gguf::{GgmlType, GgufFile};
@@ -18,8 +18,9 @@ pub struct AuditArgs {
     /// GGUF model file; default: SmolLM2-135M-Instruct Q4_1.
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
-    /// Backend to audit: `cpu`, `cuda:N`, or the test double `cpu-lacking-TYPE` (the CPU
-    /// backend built without TYPE's matmul kernel, e.g. `cpu-lacking-q8_0`). Default: every
+    /// Backend to audit: `cpu`, `cuda:N`, or a test double built without one tensor type's
+    /// matmul kernel: `cpu-lacking-TYPE` (e.g. `cpu-lacking-q8_0`) or `cuda:N-lacking-TYPE`
+    /// (e.g. `cuda:0-lacking-q6_k`), whose matmuls of that type run on the host. Default: every
     /// backend this machine has.
     #[arg(long)]
     pub backend: Vec<String>,
@@ -42,50 +43,123 @@ pub struct AuditArgs {
     /// Print the audit as JSON instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Show placement with the first N layers on the GPU and the rest on the host.
-    #[arg(long = "layers-on-gpu", value_name = "N")]
+    /// Audit the CUDA backends with layers 0..N's matmul weights on the GPU and the rest in
+    /// host memory, run on the CPU (the placement `run`/`serve`/`bench --layers-on-gpu N` use).
+    /// Without a GPU, `cuda:0` is audited from the file with the CUDA backend's own support
+    /// function.
+    #[arg(
+        long = "layers-on-gpu",
+        visible_alias = "n-gpu-layers",
+        value_name = "N"
+    )]
     pub layers_on_gpu: Option<usize>,
 }
 
-/// Build the named backend (small KV cache: only its answers are needed).
-fn build(name: &str, file: &Arc<GgufFile>, label: &str) -> Result<Box<dyn Backend>> {
+/// One audited backend, as built (or, for CUDA without a GPU, as planned).
+struct Audited {
+    audit: Audit,
+    /// The CUDA backend's placement of the matmul weights (CUDA only).
+    split: Option<cuda::WeightSplit>,
+    /// GPU memory the backend took at load (a real CUDA backend only).
+    loaded: Option<u64>,
+}
+
+/// Build the named backend (small KV cache: only its answers are needed) and audit it. A CUDA
+/// backend on a machine where CUDA is not usable is audited from the file with
+/// `cuda::host::cuda_support` (the function `CudaBackend::support` calls), labelled as planned.
+fn audit_one(
+    name: &str,
+    a: &AuditArgs,
+    file: &Arc<GgufFile>,
+    label: &str,
+    cfg: &ModelConfig,
+    weights: &ModelWeights,
+) -> Result<Audited> {
+    // The KV cache of both backends is f16.
+    let run = |be: &dyn Backend| audit(cfg, weights, be, a.tokens, a.kv, GgmlType::F16);
     let copts = CpuOptions {
         ctx_size: 64,
         max_seqs: 1,
         ..CpuOptions::default()
     };
-    if name == "cpu" {
-        return Ok(Box::new(CpuBackend::from_file(
-            file.clone(),
-            label,
-            &copts,
-        )?));
-    }
-    if let Some(ty) = name.strip_prefix("cpu-lacking-") {
-        let t = GgmlType::from_name(&ty.to_uppercase())
-            .with_context(|| format!("--backend {name}: `{ty}` is not a tensor type"))?;
-        return Ok(Box::new(CpuBackend::lacking_kernel(
-            file.clone(),
-            label,
-            &copts,
-            t,
-        )?));
-    }
-    if let Some(d) = name.strip_prefix("cuda:") {
-        let device: usize = d
-            .parse()
-            .with_context(|| format!("--backend {name}: `{d}` is not a device index"))?;
-        let opts = CudaOptions {
-            device,
-            ctx_size: 64,
-            max_seqs: 1,
-            ..CudaOptions::default()
+    let parse_ty = |ty: &str| {
+        GgmlType::from_name(&ty.to_uppercase())
+            .with_context(|| format!("--backend {name}: `{ty}` is not a tensor type"))
+    };
+    if name == "cpu" || name.starts_with("cpu-lacking-") {
+        let be = match name.strip_prefix("cpu-lacking-") {
+            None => CpuBackend::from_file(file.clone(), label, &copts)?,
+            Some(ty) => CpuBackend::lacking_kernel(file.clone(), label, &copts, parse_ty(ty)?)?,
         };
-        let b = CudaBackend::from_file(file.clone(), label, &opts)
-            .map_err(|e| anyhow::anyhow!("starting {name}: {e}"))?;
-        return Ok(Box::new(b));
+        return Ok(Audited {
+            audit: run(&be),
+            split: None,
+            loaded: None,
+        });
     }
-    bail!("unknown backend {name:?} (expected cpu, cuda:N or cpu-lacking-TYPE)")
+    if let Some(rest) = name.strip_prefix("cuda:") {
+        let (device, lacking) = match cuda::HostPlan::parse_name(name) {
+            Some(p) => p,
+            None => {
+                // Say which part is wrong.
+                match rest.split_once("-lacking-") {
+                    Some((_, ty)) => {
+                        parse_ty(ty)?;
+                        bail!("--backend {name}: not a device index before -lacking-")
+                    }
+                    None => bail!("--backend {name}: `{rest}` is not a device index"),
+                }
+            }
+        };
+        let plan = cuda::HostPlan {
+            layers_on_gpu: a.layers_on_gpu,
+            lacking,
+            ..cuda::HostPlan::default()
+        };
+        let split = Some(cuda::host::weight_split(cfg, weights, &plan));
+        match cuda::available() {
+            Ok(n) if device < n => {
+                let opts = CudaOptions {
+                    device,
+                    ctx_size: 64,
+                    max_seqs: 1,
+                    host: plan,
+                    ..CudaOptions::default()
+                };
+                let b = CudaBackend::from_file(file.clone(), label, &opts)
+                    .map_err(|e| anyhow::anyhow!("starting {name}: {e}"))?;
+                Ok(Audited {
+                    audit: run(&b),
+                    split,
+                    loaded: Some(b.memory_loaded()),
+                })
+            }
+            Ok(n) => {
+                bail!("--backend {name}: device {device} does not exist (this machine has {n})")
+            }
+            Err(why) => {
+                let desc = format!(
+                    "planned from the file: no GPU here ({why}); answers from the CUDA \
+                     backend's own support function"
+                );
+                Ok(Audited {
+                    audit: audit_with(
+                        cfg,
+                        weights,
+                        (&plan.backend_name(device), &desc),
+                        &|op| cuda::host::cuda_support(&plan, op),
+                        a.tokens,
+                        a.kv,
+                        GgmlType::F16,
+                    ),
+                    split,
+                    loaded: None,
+                })
+            }
+        }
+    } else {
+        bail!("unknown backend {name:?} (expected cpu, cuda:N, cpu-lacking-TYPE or cuda:N-lacking-TYPE)")
+    }
 }
 
 pub fn run(a: AuditArgs) -> Result<()> {
@@ -103,54 +177,74 @@ pub fn run(a: AuditArgs) -> Result<()> {
     if a.tokens == 0 {
         bail!("--tokens must be at least 1");
     }
+    if let Some(n) = a.layers_on_gpu {
+        if n > cfg.n_layer {
+            bail!("--layers-on-gpu {n}: the model has {} layers", cfg.n_layer);
+        }
+    }
     let names: Vec<String> = if a.backend.is_empty() {
         let mut v = vec!["cpu".to_string()];
         match cuda::available() {
             Ok(n) => v.extend((0..n).map(|d| format!("cuda:{d}"))),
+            // The placement asked for is still shown, planned from the file.
+            Err(_) if a.layers_on_gpu.is_some() => v.push("cuda:0".into()),
             Err(e) => eprintln!("no CUDA backend audited: {e}"),
         }
         v
     } else {
         a.backend.clone()
     };
-    let label = path.display().to_string();
-    let mut audits: Vec<Audit> = Vec::new();
-    for n in &names {
-        let be = build(n, &file, &label)?;
-        // The KV cache of both backends is f16.
-        audits.push(audit(
-            &cfg,
-            &weights,
-            be.as_ref(),
-            a.tokens,
-            a.kv,
-            GgmlType::F16,
-        ));
+    if a.layers_on_gpu.is_some() && !names.iter().any(|n| n.starts_with("cuda:")) {
+        bail!("--layers-on-gpu places layers of a CUDA backend; no cuda:N backend is audited");
     }
-    let placement_note = a.layers_on_gpu.map(|n| {
-        format!(
-            "--layers-on-gpu {n}: partial placement is not supported: the CUDA backend keeps \
-             every layer on the device (all {} layers here), and no backend splits layers \
-             between device and host; the audit shows the placement the backends really use",
-            cfg.n_layer
-        )
-    });
+    let label = path.display().to_string();
+    let mut done: Vec<Audited> = Vec::new();
+    for n in &names {
+        done.push(audit_one(n, &a, &file, &label, &cfg, &weights)?);
+    }
+    let audits: Vec<Audit> = done.iter().map(|d| d.audit.clone()).collect();
     if a.json {
+        let per: Vec<serde_json::Value> = done
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "backend": d.audit.backend,
+                    "weights_on_gpu_bytes": d.split.map(|s| s.device_bytes),
+                    "weights_on_host_bytes": d.split.map(|s| s.host_bytes),
+                    "matmuls_on_host": d.split.map(|s| s.host_mats),
+                    "gpu_memory_loaded_bytes": d.loaded,
+                    "fallback_by_reason": d.audit.by_reason().iter().map(|(why, n, c, t)| {
+                        serde_json::json!({"reason": why, "ops": n, "count_pct": c, "time_pct": t})
+                    }).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
         let v = serde_json::json!({
             "model": label,
+            "layers_on_gpu": a.layers_on_gpu,
             "audits": audits,
-            "layers_on_gpu": placement_note,
+            "placement": per,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model: {label}");
-        if let Some(n) = &placement_note {
-            println!("{n}");
-        }
-        for au in &audits {
+        for d in &done {
+            let au = &d.audit;
             println!("\n== {} ({})", au.backend, au.device);
             print!("{}", au.table());
             println!("{}", au.summary());
+            for (why, n, c, t) in au.by_reason() {
+                println!("  {why}: {n} ops, {c:.1}% by count, {t:.1}% by estimated time");
+            }
+            if let Some(s) = &d.split {
+                println!("  weights: {s}");
+            }
+            if let Some(b) = d.loaded {
+                println!(
+                    "  GPU memory taken at load: {:.1} MiB (weights, f16 copies, a 64-token KV cache, scratch)",
+                    b as f64 / (1u64 << 20) as f64
+                );
+            }
         }
     }
     if let Some(p) = &a.csv {

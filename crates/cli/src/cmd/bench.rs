@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bench::measure::{Method, Runner};
-use bench::power::PowerSource;
+use bench::measure::Method;
 use bench::report::BenchReport;
-use bench::workload::{PromptMaker, Workload};
+use bench::workload::Workload;
 use gguf::GgufFile;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::{BackendHandle, ShutdownMode};
@@ -144,16 +143,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         &tok,
         &label,
     )?;
-    let prompts = PromptMaker::new(&tok)?;
-    let method = Method {
-        runs: a.runs,
-        warmup: a.warmup,
-        seed: a.seed,
-    };
-    let mut runners = handles
-        .iter()
-        .map(|h| Runner::new(h.clone(), PowerSource::for_backend(h.name())))
-        .collect::<Result<Vec<_>, _>>()?;
+    let bench::Runners {
+        prompts,
+        method,
+        mut runners,
+    } = bench::runners_for(
+        &handles,
+        &tok,
+        Method {
+            runs: a.runs,
+            warmup: a.warmup,
+            seed: a.seed,
+        },
+    )?;
     // Every workload must fit every backend before anything runs.
     for r in &runners {
         for w in &work {

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bench::calibrate::{parse_contexts, Calibration, Distribution, Objective};
-use bench::measure::{Method, Runner};
-use bench::power::PowerSource;
-use bench::workload::{PromptMaker, Workload};
+use bench::measure::Method;
+use bench::workload::Workload;
 use runtime::ShutdownMode;
 
 /// Measure backends across your prompt lengths and write a routing policy from the crossovers.
@@ -110,16 +109,19 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
             handles.first().map_or("none", |h| h.name())
         );
     }
-    let prompts = PromptMaker::new(&tok)?;
-    let method = Method {
-        runs: a.runs,
-        warmup: a.warmup,
-        seed: a.seed,
-    };
-    let mut runners = handles
-        .iter()
-        .map(|h| Runner::new(h.clone(), PowerSource::for_backend(h.name())))
-        .collect::<Result<Vec<_>, _>>()?;
+    let bench::Runners {
+        prompts,
+        method,
+        mut runners,
+    } = bench::runners_for(
+        &handles,
+        &tok,
+        Method {
+            runs: a.runs,
+            warmup: a.warmup,
+            seed: a.seed,
+        },
+    )?;
     let started = bench::time::now_utc();
     let work: Vec<Workload> = concs
         .iter()

@@ -415,10 +415,10 @@ pub struct ChatArgs {
 
 pub fn chat(a: ChatArgs) -> Result<()> {
     let b = &a.engine.backends;
-    if b.no_cpu || b.gpus != "all" || !b.cpu_threads.is_empty() {
+    if b.no_cpu || b.gpus != "all" || !b.cpu_threads.is_empty() || b.layers_on_gpu.is_some() {
         // The conversation's KV cache is kept between turns on one CPU backend; the runtime's
         // actors (which `run` and `serve` use) have no prefix cache to keep it yet.
-        bail!("chat runs on the CPU backend only for now; --gpus, --no-cpu and --cpu-threads apply to run and serve");
+        bail!("chat runs on the CPU backend only for now; --gpus, --no-cpu, --cpu-threads and --layers-on-gpu apply to run and serve");
     }
     let mut e = Engine::open(&a.engine)?;
     let params = a.sampling.params();
