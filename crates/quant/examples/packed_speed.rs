@@ -1,8 +1,8 @@
 //! Packed against GGUF-layout matmul speed, one thread, one shape: prefill (64 tokens, the
 //! matrix stays in cache) and decode (1 token, a rotation of copies streamed from memory).
 //!
-//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS]`
-//! (defaults: q4_k 8192 2048).
+//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS]`
+//! (defaults: q4_k 8192 2048 1 64).
 use std::time::Instant;
 
 use gguf::GgmlType;
@@ -38,7 +38,8 @@ fn main() {
         .iter()
         .map(|w| PackedMat::pack(ty, w, rows, cols).unwrap())
         .collect();
-    for n in [64usize, 1] {
+    let ntok: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(64);
+    for n in [ntok, 1] {
         let xs: Vec<f32> = (0..n).flat_map(|_| x.iter().copied()).collect();
         let mut acts = ActBuf::new();
         dot::quantize_acts(ty, &xs, n, cols, &mut acts).unwrap();

@@ -787,7 +787,13 @@ fn dot_avx512_matmul_is_bit_identical_to_scalar() {
     let pool = Pool::new(2).unwrap();
     for ty in &WEIGHT_TYPES[3..] {
         let ty = *ty;
-        for &(rows, cols, n_tokens) in &[(13usize, 512usize, 7usize), (8, 256, 1), (70, 768, 9)] {
+        for &(rows, cols, n_tokens) in &[
+            (13usize, 512usize, 7usize),
+            (8, 256, 1),
+            (70, 768, 9),
+            (5, 256, 16),
+            (9, 256, 47),
+        ] {
             let w: Vec<u8> = (0..rows)
                 .flat_map(|_| weight_row(&mut rng, ty, cols, false))
                 .collect();

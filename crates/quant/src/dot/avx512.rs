@@ -313,6 +313,209 @@ legacy_kernel!(t_q5_0, Q5_0);
 legacy_kernel!(t_q5_1, Q5_1);
 legacy_kernel!(t_q8_0, Q8_0);
 
+// ---- legacy types, many tokens: tokens across the lanes -------------------------------------
+
+/// Tokens per vector of the wide legacy tiles.
+pub(crate) const WIDE_LANES: usize = 16;
+/// Bytes per (16-token group, block) of the transposed activations ([`wide_acts`]): the 8
+/// four-byte groups of the 16 tokens' quants (`[j][t]`, 512 bytes), their `d` (16 f32), their
+/// `s` (Q8_1; 16 f32), and minus the sum of each four-byte group (`[j][t]`, 16 i32 each).
+pub(crate) const WIDE_BLOCK: usize = 512 + 64 + 64 + 512;
+
+/// Lay out Q8_0/Q8_1 activation rows (`arb` bytes apart, `n_tokens` of them, `nb` blocks each)
+/// for the wide legacy tiles: groups of [`WIDE_LANES`] tokens (the last padded with zeros), each
+/// group `nb` blocks of [`WIDE_BLOCK`] bytes.
+pub(crate) fn wide_acts(
+    a: &[u8],
+    arb: usize,
+    n_tokens: usize,
+    nb: usize,
+    min: bool,
+    out: &mut Vec<Line64>,
+) {
+    let groups = n_tokens.div_ceil(WIDE_LANES);
+    let bytes = groups * nb * WIDE_BLOCK;
+    out.clear();
+    out.resize(bytes.div_ceil(64), Line64([0; 64]));
+    // SAFETY: `out` holds at least `bytes` bytes; `Line64` is plain bytes.
+    let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, bytes) };
+    let (ab, aq) = if min { (36, 4) } else { (34, 2) };
+    for t in 0..n_tokens {
+        let (g, lane) = (t / WIDE_LANES, t % WIDE_LANES);
+        let row = &a[t * arb..t * arb + nb * ab];
+        for b in 0..nb {
+            let y = &row[b * ab..(b + 1) * ab];
+            let ob = &mut o[(g * nb + b) * WIDE_BLOCK..(g * nb + b + 1) * WIDE_BLOCK];
+            for j in 0..8 {
+                let q = &y[aq + 4 * j..aq + 4 * j + 4];
+                ob[64 * j + 4 * lane..64 * j + 4 * lane + 4].copy_from_slice(q);
+                let sum: i32 = q.iter().map(|&v| v as i8 as i32).sum();
+                let at = 640 + 64 * j + 4 * lane;
+                ob[at..at + 4].copy_from_slice(&(-sum).to_le_bytes());
+            }
+            let d = half::f16::from_le_bytes([y[0], y[1]]).to_f32();
+            ob[512 + 4 * lane..512 + 4 * lane + 4].copy_from_slice(&d.to_le_bytes());
+            if min {
+                let s = half::f16::from_le_bytes([y[2], y[3]]).to_f32();
+                ob[576 + 4 * lane..576 + 4 * lane + 4].copy_from_slice(&s.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// A tile of one weight row × up to 32 tokens of a legacy type, the tokens in the 16 lanes of
+/// one or two vectors (`NV`) over transposed activations ([`wide_acts`]). Per (row, token) the
+/// float operations are those of [`legacy_tile`] (and `scalar::dot_q4_1` ...): lane `j`
+/// accumulates `fma(d_w * d_y, isum_j, lane_j)` block by block, the min term its own fma chain,
+/// then ggml's `hsum_float_8` plus the min sum; here lane `j` of every (row, token) sits in
+/// vector `j`, one token per lane, so every step is a plain vector operation. The weight row's
+/// four-byte groups are broadcast from a small buffer (a load, no shuffle); offsets
+/// (`Q4_0`/`Q5_0`/`Q8_0`) seed each group's integer sum with `-offset * sum(y)`.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 1`, `t.toks <= 16 * NV`, `t.a` at the first of `NV`
+/// consecutive token groups of transposed activations of `t.nb` blocks each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn wide_tile<L: Legacy, const NV: usize>(t: &Tile) {
+    let gstride = t.nb * WIDE_BLOCK;
+    let zf = _mm512_setzero_ps();
+    let mut acc = [[zf; 8]; NV];
+    let mut summs = [zf; NV];
+    let mut wq = Line64([0; 64]);
+    let shift = _mm_cvtsi32_si128(match L::OFF {
+        8 => 3,
+        16 => 4,
+        128 => 7,
+        _ => 0,
+    });
+    for b in 0..t.nb {
+        // SAFETY: block b of the row and of every token group exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * L::WB);
+            // The block's 32 values as unsigned bytes in element order (the low half of a
+            // two-block unpack of the same block).
+            let q = _mm512_castsi512_si256(L::unpack(x, x));
+            _mm256_store_si256(wq.0.as_mut_ptr() as *mut __m256i, q);
+            let dw = _mm512_set1_ps(f16_at(x, 0));
+            let mw = if L::MIN {
+                _mm512_set1_ps(f16_at(x, 1))
+            } else {
+                zf
+            };
+            for v in 0..NV {
+                let yb = t.a.add(v * gstride + b * WIDE_BLOCK);
+                let dy = _mm512_loadu_ps(yb.add(512) as *const f32);
+                let dd = _mm512_mul_ps(dw, dy);
+                if L::MIN {
+                    let sy = _mm512_loadu_ps(yb.add(576) as *const f32);
+                    summs[v] = _mm512_fmadd_ps(mw, sy, summs[v]);
+                }
+                for j in 0..8 {
+                    let w = bcast32(wq.0.as_ptr().add(4 * j));
+                    let seed = if L::OFF != 0 {
+                        let ns = _mm512_loadu_si512(yb.add(640 + 64 * j) as *const __m512i);
+                        _mm512_sll_epi32(ns, shift)
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let y = _mm512_loadu_si512(yb.add(64 * j) as *const __m512i);
+                    let i = _mm512_dpbusd_epi32(seed, w, y);
+                    acc[v][j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), acc[v][j]);
+                }
+            }
+        }
+    }
+    for v in 0..NV {
+        let a = &acc[v];
+        let h = [
+            _mm512_add_ps(a[4], a[0]),
+            _mm512_add_ps(a[5], a[1]),
+            _mm512_add_ps(a[6], a[2]),
+            _mm512_add_ps(a[7], a[3]),
+        ];
+        let s = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])),
+            summs[v],
+        );
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+        let n = t.toks.saturating_sub(v * WIDE_LANES).min(WIDE_LANES);
+        for (k, &val) in lanes.iter().enumerate().take(n) {
+            // SAFETY: output (16 v + k, 0) is inside the tile (16 v + k < toks).
+            unsafe { *t.out.add((v * WIDE_LANES + k) * t.out_stride) = val };
+        }
+    }
+}
+
+/// The 4 bytes at `p` in every 32-bit lane, as a load-port broadcast (`vpbroadcastd` from
+/// memory). Inline assembly because LLVM otherwise rebuilds the broadcast from a register with
+/// two shuffles, which crowds the one shuffle port the tile's other work needs.
+///
+/// # Safety
+/// `p` valid for 4 bytes; AVX-512 F available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn bcast32(p: *const u8) -> __m512i {
+    let v: __m512i;
+    // SAFETY: reads 4 bytes at `p` (caller's contract); an instruction of an enabled feature.
+    unsafe {
+        std::arch::asm!(
+            "vpbroadcastd {v}, dword ptr [{p}]",
+            v = out(zmm_reg) v,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+macro_rules! wide_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract of [`wide_tile`] (rows run one by one).
+        unsafe fn $name(t: &Tile) {
+            for r in 0..t.rows {
+                let s = t.row(r);
+                // SAFETY: forwarded, one row at a time.
+                unsafe {
+                    if s.toks > WIDE_LANES {
+                        wide_tile::<$ty, 2>(&s)
+                    } else {
+                        wide_tile::<$ty, 1>(&s)
+                    }
+                }
+            }
+        }
+    };
+}
+wide_kernel!(w_q4_0, Q4_0);
+wide_kernel!(w_q4_1, Q4_1);
+wide_kernel!(w_q5_0, Q5_0);
+wide_kernel!(w_q5_1, Q5_1);
+wide_kernel!(w_q8_0, Q8_0);
+
+/// The wide kernel of a legacy type (tokens across lanes, over [`wide_acts`]), for products
+/// of many tokens; `None` for other types.
+pub(crate) fn wide_kernel(ty: GgmlType) -> Option<Kernel> {
+    use GgmlType::*;
+    let tile: TileFn = match ty {
+        Q4_0 => w_q4_0,
+        Q4_1 => w_q4_1,
+        Q5_0 => w_q5_0,
+        Q5_1 => w_q5_1,
+        Q8_0 => w_q8_0,
+        _ => return None,
+    };
+    Some(Kernel {
+        mr: 4,
+        nt: 2 * WIDE_LANES,
+        mr1: 4,
+        exact_rows: false,
+        tile,
+    })
+}
+
 // ---- K-quants -------------------------------------------------------------------------------
 
 /// One row's super-block, prepared: scale `d`, min scale `dmin` (types with mins), the 16 i16
@@ -1118,7 +1321,7 @@ unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
 /// 64 bytes, aligned (scratch for unpacked scales).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line64([u8; 64]);
+pub(crate) struct Line64(pub [u8; 64]);
 
 macro_rules! packed_kernel {
     ($name:ident, $pairs:expr) => {

@@ -330,6 +330,9 @@ fn run_jobs(
     };
     let (n_tokens, cols) = (first.n_tokens(), first.cols());
     let mut prepared: Vec<Prepared> = Vec::with_capacity(jobs.len());
+    let mut wide_guard = WIDE.with(|w| w.take());
+    let wide_bufs = &mut wide_guard;
+    let mut wide_built = [false; 2];
     let mut total_chunks = 0usize;
     let mut total_macs = 0usize;
     for j in jobs.iter_mut() {
@@ -384,13 +387,45 @@ fn run_jobs(
             j.out.fill(0.0);
             continue;
         }
-        let (k, tail) = match packed {
-            Some((k, t)) => (k, Some(t)),
-            None => (
+        let nb = cols / j.weight_ty.block_size();
+        let wide = if packed.is_none() && n_tokens >= WIDE_MIN_TOKENS {
+            wide_kernel(j.weight_ty, isa)
+        } else {
+            None
+        };
+        let (k, tail) = match (packed, wide) {
+            (Some((k, t)), _) => (k, Some(t)),
+            (None, Some(k)) => (k, None),
+            (None, None) => (
                 kernels::kernel(j.weight_ty, isa)
                     .ok_or(DotError::Unsupported { ty: j.weight_ty })?,
                 kernels::tail_kernel(j.weight_ty, isa),
             ),
+        };
+        // Wide kernels read the activations transposed (tokens across lanes), made once per
+        // product and activation type.
+        let (a_ptr, arb) = match wide {
+            #[cfg(target_arch = "x86_64")]
+            Some(_) => {
+                let min = a.act_type() == GgmlType::Q8_1;
+                let slot = usize::from(min);
+                if !wide_built[slot] {
+                    super::avx512::wide_acts(
+                        a.bytes(),
+                        a.row_bytes(),
+                        n_tokens,
+                        nb,
+                        min,
+                        &mut wide_bufs[slot],
+                    );
+                    wide_built[slot] = true;
+                }
+                (
+                    wide_bufs[slot].as_ptr() as *const u8,
+                    nb * super::avx512::WIDE_BLOCK / super::avx512::WIDE_LANES,
+                )
+            }
+            _ => (a.bytes().as_ptr(), a.row_bytes()),
         };
         if k.exact_rows && !j.rows.is_multiple_of(k.mr) {
             return Err(DotError::Length {
@@ -408,12 +443,12 @@ fn run_jobs(
             k,
             tail,
             tail_from,
-            nb: cols / j.weight_ty.block_size(),
+            nb,
             rows: j.rows,
             wrb,
             w: j.w.as_ptr(),
-            a: a.bytes().as_ptr(),
-            arb: a.row_bytes(),
+            a: a_ptr,
+            arb,
             out: j.out.as_mut_ptr(),
             plan,
             first: total_chunks,
@@ -439,7 +474,31 @@ fn run_jobs(
     } else {
         pool.par_for(total_chunks, run_chunk);
     }
+    WIDE.with(|w| w.replace(wide_guard));
     Ok(())
+}
+
+/// Products of at least this many tokens use the wide kernels of the legacy types (tokens
+/// across the vector lanes), where one exists.
+const WIDE_MIN_TOKENS: usize = 8;
+
+thread_local! {
+    /// Transposed activations for the wide kernels, per activation type (Q8_0, Q8_1), reused
+    /// between products.
+    static WIDE: std::cell::Cell<[Vec<WideLine>; 2]> = const { std::cell::Cell::new([Vec::new(), Vec::new()]) };
+}
+
+#[cfg(target_arch = "x86_64")]
+type WideLine = super::avx512::Line64;
+#[cfg(not(target_arch = "x86_64"))]
+type WideLine = [u8; 64];
+
+fn wide_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => super::avx512::wide_kernel(ty),
+        _ => None,
+    }
 }
 
 /// Compute chunk `c` of job `p`.
