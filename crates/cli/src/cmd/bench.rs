@@ -190,6 +190,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for h in &handles {
         h.shutdown(ShutdownMode::Cancel);
     }
+    // Let every backend drop on its own thread before the process exits (a CUDA context torn
+    // down by the exit while its actor still runs crashed `bench` at exit on the H200).
+    for h in &handles {
+        h.join();
+    }
     let report = BenchReport {
         model: label,
         started,

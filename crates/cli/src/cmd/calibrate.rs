@@ -139,6 +139,11 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     for h in &handles {
         h.shutdown(ShutdownMode::Cancel);
     }
+    // Let every backend drop on its own thread before the process exits (a CUDA context torn
+    // down by the exit while its actor still runs crashed `bench` at exit on the H200).
+    for h in &handles {
+        h.join();
+    }
     let cal = Calibration::decide(
         label,
         shown,

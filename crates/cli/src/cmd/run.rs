@@ -389,6 +389,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     }
     coord.shutdown(ShutdownMode::Cancel);
+    // Let every backend drop on its own thread before the process exits (a CUDA context torn
+    // down by the exit while its actor still ran crashed `run` at exit on the H200).
+    for b in coord.backends() {
+        b.join();
+    }
     result
 }
 
