@@ -20,8 +20,8 @@ pub(crate) struct Mat {
     /// Run by the host fallback executor instead of the dot kernels (the `lacking_kernel` test
     /// double).
     pub host: bool,
-    /// The weights repacked for this CPU's kernels (see [`Mat::pack`]); `None`: multiplied
-    /// straight from the mapped file.
+    /// The weights in owned memory, repacked for this CPU's kernels or copied (see
+    /// [`Mat::own`]); `None`: multiplied straight from the file's bytes.
     pub packed: Option<std::sync::Arc<dot::PackedMat>>,
 }
 
@@ -45,21 +45,45 @@ impl Mat {
         })
     }
 
-    /// Repack the weights for a faster kernel when one exists for this type, shape and CPU
-    /// (`dot::PackedMat`: Q4_K on AVX-512; same results bit for bit), and hand the mapped
-    /// pages of the original back to the kernel, so the copy replaces the file's pages in
-    /// memory instead of adding to them. The file stays mapped: anything that reads the
-    /// original later (the host fallback test double) faults the pages back in from the file.
-    fn pack(&mut self, file: &GgufFile) -> Result<(), String> {
-        let data = file.tensor_data(&self.info);
-        let p = dot::PackedMat::pack(self.ty, data, self.rows, self.cols)
-            .map_err(|e| format!("tensor {}: {e}", self.info.name))?;
-        if let Some(p) = p {
-            self.packed = Some(std::sync::Arc::new(p));
-            if file.is_mmapped() {
-                release_pages(data);
-            }
+    /// Move the weights out of the file mapping into owned memory: repacked for a faster
+    /// kernel where one exists for this type, shape and CPU (`dot::PackedMat`: Q4_K on
+    /// AVX-512; same results bit for bit), else copied as they are; then hand the mapped pages
+    /// back to the kernel, so the copy replaces the file's pages in memory instead of adding
+    /// to them. Copying what is not repacked costs nothing in memory and keeps the mapped pages
+    /// of other tensors from pulling the released ones back in (the kernel maps file pages in
+    /// large runs that straddle tensor boundaries). The file stays mapped: anything that reads
+    /// the original later (the host fallback test double) faults the pages back in. A file
+    /// held in memory (not mapped) is left as it is.
+    fn own(&mut self, file: &GgufFile) -> Result<(), String> {
+        if !file.is_mmapped() {
+            return Ok(());
         }
+        let data = file.tensor_data(&self.info);
+        // Backends made from one opened file (two CPU actors with different thread counts)
+        // share the owned copies, as they would share the mapped pages. A live entry means
+        // its mapping is alive (the copy's owner holds the file), so the address names it.
+        static OWNED: std::sync::Mutex<Vec<(usize, std::sync::Weak<dot::PackedMat>)>> =
+            std::sync::Mutex::new(Vec::new());
+        let key = data.as_ptr() as usize;
+        let mut owned = OWNED.lock().unwrap_or_else(|e| e.into_inner());
+        owned.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(p) = owned
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            self.packed = Some(p);
+            return Ok(());
+        }
+        let err = |e: dot::DotError| format!("tensor {}: {e}", self.info.name);
+        let p = match dot::PackedMat::pack(self.ty, data, self.rows, self.cols).map_err(err)? {
+            Some(p) => p,
+            None => dot::PackedMat::copy(self.ty, data, self.rows, self.cols).map_err(err)?,
+        };
+        let p = std::sync::Arc::new(p);
+        owned.push((key, std::sync::Arc::downgrade(&p)));
+        self.packed = Some(p);
+        release_pages(data);
         Ok(())
     }
 }
@@ -86,6 +110,17 @@ fn release_pages(data: &[u8]) {
 
 #[cfg(not(target_os = "linux"))]
 fn release_pages(_data: &[u8]) {}
+
+/// Map every page of `data` (part of a file mapping) by reading one byte per page.
+fn prefault(data: &[u8]) {
+    let mut acc = 0u8;
+    for b in data.iter().step_by(4096) {
+        // A volatile read, so the loop is not optimized away.
+        // SAFETY: `b` is a valid reference to an initialized byte.
+        acc ^= unsafe { std::ptr::read_volatile(b) };
+    }
+    std::hint::black_box(acc);
+}
 
 /// Weights of one block, vectors already in f32.
 pub(crate) struct Layer {
@@ -143,6 +178,7 @@ impl Model {
                 down: Mat::new(&l.ffn_down)?,
             });
         }
+        let mut owned = Vec::new();
         for l in layers.iter_mut() {
             for m in [
                 &mut l.wq,
@@ -153,8 +189,23 @@ impl Model {
                 &mut l.up,
                 &mut l.down,
             ] {
-                m.pack(file)?;
+                m.own(file)?;
+                if m.packed.is_some() {
+                    owned.push(m.info.clone());
+                }
             }
+        }
+        if file.is_mmapped() {
+            // The output matrix stays mapped and is read in full by every forward pass: map it
+            // now, then release once more what mapping it (and reading the tensors one by one
+            // above) mapped back of the released tensors' edges. The header (metadata, parsed
+            // into owned values at open) is not read again either.
+            prefault(file.tensor_data(&w.output));
+            for info in &owned {
+                release_pages(file.tensor_data(info));
+            }
+            let header = usize::try_from(file.data_offset()).unwrap_or(0);
+            release_pages(file.bytes().get(..header).unwrap_or(&[]));
         }
         let factors = w.rope_freqs.as_ref().map(|i| vector(file, i)).transpose()?;
         let rope = Rope::new(

@@ -853,6 +853,14 @@ fn dot_packed_q4k_is_bit_identical_to_scalar() {
             dot::matmul_packed(&p, &acts, &mut got, &pool).unwrap();
             let mut got_f32 = vec![f32::NAN; rows * n_tokens];
             dot::matmul_f32_packed(&p, &x, n_tokens, &mut got_f32, &pool).unwrap();
+            // A plain owned copy runs the GGUF-layout kernels.
+            let copy = dot::PackedMat::copy(ty, &w, rows, cols).unwrap();
+            assert!(!copy.is_interleaved());
+            let mut got_copy = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_packed(&copy, &acts, &mut got_copy, &pool).unwrap();
+            for (i, (a, b)) in want.iter().zip(&got_copy).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "copy: element {i}");
+            }
             for (i, ((a, b), c)) in want.iter().zip(&got).zip(&got_f32).enumerate() {
                 assert_eq!(
                     a.to_bits(),

@@ -39,10 +39,12 @@ pub const Q4K_GROUP_BYTES: usize = Q4K_GROUP_ROWS * 144;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A weight matrix in a kernel-specific layout (see the module docs), made by
-/// [`PackedMat::pack`] from GGUF bytes; multiplied by [`super::matmul_f32_packed`] /
+/// A weight matrix in owned memory, in a kernel-specific layout (see the module docs) made by
+/// [`PackedMat::pack`], or a plain copy ([`PackedMat::copy`]), from GGUF bytes; multiplied by [`super::matmul_f32_packed`] /
 /// [`super::matmul_packed`], with results bit-identical to [`super::matmul`] on the GGUF bytes.
 pub struct PackedMat {
+    /// Whether `data` is in the interleaved layout (else a plain copy of the GGUF bytes).
+    interleaved: bool,
     ty: GgmlType,
     rows: usize,
     cols: usize,
@@ -127,12 +129,47 @@ impl PackedMat {
                 }
             });
         Ok(Some(PackedMat {
+            interleaved: true,
             ty,
             rows,
             cols,
             len,
             data,
         }))
+    }
+
+    /// A plain copy of `rows` rows of `ty` weights (GGUF layout, `w`) in aligned owned
+    /// memory, multiplied with the same kernels as the original: for callers that release
+    /// the original's file pages (which the kernel maps in large runs that straddle tensors).
+    pub fn copy(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Result<PackedMat, DotError> {
+        let wrb = row_bytes(ty, cols)?;
+        let len = wrb.checked_mul(rows).ok_or(DotError::Overflow {
+            what: "weight matrix size",
+        })?;
+        if w.len() != len {
+            return Err(DotError::Length {
+                what: "weights (bytes)",
+                expected: len,
+                got: w.len(),
+            });
+        }
+        let mut data = vec![Line([0; 64]); len.div_ceil(64)];
+        // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
+        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) }
+            .copy_from_slice(w);
+        Ok(PackedMat {
+            interleaved: false,
+            ty,
+            rows,
+            cols,
+            len,
+            data,
+        })
+    }
+
+    /// Whether the rows are interleaved for a packed kernel (else a plain copy).
+    pub fn is_interleaved(&self) -> bool {
+        self.interleaved
     }
 
     /// The weight type.
@@ -161,6 +198,10 @@ impl PackedMat {
         if r >= self.rows {
             return None;
         }
+        if !self.interleaved {
+            let wrb = self.len / self.rows;
+            return self.bytes().get(r * wrb..(r + 1) * wrb).map(|b| b.to_vec());
+        }
         let nb = self.cols / 256;
         let (g, rr) = (r / Q4K_GROUP_ROWS, r % Q4K_GROUP_ROWS);
         let group = self
@@ -180,7 +221,7 @@ impl PackedMat {
     /// The kernel for groups of 4 tokens and the one for the tokens left over.
     pub(crate) fn kernels(&self) -> Option<(Kernel, Kernel)> {
         #[cfg(target_arch = "x86_64")]
-        if self.ty == GgmlType::Q4K {
+        if self.interleaved && self.ty == GgmlType::Q4K {
             return Some(super::avx512::packed_q4k_kernels());
         }
         None
