@@ -274,7 +274,7 @@ impl KvCache {
     }
 }
 
-/// Tokens per feed-forward pass (see `forward`). A multiple of 4: llama.cpp's repacked Q4_K
+/// Tokens per slice of a layer (see `forward`). A multiple of 4: llama.cpp's repacked Q4_K
 /// matmul rounds the last `n % 4` tokens of a batch differently, and we mirror that, so the
 /// chunks must leave the same tokens over as the whole batch does.
 const FFN_TOKENS: usize = 64;
@@ -481,162 +481,170 @@ pub(crate) fn forward(
         })
         .collect();
     let scale = 1.0 / (hd as f32).sqrt();
-    resize(&mut s.xn, n * e);
+    // Each layer runs FFN_TOKENS tokens at a time (the whole batch under a trace hook, so the
+    // hook sees whole tensors): every per-token buffer but the residual stream is that small,
+    // and a slice's keys and values are stored before its attention reads them, as the
+    // earlier slices' were. The layer's weights stay in cache across its slices.
+    let step = if s.trace.is_some() {
+        n.max(1)
+    } else {
+        FFN_TOKENS
+    };
     for (li, l) in model.layers.iter().enumerate() {
-        for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
-            rms_norm(xr, &l.attn_norm, cfg.rms_norm_eps, or);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("attn_norm", li, 0, &mut s.xn);
-        }
-        matmul(file, &l.wq, &s.xn, n, &mut s.q, pool)?;
-        matmul(file, &l.wk, &s.xn, n, &mut s.k, pool)?;
-        matmul(file, &l.wv, &s.xn, n, &mut s.v, pool)?;
-        add_bias(&mut s.q, &l.bq);
-        add_bias(&mut s.k, &l.bk);
-        add_bias(&mut s.v, &l.bv);
-        if let Some(t) = s.trace.as_mut() {
-            t("Qcur", li, 0, &mut s.q);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("Kcur", li, 0, &mut s.k);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("Vcur", li, 0, &mut s.v);
-        }
-        for (i, cs) in angles.iter().enumerate() {
-            for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
-                model.rope.apply_with(h, cs);
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = (b0 + step).min(n);
+            let m = b1 - b0;
+            let (toks, slots, angles) = (&toks[b0..b1], &slots[b0..b1], &angles[b0..b1]);
+            resize(&mut s.xn, m * e);
+            for (xr, or) in s.x[b0 * e..b1 * e]
+                .chunks_exact(e)
+                .zip(s.xn.chunks_exact_mut(e))
+            {
+                rms_norm(xr, &l.attn_norm, cfg.rms_norm_eps, or);
             }
-            for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
-                model.rope.apply_with(h, cs);
+            if let Some(t) = s.trace.as_mut() {
+                t("attn_norm", li, 0, &mut s.xn);
             }
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("Qcur", li, 2, &mut s.q);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("Kcur", li, 2, &mut s.k);
-        }
-        // Store this step's keys and values.
-        let row = kv.row;
-        {
-            let (kc, vc) = (&mut kv.k[li], &mut kv.v[li]);
-            for (i, &slot) in slots.iter().enumerate() {
-                let src_k = &s.k[i * row..(i + 1) * row];
-                let src_v = &s.v[i * row..(i + 1) * row];
-                for (d, &v) in kc[slot * row..(slot + 1) * row].iter_mut().zip(src_k) {
-                    *d = f16::from_f32(v);
+            matmul(file, &l.wq, &s.xn, m, &mut s.q, pool)?;
+            matmul(file, &l.wk, &s.xn, m, &mut s.k, pool)?;
+            matmul(file, &l.wv, &s.xn, m, &mut s.v, pool)?;
+            add_bias(&mut s.q, &l.bq);
+            add_bias(&mut s.k, &l.bk);
+            add_bias(&mut s.v, &l.bv);
+            if let Some(t) = s.trace.as_mut() {
+                t("Qcur", li, 0, &mut s.q);
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("Kcur", li, 0, &mut s.k);
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("Vcur", li, 0, &mut s.v);
+            }
+            for (i, cs) in angles.iter().enumerate() {
+                for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
+                    model.rope.apply_with(h, cs);
                 }
-                for (d, &v) in vc[slot * row..(slot + 1) * row].iter_mut().zip(src_v) {
-                    *d = f16::from_f32(v);
+                for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
+                    model.rope.apply_with(h, cs);
                 }
             }
-        }
-        // Attention: one work item per (token, head).
-        resize(&mut s.att, n * nh * hd);
-        {
-            let kc = &kv.k[li];
-            let vc = &kv.v[li];
-            let alloc = &kv.alloc;
-            let bt = alloc.block_tokens();
-            let q = &s.q;
-            let out = SyncPtr(s.att.as_mut_ptr());
-            pool.par_for(n * nh, |item| {
-                let (i, h) = (item / nh, item % nh);
-                let t = &toks[i];
-                let blocks = alloc.blocks(chunks[t.chunk].seq);
-                let kvh = h / gqa;
-                // ggml's batched path, mirrored for llama.cpp's rounding (the teacher-forced
-                // tests hold us to it): the query is rounded to f16, each score is tinyBLAS's
-                // 16-lane f16 dot times the scale, the softmax is ggml's, and the weights are
-                // rounded to f16 and meet the values in tinyBLAS's lane order (position j in
-                // lane j % 16, lanes reduced at the end).
-                let mut qbuf = [f16::ZERO; 256];
-                let qh = &mut qbuf[..hd];
-                for (d, &v) in qh.iter_mut().zip(&q[(i * nh + h) * hd..(i * nh + h + 1) * hd]) {
-                    *d = f16::from_f32(v);
+            if let Some(t) = s.trace.as_mut() {
+                t("Qcur", li, 2, &mut s.q);
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("Kcur", li, 2, &mut s.k);
+            }
+            // Store this step's keys and values.
+            let row = kv.row;
+            {
+                let (kc, vc) = (&mut kv.k[li], &mut kv.v[li]);
+                for (i, &slot) in slots.iter().enumerate() {
+                    let src_k = &s.k[i * row..(i + 1) * row];
+                    let src_v = &s.v[i * row..(i + 1) * row];
+                    for (d, &v) in kc[slot * row..(slot + 1) * row].iter_mut().zip(src_k) {
+                        *d = f16::from_f32(v);
+                    }
+                    for (d, &v) in vc[slot * row..(slot + 1) * row].iter_mut().zip(src_v) {
+                        *d = f16::from_f32(v);
+                    }
                 }
-                let qh = &*qh;
-                let len = t.pos + 1;
-                // A one-token chunk (a decode step) takes ggml's `vec_dot_f16` order, as
-                // llama.cpp's single-token decode does (llamafile's kernel refuses single-token
-                // products): 64 lanes instead of 16. Chosen per chunk, not per step, so a
-                // sequence decodes to the same tokens alone or batched with others.
-                let single = chunks[t.chunk].tokens.len() == 1;
-                let nl = if single { 64 } else { 16 };
-                thread_local! {
-                    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-                }
-                SCORES.with(|sc| {
-                    let (sc, lanes) = &mut *sc.borrow_mut();
-                    sc.clear();
-                    sc.resize(len, 0.0);
-                    for (j, s) in sc.iter_mut().enumerate() {
-                        let slot = blocks[j / bt] as usize * bt + j % bt;
-                        let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        *s = if single {
-                            ggml::dot_f16_vec(kr, qh)
+            }
+            // Attention: one work item per (token, head).
+            resize(&mut s.att, m * nh * hd);
+            {
+                let kc = &kv.k[li];
+                let vc = &kv.v[li];
+                let alloc = &kv.alloc;
+                let bt = alloc.block_tokens();
+                let q = &s.q;
+                let out = SyncPtr(s.att.as_mut_ptr());
+                pool.par_for(m * nh, |item| {
+                    let (i, h) = (item / nh, item % nh);
+                    let t = &toks[i];
+                    let blocks = alloc.blocks(chunks[t.chunk].seq);
+                    let kvh = h / gqa;
+                    // ggml's batched path, mirrored for llama.cpp's rounding (the teacher-forced
+                    // tests hold us to it): the query is rounded to f16, each score is tinyBLAS's
+                    // 16-lane f16 dot times the scale, the softmax is ggml's, and the weights are
+                    // rounded to f16 and meet the values in tinyBLAS's lane order (position j in
+                    // lane j % 16, lanes reduced at the end).
+                    let mut qbuf = [f16::ZERO; 256];
+                    let qh = &mut qbuf[..hd];
+                    for (d, &v) in qh.iter_mut().zip(&q[(i * nh + h) * hd..(i * nh + h + 1) * hd]) {
+                        *d = f16::from_f32(v);
+                    }
+                    let qh = &*qh;
+                    let len = t.pos + 1;
+                    // A one-token chunk (a decode step) takes ggml's `vec_dot_f16` order, as
+                    // llama.cpp's single-token decode does (llamafile's kernel refuses single-token
+                    // products): 64 lanes instead of 16. Chosen per chunk, not per step, so a
+                    // sequence decodes to the same tokens alone or batched with others.
+                    let single = chunks[t.chunk].tokens.len() == 1;
+                    let nl = if single { 64 } else { 16 };
+                    thread_local! {
+                        static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+                    }
+                    SCORES.with(|sc| {
+                        let (sc, lanes) = &mut *sc.borrow_mut();
+                        sc.clear();
+                        sc.resize(len, 0.0);
+                        for (j, s) in sc.iter_mut().enumerate() {
+                            let slot = blocks[j / bt] as usize * bt + j % bt;
+                            let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
+                            *s = if single {
+                                ggml::dot_f16_vec(kr, qh)
+                            } else {
+                                ggml::dot_f16(kr, qh)
+                            } * scale;
+                        }
+                        ggml::softmax(sc);
+                        lanes.clear();
+                        lanes.resize(nl * hd, 0.0);
+                        for (j, &p) in sc.iter().enumerate() {
+                            let slot = blocks[j / bt] as usize * bt + j % bt;
+                            let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
+                            let l = (j % nl) * hd;
+                            ggml::fma_f16_row(&mut lanes[l..l + hd], f16::from_f32(p).to_f32(), vr);
+                        }
+                        // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
+                        // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
+                        };
+                        if single {
+                            ggml::reduce_lanes64(lanes, o);
                         } else {
-                            ggml::dot_f16(kr, qh)
-                        } * scale;
-                    }
-                    ggml::softmax(sc);
-                    lanes.clear();
-                    lanes.resize(nl * hd, 0.0);
-                    for (j, &p) in sc.iter().enumerate() {
-                        let slot = blocks[j / bt] as usize * bt + j % bt;
-                        let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                        let l = (j % nl) * hd;
-                        ggml::fma_f16_row(&mut lanes[l..l + hd], f16::from_f32(p).to_f32(), vr);
-                    }
-                    // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
-                    // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
-                    };
-                    if single {
-                        ggml::reduce_lanes64(lanes, o);
-                    } else {
-                        ggml::reduce_lanes(lanes, o);
-                    }
+                            ggml::reduce_lanes(lanes, o);
+                        }
+                    });
                 });
-            });
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("kqv_out", li, 0, &mut s.att);
-        }
-        matmul(file, &l.wo, &s.att, n, &mut s.o, pool)?;
-        if let Some(t) = s.trace.as_mut() {
-            t("attn_out", li, 0, &mut s.o);
-        }
-        for (x, o) in s.x.iter_mut().zip(&s.o) {
-            *x += o;
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_inp", li, 0, &mut s.x);
-        }
-        // Feed-forward.
-        for (xr, or) in s.x.chunks_exact(e).zip(s.xn.chunks_exact_mut(e)) {
-            rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("ffn_norm", li, 0, &mut s.xn);
-        }
-        // The feed-forward runs FFN_TOKENS tokens at a time, which keeps its two widest
-        // buffers (gate and up, n_ff per token) small; whole batch under a trace hook, so the
-        // hook sees whole tensors.
-        let step = if s.trace.is_some() {
-            n.max(1)
-        } else {
-            FFN_TOKENS
-        };
-        let mut t0 = 0;
-        while t0 < n {
-            let t1 = (t0 + step).min(n);
-            let xn = &s.xn[t0 * e..t1 * e];
-            matmul(file, &l.gate, xn, t1 - t0, &mut s.g, pool)?;
-            matmul(file, &l.up, xn, t1 - t0, &mut s.u, pool)?;
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("kqv_out", li, 0, &mut s.att);
+            }
+            matmul(file, &l.wo, &s.att, m, &mut s.o, pool)?;
+            if let Some(t) = s.trace.as_mut() {
+                t("attn_out", li, 0, &mut s.o);
+            }
+            for (x, o) in s.x[b0 * e..b1 * e].iter_mut().zip(&s.o) {
+                *x += o;
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("ffn_inp", li, 0, &mut s.x);
+            }
+            // Feed-forward.
+            for (xr, or) in s.x[b0 * e..b1 * e]
+                .chunks_exact(e)
+                .zip(s.xn.chunks_exact_mut(e))
+            {
+                rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t("ffn_norm", li, 0, &mut s.xn);
+            }
+            matmul(file, &l.gate, &s.xn, m, &mut s.g, pool)?;
+            matmul(file, &l.up, &s.xn, m, &mut s.u, pool)?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_gate", li, 0, &mut s.g);
                 t("ffn_up", li, 0, &mut s.u);
@@ -645,17 +653,17 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_swiglu", li, 0, &mut s.g);
             }
-            matmul(file, &l.down, &s.g, t1 - t0, &mut s.o, pool)?;
+            matmul(file, &l.down, &s.g, m, &mut s.o, pool)?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_out", li, 0, &mut s.o);
             }
-            for (x, o) in s.x[t0 * e..t1 * e].iter_mut().zip(&s.o) {
+            for (x, o) in s.x[b0 * e..b1 * e].iter_mut().zip(&s.o) {
                 *x += o;
             }
-            t0 = t1;
-        }
-        if let Some(t) = s.trace.as_mut() {
-            t("l_out", li, 0, &mut s.x);
+            if let Some(t) = s.trace.as_mut() {
+                t("l_out", li, 0, &mut s.x);
+            }
+            b0 = b1;
         }
     }
 
