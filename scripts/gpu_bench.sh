@@ -8,7 +8,7 @@
 # kernels, model_agree, cuda_bench (stripped), llama-src.tar.gz (llama.cpp source subset from the
 # llama-cpp-python 0.3.36 sdist), ggml-vocab-starcoder.gguf, ggml-vocab-llama-bpe.gguf.
 #
-# STAGES (default build,models,tests,bench,agree,llama) picks stages; the agreement tests run
+# STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
 # llama-bench still fits in a 600 s device call. AGREE lists the agreement runs as FILE:GEMM_MIN
 # (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s).
@@ -48,9 +48,36 @@ if has models; then
   t "models made"
 fi
 
+if has conform; then
+  # The CPU's conformance suite (llama.cpp's logits) on the GPU: the synthetic 1B fixture's model
+  # is made here by the fixture's own command (its sha256 is checked by the test).
+  mkdir -p /tmp/cc/vocab/templates .cache/models && cp $G/ggml-vocab-llama-bpe.gguf /tmp/cc/vocab/ &&
+    cp $G/templates/* /tmp/cc/vocab/templates/
+  CROSSOVER_CACHE=/tmp/cc $G/crossover synth --preset llama-3.2-1b --quant q4_k_m --seed 1 -q -t 8 \
+    -o .cache/models/synth-llama-3.2-1b-q4_k_m-s1.gguf || t "synth 1b failed"
+  timeout 120 $G/conformance --nocapture --test-threads 1 2>&1 | tee "$OUT/conformance.log" \
+    | grep -E "^test |rows|panicked|SKIPPED"
+  t "conformance done"
+fi
+
+if has trace; then
+  # Op-by-op GPU vs CPU on the 3B file, and the CPU against itself (examples/cuda_trace.rs).
+  timeout 200 $G/cuda_trace /tmp/l3b.gguf --tokens ${TRACE_N:-64} 2>&1 | tee "$OUT/trace.log"
+  t "trace done"
+fi
+
 if has tests; then
   timeout 240 $G/kernels --test-threads 1 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |panicked|seed|error"
   t "kernel tests done"
+fi
+
+if has ab; then
+  # Quick A/B of this version's defaults against other kernel choices, same binary, same file:
+  # AB_ENV holds the other side's environment (default: the split-K CUDA-core prefill attention).
+  timeout 90 $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4} --quick 2>&1 | tee "$OUT/ab_new.log"
+  env ${AB_ENV:-CROSSOVER_CUDA_PREFILL_MMA=0} timeout 90 $G/cuda_bench /tmp/l3b.gguf \
+    --depth 4096 --par ${PAR:-4} --quick 2>&1 | tee "$OUT/ab_old.log"
+  t "a/b done"
 fi
 
 if has bench; then

@@ -9,8 +9,8 @@ mkdir -p .gpu
 cargo build --release -p crossover
 cargo build --release -p cuda --tests --examples
 cp "$CARGO_TARGET_DIR/release/crossover" .gpu/
-cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" .gpu/
-for t in kernels model_agree; do
+cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" "$CARGO_TARGET_DIR/release/examples/cuda_trace" .gpu/
+for t in kernels model_agree conformance; do
   exe=$(cargo test --release -p cuda --test "$t" --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import sys,json
 for l in sys.stdin:
@@ -18,8 +18,11 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
   cp "$exe" ".gpu/$t"
 done
-strip .gpu/crossover .gpu/cuda_bench .gpu/kernels .gpu/model_agree
+strip .gpu/crossover .gpu/cuda_bench .gpu/cuda_trace .gpu/kernels .gpu/model_agree .gpu/conformance
 L=${LLAMA_SRC:-/work/cache/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp}
 [[ -f .gpu/llama-src.tar.gz ]] || tar czf .gpu/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
 cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" .gpu/
+# The chat template `crossover synth --preset llama-3.2-1b` completes the vocabulary with
+# (scripts/fetch_vocabs.sh fetches it), for the conformance fixture's model.
+mkdir -p .gpu/templates && cp .cache/vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja .gpu/templates/
 du -sh .gpu

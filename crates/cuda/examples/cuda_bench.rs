@@ -113,7 +113,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -126,6 +126,8 @@ fn main() {
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![4, 16, 64]);
     let graphs = !args.iter().any(|a| a == "--no-graphs");
+    // --quick: pp512, tg128 and the aggregate only (no per-kernel profile, no integer path).
+    let quick = args.iter().any(|a| a == "--quick");
     if let Err(e) = cuda::available() {
         eprintln!("no GPU: {e}");
         std::process::exit(1);
@@ -252,14 +254,32 @@ fn main() {
     // Where the time goes: one prompt step and one decode step at `depth`, launched eagerly with
     // a timing event after each kernel (so decode times include launch gaps).
     let mut r3 = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    profile(&mut b, &mut r3, depth, &mut seq);
+    if !quick {
+        profile(&mut b, &mut r3, depth, &mut seq);
+    }
     // Prompt steps through cuBLAS (f16 weights and activations) against the integer path
     // (activations quantized like the CPU's, 8 tokens per weight pass), which numerically
     // matches the CPU backend.
     let mut r2 = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    if quick {
+        drop(b);
+    } else {
+        integer_path(b, path, &opts, &mut r2, &mut seq);
+    }
+    aggregate(path, &par, graphs, &mut toks);
+}
+
+/// Prompt steps through cuBLAS against the integer path at 16..128 and 512 tokens.
+fn integer_path(
+    mut b: CudaBackend,
+    path: &str,
+    opts: &CudaOptions,
+    r2: &mut rand_chacha::ChaCha8Rng,
+    seq: &mut u64,
+) {
     let mut gemm_ms = Vec::new();
     for n in [16usize, 32, 64, 128] {
-        gemm_ms.push(prompt_ms(&mut b, &mut r2, n, 5, &mut seq));
+        gemm_ms.push(prompt_ms(&mut b, r2, n, 5, seq));
     }
     drop(b);
     let iopts = CudaOptions {
@@ -269,17 +289,18 @@ fn main() {
     };
     let mut bi = CudaBackend::load(path, &iopts).unwrap_or_else(|e| panic!("{e}"));
     for (i, n) in [16usize, 32, 64, 128].into_iter().enumerate() {
-        let im = prompt_ms(&mut bi, &mut r2, n, 5, &mut seq);
+        let im = prompt_ms(&mut bi, r2, n, 5, seq);
         println!(
             "pp{n}: cuBLAS f16 {:.2} ms, integer path {im:.2} ms",
             gemm_ms[i]
         );
     }
-    let im = prompt_ms(&mut bi, &mut r2, 512, 3, &mut seq);
+    let im = prompt_ms(&mut bi, r2, 512, 3, seq);
     println!("pp512: integer path {im:.2} ms ({:.0} tok/s)", 512e3 / im);
-    drop(bi);
+}
 
-    // Aggregate generation: P sequences with 512-token prompts, 128 tokens each, decoded together.
+/// Aggregate generation: P sequences with 512-token prompts, 128 tokens each, decoded together.
+fn aggregate(path: &str, par: &[usize], graphs: bool, toks: &mut dyn FnMut(usize) -> Vec<u32>) {
     let pmax = par.iter().copied().max().unwrap_or(1);
     if pmax > 0 {
         let opts = CudaOptions {
@@ -290,7 +311,7 @@ fn main() {
             ..Default::default()
         };
         let mut b = CudaBackend::load(path, &opts).unwrap_or_else(|e| panic!("{e}"));
-        for &p in &par {
+        for &p in par {
             let mut last = Vec::new();
             for s in 0..p {
                 let batch = StepBatch {

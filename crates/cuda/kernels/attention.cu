@@ -141,3 +141,180 @@ DEF_ATTN(2)
 DEF_ATTN(3)
 DEF_ATTN(4)
 DEF_ATTN(8)
+
+// ---------------------------------------------------------------------------------------------
+// Prefill attention on the tensor cores (mma.sync m16n8k16, f16 in, f32 accumulate), one launch
+// per sequence chunk of T tokens at positions p0 .. p0+T-1 whose keys/values (earlier positions
+// included) are already in the paged cache. Block (tile, h): 64 queries of head h, 4 warps of 16
+// rows; the context walks in tiles of 64 positions (K rows, and V transposed, in shared memory)
+// with an online softmax per row, as flash attention does. The query is rounded to f16 and the
+// scale multiplies the finished dot product, as on the CPU; the probabilities meet V as f16
+// (the CPU rounds the normalized ones to f16; here the not-yet-normalized ones are rounded).
+// grid = (ceil(T / 64), n_head), block = 128. out[t0 + i, h*HD + d], token-major like attn_combine.
+#define FA_BQ 64
+#define FA_BK 64
+
+__device__ __forceinline__ u32 pack_h2(float a, float b) {
+    return (u32)f2h(a) | ((u32)f2h(b) << 16);
+}
+
+// d += a * b for one m16n8k16 tile: a row-major 16x16 f16, b column-major 16x8 f16, d 16x8 f32.
+__device__ __forceinline__ void mma_16816(float* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int HD>
+__device__ void attn_prefill_impl(const float* q, const u16* kc, const u16* vc, const int* bl,
+                                  int bt, int t0, int T, int p0, int n_head, int n_kv,
+                                  float scale, float* out) {
+    constexpr int KS = HD + 8;     // K row stride in halves (the pad spreads a warp's banks)
+    constexpr int VS = FA_BK + 8;  // V^T row stride
+    constexpr int CH = HD / 8;     // 16-byte pieces per K/V row
+    __shared__ __align__(16) u16 Ks[FA_BK * KS];
+    __shared__ __align__(16) u16 Vt[HD * VS];
+    // Heaviest tiles (latest queries, longest context) first.
+    int tile = gridDim.x - 1 - blockIdx.x;
+    int h = blockIdx.y, kvh = h / (n_head / n_kv);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, c = lane & 3;
+    int q0 = tile * FA_BQ;
+    int last = min(T, q0 + FA_BQ) - 1;
+    int kmax = p0 + last;
+    // This thread's two rows (rows past the chunk repeat its last token and are not written).
+    int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    int qp0 = p0 + min(r0, last), qp1 = p0 + min(r1, last);
+    u32 qa[HD / 16][4];
+    {
+        const float* qr0 = q + ((long long)(t0 + min(r0, last)) * n_head + h) * HD + 2 * c;
+        const float* qr1 = q + ((long long)(t0 + min(r1, last)) * n_head + h) * HD + 2 * c;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            float2 a = *(const float2*)(qr0 + kk * 16), b = *(const float2*)(qr1 + kk * 16);
+            float2 a8 = *(const float2*)(qr0 + kk * 16 + 8), b8 = *(const float2*)(qr1 + kk * 16 + 8);
+            qa[kk][0] = pack_h2(a.x, a.y);
+            qa[kk][1] = pack_h2(b.x, b.y);
+            qa[kk][2] = pack_h2(a8.x, a8.y);
+            qa[kk][3] = pack_h2(b8.x, b8.y);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    long long kv_row = (long long)n_kv * HD;
+    int nkt = kmax / FA_BK + 1;
+    for (int kt = 0; kt < nkt; kt++) {
+        __syncthreads();
+        // K: 16 lanes read one row's 256 contiguous bytes. V: lanes take consecutive positions,
+        // so the transposed stores to Vt are consecutive halves. Positions past kmax are zero
+        // (never NaN: a masked probability of 0 times a NaN would still poison the sum).
+        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
+            int pr = i / CH, ch = i % CH;
+            int p = kt * FA_BK + pr;
+            uint4 kv = make_uint4(0, 0, 0, 0);
+            if (p <= kmax) {
+                long long row = (long long)bl[p / bt] * bt + p % bt;
+                kv = *(const uint4*)(kc + row * kv_row + kvh * HD + ch * 8);
+            }
+            *(uint4*)(Ks + pr * KS + ch * 8) = kv;
+        }
+        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
+            int pr = i % FA_BK, ch = i / FA_BK;
+            int p = kt * FA_BK + pr;
+            uint4 vv = make_uint4(0, 0, 0, 0);
+            if (p <= kmax) {
+                long long row = (long long)bl[p / bt] * bt + p % bt;
+                vv = *(const uint4*)(vc + row * kv_row + kvh * HD + ch * 8);
+            }
+            u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                Vt[(ch * 8 + e) * VS + pr] = (u16)(w[e >> 1] >> ((e & 1) * 16));
+        }
+        __syncthreads();
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const u16* kr = Ks + (j * 8 + g) * KS + 2 * c;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                mma_16816(s[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int kp = kt * FA_BK + j * 8 + 2 * c + e;
+                s[j][e] = kp <= qp0 ? s[j][e] * scale : NEG_INF;
+                s[j][2 + e] = kp <= qp1 ? s[j][2 + e] * scale : NEG_INF;
+                mx0 = fmaxf(mx0, s[j][e]);
+                mx1 = fmaxf(mx1, s[j][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        // Key 0 is in every row's context, so mx is finite from the first tile on.
+        float c0 = expf(m0 - mx0), c1 = expf(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        u32 pa[FA_BK / 16][4];
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++) {
+            float e0 = expf(s[j][0] - m0), e1 = expf(s[j][1] - m0);
+            float e2 = expf(s[j][2] - m1), e3 = expf(s[j][3] - m1);
+            l0 += e0 + e1;
+            l1 += e2 + e3;
+            pa[j >> 1][(j & 1) * 2] = pack_h2(e0, e1);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack_h2(e2, e3);
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const u16* vr = Vt + (n * 8 + g) * VS + 2 * c;
+#pragma unroll
+            for (int kk = 0; kk < FA_BK / 16; kk++)
+                mma_16816(o[n], pa[kk], *(const u32*)(vr + kk * 16), *(const u32*)(vr + kk * 16 + 8));
+        }
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        if (r0 <= last)
+            *(float2*)(out + ((long long)(t0 + r0) * n_head + h) * HD + n * 8 + 2 * c) =
+                make_float2(o[n][0] * i0, o[n][1] * i0);
+        if (r1 <= last)
+            *(float2*)(out + ((long long)(t0 + r1) * n_head + h) * HD + n * 8 + 2 * c) =
+                make_float2(o[n][2] * i1, o[n][3] * i1);
+    }
+}
+
+#define DEF_ATTN_PREFILL(D) \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_d##D( \
+        const float* q, const u16* kc, const u16* vc, const int* bl, int bt, int t0, int T, \
+        int p0, int n_head, int n_kv, float scale, float* out) { \
+        attn_prefill_impl<32 * D>(q, kc, vc, bl, bt, t0, T, p0, n_head, n_kv, scale, out); \
+    }
+DEF_ATTN_PREFILL(2)
+DEF_ATTN_PREFILL(4)

@@ -73,3 +73,26 @@ __device__ __forceinline__ double block_sum_d(double v, double* sh) {
     for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
     return t;
 }
+
+// ggml's vector expf (quant::dot::ggml::expf, the CPU backend's SwiGLU and softmax), bit for
+// bit: the same fused multiply-adds in the same order, then j * 2^n with one rounding.
+__device__ __forceinline__ float ggml_expf(float x) {
+    const float R = __int_as_float(0x4b400000), LOG2E = __int_as_float(0x3fb8aa3b),
+                LN2_HI = __int_as_float(0x3f317200), LN2_LO = __int_as_float(0x35bfbe8e),
+                P5 = __int_as_float(0x3c072010), P4 = __int_as_float(0x3d2b9f17),
+                P3 = __int_as_float(0x3e2aaf33), P2 = __int_as_float(0x3efffedb),
+                P1 = __int_as_float(0x3f7ffff6);
+    float z = __fmaf_rn(x, LOG2E, R);
+    float n = __fsub_rn(z, R);
+    float b = __fmaf_rn(-n, LN2_LO, __fmaf_rn(-n, LN2_HI, x));
+    float u = __fmul_rn(b, b);
+    float j = __fmaf_rn(__fmaf_rn(__fmaf_rn(P5, b, P4), u, __fmaf_rn(P3, b, P2)), u,
+                        __fmaf_rn(P1, b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : __int_as_float(0x7f800000);
+    return (float)ldexp((double)j, (int)n);
+}
+
+// silu(g) * u as the CPU backend (ggml_vec_swiglu_f32) rounds it.
+__device__ __forceinline__ float ggml_swiglu(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ggml_expf(__fsub_rn(0.0f, g)))), u);
+}

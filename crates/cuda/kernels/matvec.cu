@@ -115,7 +115,7 @@ __device__ void matvec_swiglu_impl(const u8* wg, const u8* wu, int rows, int col
         for (int t = 0; t < NT; t++) {
             if (t < nt) {
                 float g = ag[t];
-                y[(long long)t * rows + row] = g / (1.0f + expf(-g)) * au[t];
+                y[(long long)t * rows + row] = ggml_swiglu(g, au[t]);
             }
         }
     }

@@ -396,10 +396,59 @@ __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8
             su += sh[1][k][t];
         }
         float* o = y + (long long)t * rows + row;
-        if (GLU) *o = s / (1.0f + expf(-s)) * su;
+        if (GLU) *o = ggml_swiglu(s, su);
         else *o = accumulate ? *o + s : s;
     }
 }
+
+// One token, one warp per row (GLU: the gate row and the up row), four rows per block of 128:
+// lane i takes units i, i + 32, ... (unrolled, so several units' loads are in flight before the
+// first dot), then a warp reduction; no shared memory or block barrier, and every lane of a
+// 3072-wide Q4_K row is busy (the block-per-row form leaves 32 of 128 threads idle there).
+template <int T, bool GLU>
+__device__ void mvqw_impl(const u8* w, const u8* wu, int rows, int cols, const i8* aq,
+                          const float2* ad, float* y, int accumulate) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    int units = cols / 32;
+    constexpr int UPB = Q<T>::BE / 32;
+    long long row_bytes = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    const u8* wr = w + (long long)row * row_bytes;
+    const u8* wur = GLU ? wu + (long long)row * row_bytes : wr;
+    float acc = 0.0f, accu = 0.0f;
+#pragma unroll 4
+    for (int u = lane; u < units; u += 32) {
+        long long off = (long long)(u / UPB) * Q<T>::BB;
+        int j = u % UPB;
+        int q[8], qu[8];
+        typename QI<T>::P p, pu;
+        QI<T>::unit(wr + off, j, q, p);
+        if (GLU) QI<T>::unit(wur + off, j, qu, pu);
+        const i8* a = aq + 32 * u;
+        const float2* d = ad + u;
+        acc += unit_dot<T>(q, p, a, d);
+        if (GLU) accu += unit_dot<T>(qu, pu, a, d);
+    }
+    acc = warp_sum(acc);
+    if (GLU) accu = warp_sum(accu);
+    if (lane == 0) {
+        if (GLU) y[row] = ggml_swiglu(acc, accu);
+        else y[row] = accumulate ? y[row] + acc : acc;
+    }
+}
+
+#define DEF_MVQW(name, T) \
+    extern "C" __global__ void __launch_bounds__(128) mvqw_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate) { \
+        mvqw_impl<T, false>(w, w, rows, cols, aq, ad, y, accumulate); \
+    } \
+    extern "C" __global__ void __launch_bounds__(128) mvqw_swiglu_##name( \
+        const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, \
+        float* y) { \
+        mvqw_impl<T, true>(wg, wu, rows, cols, aq, ad, y, 0); \
+    }
 
 #define DEF_MVQ_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(128) mvq_##name##_##NT( \
@@ -422,3 +471,4 @@ __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8
     X(q4_0, T_Q4_0) X(q4_1, T_Q4_1) X(q5_0, T_Q5_0) X(q5_1, T_Q5_1) X(q8_0, T_Q8_0) \
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
+FOR_EACH_QTYPE(DEF_MVQW)

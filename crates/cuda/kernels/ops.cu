@@ -1,12 +1,14 @@
 // Row and element-wise operations of the forward pass.
 
 // out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid = (output rows,
-// ceil(n / 256)), blockDim.x = 256: block (i, c) sums row r's squares (the whole row, from L2) and
-// writes elements [256c, 256c + 256), so a single row spreads over many SMs instead of one
-// block walking it. out_h (optional) receives the same row as f16, the GEMM path's activation
-// operand; fmt != 0 also quantizes the row for the integer products (qs/ds, see matvec_q.cu), so
-// decode needs no separate launch for it. The arithmetic is cpu::ops::rms_norm's: the sum of
-// squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
+// G), blockDim.x = 256: block (i, c) sums row r's squares (the whole row, from L2) and writes
+// elements [256k, 256k + 256) for k = c, c + G, ...: decode steps take G = ceil(n / 256), so a
+// single row spreads over many SMs, prompt-sized steps G = 1, so no row is summed twice.
+// fmt != 0 also quantizes the row for the integer products (qs/ds, see matvec_q.cu; either may
+// be null), so decode needs no separate launch for it; out_h (optional) receives the row as
+// f16, the GEMM path's operand: f16(d * q) of that quantization when fmt != 0 (what
+// quantize_act's f16 output holds), else plain f16. The arithmetic is cpu::ops::rms_norm's: the
+// sum of squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
                                     float* out, u16* out_h, int fmt, i8* qs, float2* ds) {
     __shared__ double sh[32];
@@ -20,14 +22,18 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     s = block_sum_d(s, sh);
     float mean = (float)(s / (double)n);
     float scale = 1.0f / sqrtf(mean + eps);
-    int c = blockIdx.y * blockDim.x + threadIdx.x;
-    bool valid = c < n;
-    float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), w[c]) : 0.0f;
-    if (valid) {
-        if (out) out[i * n + c] = o;
-        if (out_h) out_h[i * n + c] = f2h(o);
+    for (int cb = blockIdx.y; cb * 256 < n; cb += gridDim.y) {
+        int c = cb * blockDim.x + threadIdx.x;
+        bool valid = c < n;
+        float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), w[c]) : 0.0f;
+        if (valid) {
+            if (out) out[i * n + c] = o;
+            if (out_h && !fmt) out_h[i * n + c] = f2h(o);
+        }
+        if (fmt)
+            quant_act_elem(o, valid, c, fmt, qs ? qs + i * n : qs, ds ? ds + i * (n / 32) : ds,
+                           out_h ? out_h + i * n : out_h, shf, shi);
     }
-    if (fmt) quant_act_elem(o, valid, c, fmt, qs + i * n, ds + i * (n / 32), (u16*)0, shf, shi);
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.
@@ -88,9 +94,9 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
         float y0 = x0, y1 = x1;
         if (rot) {
             float c = cs[i], s = sn[i];
-            // Two products then one subtraction, as the CPU rounds them (no fused multiply-add).
-            y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            // cpu::ops::Rope's fused forms (ggml's, as GCC contracts them in llama.cpp's build).
+            y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+            y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
         }
         if (is_q) {
             qt[ia] = y0;
@@ -109,7 +115,7 @@ extern "C" __global__ void swiglu(float* g, const float* u, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         float x = g[i];
-        g[i] = x / (1.0f + expf(-x)) * u[i];
+        g[i] = ggml_swiglu(x, u[i]);
     }
 }
 

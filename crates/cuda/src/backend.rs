@@ -147,7 +147,17 @@ struct Meta {
     seq: Vec<i32>,
     out_rows: Vec<i32>,
     btab: Vec<i32>,
+    /// Per chunk: first step row, tokens, first position (its block table is row `i` of `btab`).
+    chunks: Vec<(usize, usize, usize)>,
 }
+
+/// A hook that sees (and may replace) intermediate tensors of eager steps, named as the CPU
+/// backend's trace names them (`cpu::TraceFn`): `(name, layer, occurrence, data)`, token-major.
+/// Points: `attn_norm`, `Qcur`#0/`Kcur`#0/`Vcur`#0 (after the products, before bias and RoPE),
+/// `Qcur`#2 (after RoPE), `kqv_out`, `ffn_inp`, `ffn_norm`, `ffn_swiglu`, `l_out`. Data the hook
+/// writes goes back to the device and the step continues from it, so one op can be checked on
+/// exactly the CPU's input (crates/cuda/examples/cuda_trace.rs).
+pub type TraceFn = dyn FnMut(&str, usize, usize, &mut [f32]) + Send;
 
 /// One captured decode graph: batch bucket and attention split it was captured with.
 struct Graph {
@@ -180,6 +190,11 @@ pub struct CudaBackend {
     pub stats: StepStats,
     /// GPU memory taken at load (free before minus free after).
     mem_loaded: u64,
+    /// Debugging hook (see [`TraceFn`]); `None` in normal use. Set, it turns graph replay off.
+    trace: Option<Box<TraceFn>>,
+    /// Prompt-sized steps take the tensor-core attention ([`Gpu::attn_prefill`]) where the head
+    /// size has one (`CROSSOVER_CUDA_PREFILL_MMA=0` turns it off).
+    prefill_mma: bool,
     gpu: Gpu,
 }
 
@@ -516,6 +531,8 @@ impl CudaBackend {
             meta: Meta::default(),
             stats: StepStats::default(),
             mem_loaded,
+            trace: None,
+            prefill_mma: std::env::var("CROSSOVER_CUDA_PREFILL_MMA").as_deref() != Ok("0"),
             gpu,
         })
     }
@@ -534,6 +551,12 @@ impl CudaBackend {
     /// e.g. to time them one by one with [`Gpu::profile_start`]).
     pub fn set_graphs(&mut self, on: bool) {
         self.opts.graphs = on;
+    }
+
+    /// Install (or remove) a hook that sees every traced intermediate tensor of the following
+    /// steps (see [`TraceFn`]); while one is set, steps launch eagerly, one op at a time.
+    pub fn set_trace(&mut self, f: Option<Box<TraceFn>>) {
+        self.trace = f;
     }
 
     /// What the matmuls run on the host (layer placement, missing kernels) have cost so far.
@@ -556,6 +579,11 @@ impl CudaBackend {
                     .iter()
                     .any(|m| m.host.is_some())
             })
+    }
+
+    /// Use the tensor-core prefill attention for prompt-sized steps (on by default).
+    pub fn set_prefill_mma(&mut self, on: bool) {
+        self.prefill_mma = on;
     }
 
     /// Why graph capture was given up, if it was.
@@ -644,6 +672,7 @@ impl CudaBackend {
         m.seq.clear();
         m.out_rows.clear();
         m.btab.clear();
+        m.chunks.clear();
         m.btab.resize((batch.chunks.len() + 1) * mb, trash_block);
         let mut max_len = 1;
         for (ci, c) in batch.chunks.iter().enumerate() {
@@ -651,6 +680,7 @@ impl CudaBackend {
             for (j, &b) in blocks.iter().enumerate().take(mb) {
                 m.btab[ci * mb + j] = b as i32;
             }
+            m.chunks.push((m.ids.len(), c.tokens.len(), c.start_pos));
             for (ti, &id) in c.tokens.iter().enumerate() {
                 let p = c.start_pos + ti;
                 let b = blocks.get(p / bt).copied().unwrap_or(self.n_blocks as u32);
@@ -819,19 +849,58 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Quantization the RMSNorm feeding `m` should fuse in (matvec path, quantized weights).
-    fn norm_quant(
+    /// Hand the first `n * cols` floats of `buf` to the trace hook (if any) and write back what
+    /// it leaves there; conversions cached from `buf` are redone or forgotten.
+    #[allow(clippy::too_many_arguments)]
+    fn trace_point(
+        gpu: &Gpu,
+        tr: &mut Option<Box<TraceFn>>,
+        s: &Scratch,
+        acts: &mut Acts,
+        (name, layer, occ): (&str, usize, usize),
+        buf: &DevBuf,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        let Some(f) = tr.as_mut() else {
+            return Ok(());
+        };
+        let mut v = vec![0f32; n * cols];
+        gpu.read(buf, 0, &mut v)?;
+        f(name, layer, occ, &mut v);
+        gpu.write(buf, 0, &v)?;
+        if acts.h.is_some_and(|(p, _)| p == buf.ptr()) {
+            acts.h = None;
+        }
+        if let Some((p, fmt)) = acts.q {
+            if p == buf.ptr() {
+                gpu.quantize_act(p, n, cols, fmt, s.aq.ptr(), s.ad.ptr())?;
+            }
+        }
+        gpu.sync()
+    }
+
+    /// What the RMSNorm writing `out` and feeding `m` should produce besides `out`: on the
+    /// matvec path the quantized activations (quantized weights), on the GEMM path the f16
+    /// operand (`f16(d * q)` of the CPU's quantization of that matrix's activations, as
+    /// [`Self::linear`] would convert it). Returns (f16 output, quantization) for
+    /// [`Gpu::rms_norm`] and records in `acts` what the buffers will hold.
+    fn norm_outputs(
         s: &Scratch,
         m: &Mat,
         matvec_path: bool,
         out: u64,
         acts: &mut Acts,
-    ) -> Option<(ActFormat, u64, u64)> {
-        // The norm rewrites `out`: no f16 copy of it survives.
-        acts.h = None;
-        let f = kernels::act_format(m.ty).filter(|_| matvec_path)?;
-        acts.q = Some((out, f));
-        Some((f, s.aq.ptr(), s.ad.ptr()))
+    ) -> (u64, Option<(ActFormat, u64, u64)>) {
+        let f = kernels::act_format(m.ty);
+        *acts = Acts::default();
+        if matvec_path {
+            acts.q = f.map(|f| (out, f));
+            (0, f.map(|f| (f, s.aq.ptr(), s.ad.ptr())))
+        } else {
+            acts.h = Some((out, f));
+            (s.xh.ptr(), f.map(|f| (f, 0, 0)))
+        }
     }
 
     /// Queue the whole forward pass for `n` tokens whose metadata is on the device; logits of
@@ -848,7 +917,9 @@ impl CudaBackend {
         let s = &self.s;
         let o = &self.opts;
         let st = &mut self.stats;
+        let tr = &mut self.trace;
         let (e, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_head_kv);
+        let (qd, kvd, ff) = (cfg.n_embd_q(), cfg.n_embd_kv(), cfg.n_ff);
         // Which activation the quantized-activation buffers hold now (pointer, format).
         let mut qc = Acts::default();
         gpu.get_rows(
@@ -860,11 +931,14 @@ impl CudaBackend {
             s.x.ptr(),
         )?;
         let matvec_path = n <= o.gemm_min_tokens || !gpu.has_blas();
+        // Prompt-sized steps whose every chunk fills a good part of a 64-query tile.
+        let mma = self.prefill_mma
+            && n > MV_MAX_NT
+            && kernels::PREFILL_HEAD_DIMS.contains(&hd)
+            && self.meta.chunks.iter().all(|c| c.1 >= 16)
+            && self.meta.ids.len() == n;
         for (li, l) in self.layers.iter().enumerate() {
-            let nq = Self::norm_quant(s, &l.wq, matvec_path, s.xn.ptr(), &mut qc);
-            if nq.is_none() {
-                qc = Acts::default();
-            }
+            let (nh16, nq) = Self::norm_outputs(s, &l.wq, matvec_path, s.xn.ptr(), &mut qc);
             gpu.rms_norm(
                 s.x.ptr(),
                 0,
@@ -873,11 +947,15 @@ impl CudaBackend {
                 cfg.rms_norm_eps,
                 n,
                 s.xn.ptr(),
-                0,
+                nh16,
                 nq,
             )?;
+            Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             for (m, y) in [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())] {
                 Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
+            }
+            for (name, b, w) in [("Qcur", &s.q, qd), ("Kcur", &s.k, kvd), ("Vcur", &s.v, kvd)] {
+                Self::trace_point(gpu, tr, s, &mut qc, (name, li, 0), b, n, w)?;
             }
             let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
             gpu.rope_store(
@@ -896,33 +974,54 @@ impl CudaBackend {
                 self.kc[li].ptr(),
                 self.vc[li].ptr(),
             )?;
-            gpu.attn_partial(
-                n,
-                s.q.ptr(),
-                self.kc[li].ptr(),
-                self.vc[li].ptr(),
-                s.tok_pos.ptr(),
-                s.tok_seq.ptr(),
-                s.btab.ptr(),
-                self.max_blocks,
-                o.block_tokens,
-                nh,
-                nkv,
-                hd,
-                n_split,
-                split_len,
-                s.part.ptr(),
-            )?;
-            gpu.attn_combine(
-                n,
-                s.part.ptr(),
-                s.tok_pos.ptr(),
-                nh,
-                hd,
-                n_split,
-                split_len,
-                s.att.ptr(),
-            )?;
+            Self::trace_point(gpu, tr, s, &mut qc, ("Qcur", li, 2), &s.q, n, qd)?;
+            if mma {
+                for (ci, &(t0, t, p0)) in self.meta.chunks.iter().enumerate() {
+                    gpu.attn_prefill(
+                        s.q.ptr(),
+                        self.kc[li].ptr(),
+                        self.vc[li].ptr(),
+                        s.btab.at(ci * self.max_blocks * 4),
+                        o.block_tokens,
+                        t0,
+                        t,
+                        p0,
+                        nh,
+                        nkv,
+                        hd,
+                        s.att.ptr(),
+                    )?;
+                }
+            } else {
+                gpu.attn_partial(
+                    n,
+                    s.q.ptr(),
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                    s.tok_pos.ptr(),
+                    s.tok_seq.ptr(),
+                    s.btab.ptr(),
+                    self.max_blocks,
+                    o.block_tokens,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    split_len,
+                    s.part.ptr(),
+                )?;
+                gpu.attn_combine(
+                    n,
+                    s.part.ptr(),
+                    s.tok_pos.ptr(),
+                    nh,
+                    hd,
+                    n_split,
+                    split_len,
+                    s.att.ptr(),
+                )?;
+            }
+            Self::trace_point(gpu, tr, s, &mut qc, ("kqv_out", li, 0), &s.att, n, qd)?;
             Self::linear(
                 gpu,
                 o,
@@ -935,10 +1034,8 @@ impl CudaBackend {
                 st,
                 &mut qc,
             )?;
-            let nq = Self::norm_quant(s, &l.gate, matvec_path, s.xn.ptr(), &mut qc);
-            if nq.is_none() {
-                qc = Acts::default();
-            }
+            Self::trace_point(gpu, tr, s, &mut qc, ("ffn_inp", li, 0), &s.x, n, e)?;
+            let (nh16, nq) = Self::norm_outputs(s, &l.gate, matvec_path, s.xn.ptr(), &mut qc);
             gpu.rms_norm(
                 s.x.ptr(),
                 0,
@@ -947,9 +1044,10 @@ impl CudaBackend {
                 cfg.rms_norm_eps,
                 n,
                 s.xn.ptr(),
-                0,
+                nh16,
                 nq,
             )?;
+            Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
             if matvec_path
                 && l.gate.host.is_none()
@@ -1000,6 +1098,7 @@ impl CudaBackend {
                 }
                 gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
             }
+            Self::trace_point(gpu, tr, s, &mut qc, ("ffn_swiglu", li, 0), &s.g, n, ff)?;
             Self::linear(
                 gpu,
                 o,
@@ -1014,13 +1113,14 @@ impl CudaBackend {
             )?;
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
+            Self::trace_point(gpu, tr, s, &mut qc, ("l_out", li, 0), &s.x, n, e)?;
         }
         if n_out == 0 {
             return Ok(());
         }
         let out = self.output.as_ref().unwrap_or(&self.embd);
         let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas();
-        let nq = Self::norm_quant(s, out, out_path, s.hn.ptr(), &mut qc);
+        let (nh16, nq) = Self::norm_outputs(s, out, out_path, s.hn.ptr(), &mut qc);
         gpu.rms_norm(
             s.x.ptr(),
             s.out_rows.ptr(),
@@ -1029,7 +1129,7 @@ impl CudaBackend {
             cfg.rms_norm_eps,
             n_out,
             s.hn.ptr(),
-            0,
+            nh16,
             nq,
         )?;
         Self::linear(
@@ -1049,6 +1149,7 @@ impl CudaBackend {
     fn is_decode(&self, batch: &StepBatch) -> bool {
         let n = batch.chunks.len();
         self.opts.graphs
+            && self.trace.is_none()
             && self.graph_failed.is_none()
             && !self.any_host()
             && n > 0

