@@ -71,6 +71,19 @@ pub enum CpuError {
     InjectedFault { path: String },
 }
 
+/// Give the allocator's free memory back to the system. Loading leaves the heap full of
+/// freed temporaries (the file's parsing, the tokenizer's construction in the same process,
+/// the weights' repacking); glibc keeps them resident unless asked, and they would count
+/// against the process's memory for its whole life.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns unused pages of the allocator's own arenas; no
+    // preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The CPU backend. Lives on one actor thread; owns its KV cache and thread pool.
 pub struct CpuBackend {
     file: Arc<GgufFile>,
@@ -134,6 +147,7 @@ impl CpuBackend {
             max_seq_tokens: opts.ctx_size,
             kv_block_tokens: opts.block_tokens,
         };
+        trim_heap();
         Ok(CpuBackend {
             file,
             model,

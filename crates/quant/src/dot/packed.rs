@@ -109,7 +109,7 @@ impl PackedMat {
         if !Self::packable(ty, rows, cols, isa) {
             return Ok(None);
         }
-        let mut data = vec![Line([0; 64]); len.div_ceil(64)];
+        let mut data = lines(len);
         // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
         let dst = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) };
         let nb = cols / 256;
@@ -153,7 +153,7 @@ impl PackedMat {
                 got: w.len(),
             });
         }
-        let mut data = vec![Line([0; 64]); len.div_ceil(64)];
+        let mut data = lines(len);
         // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
         unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) }
             .copy_from_slice(w);
@@ -226,6 +226,30 @@ impl PackedMat {
         }
         None
     }
+}
+
+/// Zeroed storage for `len` bytes. Large buffers are asked to be backed by huge pages
+/// (`MADV_HUGEPAGE`, before anything touches them): a decode step streams every weight once,
+/// and 2 MiB pages spare it most of the page-table walks of 4 KiB ones.
+fn lines(len: usize) -> Vec<Line> {
+    let n = len.div_ceil(64);
+    // Reserve first and advise before the zeroing touches the pages.
+    let mut v: Vec<Line> = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let (start, end) = (v.as_ptr() as usize, v.as_ptr() as usize + n * 64);
+        let (a, b) = (start.div_ceil(HUGE) * HUGE, end / HUGE * HUGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside `v`'s allocation; MADV_HUGEPAGE only changes how the
+            // kernel backs the pages, never their contents.
+            unsafe {
+                libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    v.resize(n, Line([0; 64]));
+    v
 }
 
 /// Place one row's `Q4_K` block `x` (144 bytes) as row `r` of the packed group block `o`.
