@@ -78,7 +78,8 @@ impl Mat {
         let err = |e: dot::DotError| format!("tensor {}: {e}", self.info.name);
         let p = match dot::PackedMat::pack(self.ty, data, self.rows, self.cols).map_err(err)? {
             Some(p) => p,
-            None => dot::PackedMat::copy(self.ty, data, self.rows, self.cols).map_err(err)?,
+            None => dot::PackedMat::copy_with(self.ty, data, self.rows, self.cols, release_pages)
+                .map_err(err)?,
         };
         let p = std::sync::Arc::new(p);
         owned.push((key, std::sync::Arc::downgrade(&p)));
@@ -110,17 +111,6 @@ fn release_pages(data: &[u8]) {
 
 #[cfg(not(target_os = "linux"))]
 fn release_pages(_data: &[u8]) {}
-
-/// Map every page of `data` (part of a file mapping) by reading one byte per page.
-fn prefault(data: &[u8]) {
-    let mut acc = 0u8;
-    for b in data.iter().step_by(4096) {
-        // A volatile read, so the loop is not optimized away.
-        // SAFETY: `b` is a valid reference to an initialized byte.
-        acc ^= unsafe { std::ptr::read_volatile(b) };
-    }
-    std::hint::black_box(acc);
-}
 
 /// Weights of one block, vectors already in f32.
 pub(crate) struct Layer {
@@ -195,12 +185,22 @@ impl Model {
                 }
             }
         }
+        // The output matrix is read in full by every forward pass: owned too. A tied token
+        // embedding (the same tensor) reads its rows from that copy.
+        let mut output = Mat::new(&w.output)?;
+        output.own(file)?;
+        let mut embd = Mat::new(&w.token_embd)?;
+        if output.packed.is_some() {
+            owned.push(output.info.clone());
+            if embd.info.offset == output.info.offset {
+                embd.packed = output.packed.clone();
+            }
+        }
         if file.is_mmapped() {
-            // The output matrix stays mapped and is read in full by every forward pass: map it
-            // now, then release once more what mapping it (and reading the tensors one by one
-            // above) mapped back of the released tensors' edges. The header (metadata, parsed
-            // into owned values at open) is not read again either.
-            prefault(file.tensor_data(&w.output));
+            // Reading the tensors one by one above mapped the edges of those released before
+            // them back in (the kernel maps file pages in large runs that straddle tensors):
+            // release them all once more. The header (metadata, parsed into owned values at
+            // open) is not read again either.
             for info in &owned {
                 release_pages(file.tensor_data(info));
             }
@@ -216,9 +216,9 @@ impl Model {
             cfg.rope_style,
         );
         Ok(Model {
-            embd: Mat::new(&w.token_embd)?,
+            embd,
             output_norm: vector(file, &w.output_norm)?,
-            output: Mat::new(&w.output)?,
+            output,
             layers,
             rope,
             cfg,
@@ -453,18 +453,29 @@ pub(crate) fn forward(
 
     // Token embeddings.
     resize(&mut s.x, n * e);
-    let embd = file.tensor_data(&model.embd.info);
+    let embd = match &model.embd.packed {
+        Some(p) if !p.is_interleaved() => p.bytes(),
+        Some(_) => &[],
+        None => file.tensor_data(&model.embd.info),
+    };
     let row_bytes = model.embd.ty.bytes_for(e as u64).unwrap_or(0) as usize;
     for (t, xr) in toks.iter().zip(s.x.chunks_exact_mut(e)) {
+        let bad = || BackendError::InvalidToken {
+            seq: chunks[t.chunk].seq,
+            index: t.pos,
+            id: t.id,
+            n_vocab: cfg.n_vocab,
+        };
         let a = t.id as usize * row_bytes;
-        let src = embd
-            .get(a..a + row_bytes)
-            .ok_or(BackendError::InvalidToken {
-                seq: chunks[t.chunk].seq,
-                index: t.pos,
-                id: t.id,
-                n_vocab: cfg.n_vocab,
-            })?;
+        let row;
+        let src = match &model.embd.packed {
+            // A repacked tied embedding: the row back in GGUF layout.
+            Some(p) if p.is_interleaved() => {
+                row = p.unpack_row(t.id as usize).ok_or_else(bad)?;
+                &row[..]
+            }
+            _ => embd.get(a..a + row_bytes).ok_or_else(bad)?,
+        };
         quant::dequantize_serial(model.embd.ty, src, xr).map_err(|err| BackendError::Device {
             backend: "cpu".into(),
             msg: err.to_string(),

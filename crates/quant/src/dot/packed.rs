@@ -142,6 +142,19 @@ impl PackedMat {
     /// memory, multiplied with the same kernels as the original: for callers that release
     /// the original's file pages (which the kernel maps in large runs that straddle tensors).
     pub fn copy(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Result<PackedMat, DotError> {
+        Self::copy_with(ty, w, rows, cols, |_| {})
+    }
+
+    /// [`PackedMat::copy`], calling `done` with each stretch of `w` (a few MiB) once it is
+    /// copied, so a caller can release the source's pages as it goes (a large matrix is then
+    /// never held twice).
+    pub fn copy_with(
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        mut done: impl FnMut(&[u8]),
+    ) -> Result<PackedMat, DotError> {
         let wrb = row_bytes(ty, cols)?;
         let len = wrb.checked_mul(rows).ok_or(DotError::Overflow {
             what: "weight matrix size",
@@ -155,8 +168,12 @@ impl PackedMat {
         }
         let mut data = lines(len);
         // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
-        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) }
-            .copy_from_slice(w);
+        let dst = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) };
+        const STRETCH: usize = 4 << 20;
+        for (d, s) in dst.chunks_mut(STRETCH).zip(w.chunks(STRETCH)) {
+            d.copy_from_slice(s);
+            done(s);
+        }
         Ok(PackedMat {
             interleaved: false,
             ty,
