@@ -816,30 +816,38 @@ fn dot_avx512_matmul_is_bit_identical_to_scalar() {
     }
 }
 
-/// The packed `Q4_K` layout (16 interleaved rows, made at load) gives the scalar reference's
-/// results bit for bit, for every token count (groups of 4 and the tokens left over take
-/// llama.cpp's two orders), and unpacks back to the GGUF bytes it came from.
+/// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q4_0, Q4_1 and Q8_0 give the
+/// scalar reference's results bit for bit, for every token count (Q4_K: groups of 4 and the
+/// tokens left over take llama.cpp's two orders), and unpack back to the GGUF bytes.
 #[test]
-fn dot_packed_q4k_is_bit_identical_to_scalar() {
+fn dot_packed_is_bit_identical_to_scalar() {
     if !Isa::Avx512.available() {
         println!("skipping: AVX-512 not available on this CPU");
         return;
     }
-    let ty = GgmlType::Q4K;
     let mut rng = Rng(0x9ac4_ed01);
     let pool = Pool::new(2).unwrap();
-    for &(rows, cols, random_bytes) in &[
-        (16usize, 256usize, true),
-        (48, 1024, false),
-        (32, 512, true),
-        (2048, 256, false),
-    ] {
+    for (ty, rows, cols, random_bytes) in [
+        GgmlType::Q4K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ]
+    .into_iter()
+    .flat_map(|ty| {
+        [
+            (ty, 16usize, 256usize, true),
+            (ty, 48, 1024, false),
+            (ty, 32, 512, true),
+            (ty, 2048, 256, false),
+        ]
+    }) {
         let w: Vec<u8> = (0..rows)
             .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
             .collect();
         let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
             .unwrap()
-            .expect("Q4_K with 16-row groups packs on AVX-512");
+            .expect("16-row groups pack on AVX-512");
         let rb = dot::row_bytes(ty, cols).unwrap();
         for r in 0..rows {
             assert_eq!(p.unpack_row(r).unwrap(), w[r * rb..(r + 1) * rb], "row {r}");
@@ -865,13 +873,14 @@ fn dot_packed_q4k_is_bit_identical_to_scalar() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "{rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs packed {b}"
+                    "{ty} {rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs packed {b}"
                 );
                 assert_eq!(b.to_bits(), c.to_bits(), "element {i}: f32 entry point");
             }
         }
     }
     // Shapes the packed kernel does not take are refused, not mangled.
+    let ty = GgmlType::Q4K;
     let w = weight_row(&mut rng, ty, 256, false);
     assert!(dot::PackedMat::pack_with_isa(ty, &w, 1, 256, Isa::Avx512)
         .unwrap()

@@ -1318,6 +1318,203 @@ unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
     acc
 }
 
+/// The legacy types in the packed 16-row layout (`super::packed`): per group block, `d` of the
+/// 16 rows (f16) at 0, `m` (types with a min) at 32, then the quants as vectors of 16 rows × 4
+/// bytes from `QOFF` on: 4-bit types 4 vectors (vector `k`: low nibbles = group `k`, high =
+/// group `k + 4`), `Q8_0` 8 vectors (group `j`, stored `q + 128`).
+pub(crate) trait LegacyX16 {
+    /// Bytes of one row's block (GGUF).
+    const WB: usize;
+    /// Activation block bytes (34 for Q8_0, 36 for Q8_1) and offset of its quants.
+    const AB: usize;
+    const AQ: usize;
+    const MIN: bool;
+    /// log2 of the value offset subtracted from the stored unsigned value (0: none).
+    const OFF_SHIFT: i32;
+    /// Offset of the quant vectors in the group block.
+    const QOFF: usize;
+    /// 8-bit quants (one vector per group) rather than nibbles.
+    const Q8: bool;
+}
+pub(crate) struct X16Q4_0;
+impl LegacyX16 for X16Q4_0 {
+    const WB: usize = 18;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const MIN: bool = false;
+    const OFF_SHIFT: i32 = 3;
+    const QOFF: usize = 32;
+    const Q8: bool = false;
+}
+pub(crate) struct X16Q4_1;
+impl LegacyX16 for X16Q4_1 {
+    const WB: usize = 20;
+    const AB: usize = 36;
+    const AQ: usize = 4;
+    const MIN: bool = true;
+    const OFF_SHIFT: i32 = 0;
+    const QOFF: usize = 64;
+    const Q8: bool = false;
+}
+pub(crate) struct X16Q8_0;
+impl LegacyX16 for X16Q8_0 {
+    const WB: usize = 34;
+    const AB: usize = 34;
+    const AQ: usize = 2;
+    const MIN: bool = false;
+    const OFF_SHIFT: i32 = 7;
+    const QOFF: usize = 32;
+    const Q8: bool = true;
+}
+
+/// A tile of 16 packed rows of a legacy type × `T` tokens, lane `r` = row `r`: per
+/// (row, token) the float operations of ggml's `vec_dot` ([`legacy_tile`],
+/// `scalar::dot_q4_1` ...): eight accumulators, `j` holding the 4-byte group `j` of every
+/// block (`fma(d_w * d_y, isum_j, acc_j)`), the min term its own fma chain, then
+/// `hsum_float_8` plus the min sum, all as vectors across the 16 rows.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `T == t.toks`, `t.w` at a packed group of `t.nb`
+/// blocks; AVX-512 F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_x16<L: LegacyX16, const T: usize>(t: &Tile) {
+    let zf = _mm512_setzero_ps();
+    let zi = _mm512_setzero_si512();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let gb = 16 * L::WB;
+    let mut acc = [[zf; 8]; T];
+    let mut summs = [zf; T];
+    // Per token, minus offset times each group's activation sum (offset types).
+    let mut seeds = [[0i32; 8]; T];
+    for b in 0..t.nb {
+        // SAFETY: group block b and every token's block b exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * gb);
+            let dw = _mm512_cvtph_ps(ld256(x));
+            let mw = if L::MIN {
+                _mm512_cvtph_ps(ld256(x.add(32)))
+            } else {
+                zf
+            };
+            let mut ys = [t.a; T];
+            let mut dd = [zf; T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * L::AB);
+                let dy = f16_at(ys[k], 0);
+                dd[k] = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+                if L::MIN {
+                    let sy = _mm512_set1_ps(f16_at(ys[k], 1));
+                    summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
+                }
+                if L::OFF_SHIFT != 0 {
+                    let yq = ld256(ys[k].add(L::AQ));
+                    let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), yq);
+                    let sh = _mm_cvtsi32_si128(L::OFF_SHIFT);
+                    let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(sums, sh));
+                    _mm256_storeu_si256(seeds[k].as_mut_ptr() as *mut __m256i, neg);
+                }
+            }
+            let q = x.add(L::QOFF);
+            for j in 0..8 {
+                let w = if L::Q8 {
+                    _mm512_loadu_si512(q.add(64 * j) as *const __m512i)
+                } else {
+                    let v = _mm512_loadu_si512(q.add(64 * (j % 4)) as *const __m512i);
+                    if j < 4 {
+                        _mm512_and_si512(v, m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)
+                    }
+                };
+                for k in 0..T {
+                    let seed = if L::OFF_SHIFT != 0 {
+                        bcast32(seeds[k].as_ptr().add(j) as *const u8)
+                    } else {
+                        zi
+                    };
+                    let yq = ys[k].add(L::AQ + 4 * j);
+                    let i = dpbusd_bcast(seed, w, yq);
+                    acc[k][j] = _mm512_fmadd_ps(dd[k], _mm512_cvtepi32_ps(i), acc[k][j]);
+                }
+            }
+        }
+    }
+    for k in 0..T {
+        let a = &acc[k];
+        let h = [
+            _mm512_add_ps(a[4], a[0]),
+            _mm512_add_ps(a[5], a[1]),
+            _mm512_add_ps(a[6], a[2]),
+            _mm512_add_ps(a[7], a[3]),
+        ];
+        let r = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])),
+            summs[k],
+        );
+        // SAFETY: outputs (k, 0..16) are inside the tile.
+        unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), r) };
+    }
+}
+
+/// `acc + dot4(w, bcast(p[0..4]))` per i32 lane (`vpdpbusd`, `w` unsigned, the activation
+/// bytes signed), the word broadcast from memory (see [`dpbusd_bcast2`]).
+///
+/// # Safety
+/// `p` valid for 4 bytes; AVX-512 F and VNNI available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn dpbusd_bcast(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: reads 4 bytes at `p` (caller's contract); an instruction of an enabled feature.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {acc}, {w}, dword ptr [{p}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+macro_rules! legacy_x16_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract of [`legacy_x16`].
+        unsafe fn $name(t: &Tile) {
+            // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+            unsafe {
+                match t.toks {
+                    1 => legacy_x16::<$ty, 1>(t),
+                    2 => legacy_x16::<$ty, 2>(t),
+                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                }
+            }
+        }
+    };
+}
+legacy_x16_kernel!(x16_q4_0, X16Q4_0);
+legacy_x16_kernel!(x16_q4_1, X16Q4_1);
+legacy_x16_kernel!(x16_q8_0, X16Q8_0);
+
+/// The packed kernel of a legacy type (every token count: 1 or 2 tokens per tile).
+pub(crate) fn packed_legacy_kernel(ty: GgmlType) -> Option<Kernel> {
+    let tile: TileFn = match ty {
+        GgmlType::Q4_0 => x16_q4_0,
+        GgmlType::Q4_1 => x16_q4_1,
+        GgmlType::Q8_0 => x16_q8_0,
+        _ => return None,
+    };
+    Some(Kernel {
+        mr: 16,
+        nt: 2,
+        mr1: 16,
+        exact_rows: true,
+        tile,
+    })
+}
+
 /// 64 bytes, aligned (scratch for unpacked scales).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]

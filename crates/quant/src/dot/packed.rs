@@ -64,15 +64,17 @@ impl std::fmt::Debug for PackedMat {
 
 impl PackedMat {
     /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
-    /// `Q4_K` with a multiple of 16 rows, on AVX-512 (the only packed kernel so far).
+    /// `Q4_K`, `Q4_0`, `Q4_1` or `Q8_0` with a multiple of 16 rows, on AVX-512.
     pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
-        ty == GgmlType::Q4K
-            && isa == Isa::Avx512
+        matches!(
+            ty,
+            GgmlType::Q4K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
+        ) && isa == Isa::Avx512
             && isa.available()
             && rows > 0
             && rows.is_multiple_of(Q4K_GROUP_ROWS)
             && cols > 0
-            && cols.is_multiple_of(256)
+            && cols.is_multiple_of(ty.block_size())
     }
 
     /// Repack `rows` rows of `cols` elements of `ty` (GGUF layout, `w`) for the best
@@ -112,7 +114,10 @@ impl PackedMat {
         let mut data = lines(len);
         // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
         let dst = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) };
-        let nb = cols / 256;
+        let bs = ty.block_size();
+        let wb = ty.type_size();
+        let nb = cols / bs;
+        let gb = Q4K_GROUP_ROWS * wb;
         let group = Q4K_GROUP_ROWS * wrb;
         // Groups are independent: spread them over rayon's threads (a 1B model packs about
         // 450 MiB at load).
@@ -121,10 +126,14 @@ impl PackedMat {
             .zip(dst.par_chunks_exact_mut(group))
             .for_each(|(src, out)| {
                 for b in 0..nb {
-                    let o = &mut out[b * Q4K_GROUP_BYTES..(b + 1) * Q4K_GROUP_BYTES];
+                    let o = &mut out[b * gb..(b + 1) * gb];
                     for r in 0..Q4K_GROUP_ROWS {
-                        let x = &src[r * wrb + b * 144..r * wrb + (b + 1) * 144];
-                        pack_q4k_row(x, r, o);
+                        let x = &src[r * wrb + b * wb..r * wrb + (b + 1) * wb];
+                        if ty == GgmlType::Q4K {
+                            pack_q4k_row(x, r, o);
+                        } else {
+                            pack_legacy_row(ty, x, r, o);
+                        }
                     }
                 }
             });
@@ -219,18 +228,19 @@ impl PackedMat {
             let wrb = self.len / self.rows;
             return self.bytes().get(r * wrb..(r + 1) * wrb).map(|b| b.to_vec());
         }
-        let nb = self.cols / 256;
+        let wb = self.ty.type_size();
+        let nb = self.cols / self.ty.block_size();
+        let gb = Q4K_GROUP_ROWS * wb;
         let (g, rr) = (r / Q4K_GROUP_ROWS, r % Q4K_GROUP_ROWS);
-        let group = self
-            .bytes()
-            .get(g * nb * Q4K_GROUP_BYTES..(g + 1) * nb * Q4K_GROUP_BYTES)?;
-        let mut out = vec![0u8; nb * 144];
-        for (b, x) in out.chunks_exact_mut(144).enumerate() {
-            unpack_q4k_row(
-                &group[b * Q4K_GROUP_BYTES..(b + 1) * Q4K_GROUP_BYTES],
-                rr,
-                x,
-            );
+        let group = self.bytes().get(g * nb * gb..(g + 1) * nb * gb)?;
+        let mut out = vec![0u8; nb * wb];
+        for (b, x) in out.chunks_exact_mut(wb).enumerate() {
+            let o = &group[b * gb..(b + 1) * gb];
+            if self.ty == GgmlType::Q4K {
+                unpack_q4k_row(o, rr, x);
+            } else {
+                unpack_legacy_row(self.ty, o, rr, x);
+            }
         }
         Some(out)
     }
@@ -238,8 +248,11 @@ impl PackedMat {
     /// The kernel for groups of 4 tokens and the one for the tokens left over.
     pub(crate) fn kernels(&self) -> Option<(Kernel, Kernel)> {
         #[cfg(target_arch = "x86_64")]
-        if self.interleaved && self.ty == GgmlType::Q4K {
-            return Some(super::avx512::packed_q4k_kernels());
+        if self.interleaved {
+            if self.ty == GgmlType::Q4K {
+                return Some(super::avx512::packed_q4k_kernels());
+            }
+            return super::avx512::packed_legacy_kernel(self.ty).map(|k| (k, k));
         }
         None
     }
@@ -285,6 +298,48 @@ fn pack_q4k_row(x: &[u8], r: usize, o: &mut [u8]) {
                 let e = 32 * j + 8 * k + i;
                 o[256 + 64 * (4 * j + k) + 4 * r + i] = q(e) | (q(e + 4) << 4);
             }
+        }
+    }
+}
+
+/// Where a legacy type's group block keeps its quant vectors, and whether it has a min.
+fn legacy_layout(ty: GgmlType) -> (usize, usize, bool) {
+    // (offset of the quants in the GGUF block, offset of the vectors in the group block, min)
+    match ty {
+        GgmlType::Q4_1 => (4, 64, true),
+        _ => (2, 32, false),
+    }
+}
+
+/// Place one row's block `x` of `Q4_0`/`Q4_1`/`Q8_0` as row `r` of the packed group block `o`:
+/// `d` at `2 r`, `m` at `32 + 2 r`, then vectors of 16 rows × 4 quant bytes (`Q8_0`: 8 of
+/// them, stored `q + 128`; the 4-bit types: 4, whose low nibbles are the group `k` and high
+/// nibbles the group `k + 4`, as in the GGUF bytes).
+fn pack_legacy_row(ty: GgmlType, x: &[u8], r: usize, o: &mut [u8]) {
+    let (xq, oq, min) = legacy_layout(ty);
+    o[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+    if min {
+        o[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
+    }
+    let flip = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
+    for (k, q) in x[xq..].chunks_exact(4).enumerate() {
+        for (i, &v) in q.iter().enumerate() {
+            o[oq + 64 * k + 4 * r + i] = v ^ flip;
+        }
+    }
+}
+
+/// The inverse of [`pack_legacy_row`].
+fn unpack_legacy_row(ty: GgmlType, o: &[u8], r: usize, x: &mut [u8]) {
+    let (xq, oq, min) = legacy_layout(ty);
+    x[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
+    if min {
+        x[2..4].copy_from_slice(&o[32 + 2 * r..32 + 2 * r + 2]);
+    }
+    let flip = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
+    for (k, q) in x[xq..].chunks_exact_mut(4).enumerate() {
+        for (i, v) in q.iter_mut().enumerate() {
+            *v = o[oq + 64 * k + 4 * r + i] ^ flip;
         }
     }
 }
