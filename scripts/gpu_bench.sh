@@ -40,10 +40,15 @@ if has build; then
 fi
 
 if has models; then
-  $G/crossover synth --preset smollm2-135m --quant q4_1 --vocab-from $G/ggml-vocab-starcoder.gguf \
-    -o /tmp/smol.gguf -q -t 4 || t "synth smollm2 failed"
-  $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
-    -o /tmp/l3b.gguf -q -t 4 || t "synth 3b failed"
+  # MODELS (default "smol l3b") picks the files; SYNTH_T threads (4 leave cores to the build).
+  if [[ " ${MODELS:-smol l3b} " == *" smol "* ]]; then
+    $G/crossover synth --preset smollm2-135m --quant q4_1 --vocab-from $G/ggml-vocab-starcoder.gguf \
+      -o /tmp/smol.gguf -q -t ${SYNTH_T:-4} || t "synth smollm2 failed"
+  fi
+  if [[ " ${MODELS:-smol l3b} " == *" l3b "* ]]; then
+    $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
+      -o /tmp/l3b.gguf -q -t ${SYNTH_T:-4} || t "synth 3b failed"
+  fi
   ls -la /tmp/*.gguf
   t "models made"
 fi

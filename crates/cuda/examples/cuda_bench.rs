@@ -47,6 +47,32 @@ fn prompt_ms(
     median(v) * 1e3
 }
 
+/// Run one step with a timing event after every kernel and print where its time goes.
+fn report_profile(b: &mut CudaBackend, what: &str, batch: StepBatch) {
+    b.gpu().profile_start().unwrap_or_else(|e| panic!("{e}"));
+    b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
+    let p = b.gpu().profile_stop().unwrap_or_else(|e| panic!("{e}"));
+    let total: f64 = p.iter().map(|x| x.1).sum();
+    let mut by: Vec<(String, usize, f64)> = Vec::new();
+    for (name, ms) in p {
+        match by.iter_mut().find(|x| x.0 == name) {
+            Some(x) => {
+                x.1 += 1;
+                x.2 += ms;
+            }
+            None => by.push((name, 1, ms)),
+        }
+    }
+    by.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
+    println!("profile {what}: {total:.3} ms on the GPU (eager launches)");
+    for (name, n, ms) in by.iter().take(12) {
+        println!(
+            "  {name:<28} x{n:<4} {ms:8.3} ms  {:5.1}%",
+            100.0 * ms / total
+        );
+    }
+}
+
 /// Print per-kernel times of a 512-token prompt step and of a decode step at context `depth`.
 fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, seq: &mut u64) {
     let nv = b.config().n_vocab as u32;
@@ -54,30 +80,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
     let s = *seq;
     let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..nv)).collect() };
     let mut pos = 0;
-    let report = |b: &mut CudaBackend, what: &str, batch: StepBatch| {
-        b.gpu().profile_start().unwrap_or_else(|e| panic!("{e}"));
-        b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
-        let p = b.gpu().profile_stop().unwrap_or_else(|e| panic!("{e}"));
-        let total: f64 = p.iter().map(|x| x.1).sum();
-        let mut by: Vec<(String, usize, f64)> = Vec::new();
-        for (name, ms) in p {
-            match by.iter_mut().find(|x| x.0 == name) {
-                Some(x) => {
-                    x.1 += 1;
-                    x.2 += ms;
-                }
-                None => by.push((name, 1, ms)),
-            }
-        }
-        by.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
-        println!("profile {what}: {total:.3} ms on the GPU (eager launches)");
-        for (name, n, ms) in by.iter().take(12) {
-            println!(
-                "  {name:<28} x{n:<4} {ms:8.3} ms  {:5.1}%",
-                100.0 * ms / total
-            );
-        }
-    };
+    let report = report_profile;
     while pos < depth {
         let n = (depth - pos).min(512);
         let batch = StepBatch {
@@ -266,7 +269,7 @@ fn main() {
     } else {
         integer_path(b, path, &opts, &mut r2, &mut seq);
     }
-    aggregate(path, &par, graphs, &mut toks);
+    aggregate(path, &par, graphs, quick, &mut toks);
 }
 
 /// Prompt steps through cuBLAS against the integer path at 16..128 and 512 tokens.
@@ -300,7 +303,13 @@ fn integer_path(
 }
 
 /// Aggregate generation: P sequences with 512-token prompts, 128 tokens each, decoded together.
-fn aggregate(path: &str, par: &[usize], graphs: bool, toks: &mut dyn FnMut(usize) -> Vec<u32>) {
+fn aggregate(
+    path: &str,
+    par: &[usize],
+    graphs: bool,
+    quick: bool,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+) {
     let pmax = par.iter().copied().max().unwrap_or(1);
     if pmax > 0 {
         let opts = CudaOptions {
@@ -340,6 +349,20 @@ fn aggregate(path: &str, par: &[usize], graphs: bool, toks: &mut dyn FnMut(usize
                 last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
             }
             let dt = t.elapsed().as_secs_f64();
+            if p == pmax && p > 8 && !quick {
+                // Where one step of the widest batch goes (it runs eagerly: no graph that wide).
+                let batch = StepBatch {
+                    chunks: (0..p)
+                        .map(|s| SeqChunk {
+                            seq: s as u64,
+                            tokens: vec![last[s]],
+                            start_pos: 512 + 128,
+                            want: Want::Last,
+                        })
+                        .collect(),
+                };
+                report_profile(&mut b, &format!("aggregate decode step x {p}"), batch);
+            }
             for s in 0..p {
                 b.release(s as u64);
             }

@@ -318,3 +318,167 @@ __device__ void attn_prefill_impl(const float* q, const u16* kc, const u16* vc, 
     }
 DEF_ATTN_PREFILL(2)
 DEF_ATTN_PREFILL(4)
+
+// ---------------------------------------------------------------------------------------------
+// Split-K attention on the tensor cores for decode-like steps: block (t, kvh, s) takes the
+// G = n_head / n_kv query heads of token t that share KV head kvh as the rows of one 16-row
+// mma tile (rows >= G are zero) and positions [s*split_len, (s+1)*split_len) of its context in
+// tiles of 64 (K rows and V transposed in shared memory, as attn_prefill); warp w takes keys
+// 16w..16w+15 of each tile with its own online softmax, the four warps merge at the end and
+// write the same partial result (max, sum, weighted sum) attn_partial writes, so attn_combine
+// merges the splits unchanged. Each K/V row is read once for all G heads. Same rounding as
+// attn_prefill (query f16, scale after the dot, unnormalized probabilities as f16 into PV).
+template <int HD>
+__device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
+                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
+                                 int n_head, int n_kv, float scale, int split_len, float* part) {
+    constexpr int KS = HD + 8, VS = FA_BK + 8, CH = HD / 8;
+    __shared__ __align__(16) u16 Ks[FA_BK * KS];
+    __shared__ __align__(16) u16 Vt[HD * VS];
+    __shared__ float sm[4][8], sl[4][8];
+    int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_split = gridDim.z;
+    int G = n_head / n_kv;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, c = lane & 3;
+    int len = tok_pos[t] + 1;
+    int p0 = s * split_len, p1 = min(len, p0 + split_len);
+    if (p0 >= len) return;
+    const int* bl = btab + (long long)tok_seq[t] * max_blocks;
+    long long kv_row = (long long)n_kv * HD;
+    u32 qa[HD / 16][4];
+    {
+        bool real = g < G;
+        const float* qr = q + ((long long)t * n_head + kvh * G + (real ? g : 0)) * HD + 2 * c;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            float2 a = real ? *(const float2*)(qr + kk * 16) : make_float2(0.0f, 0.0f);
+            float2 a8 = real ? *(const float2*)(qr + kk * 16 + 8) : make_float2(0.0f, 0.0f);
+            qa[kk][0] = pack_h2(a.x, a.y);
+            qa[kk][1] = 0u;
+            qa[kk][2] = pack_h2(a8.x, a8.y);
+            qa[kk][3] = 0u;
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, l0 = 0.0f;
+    for (int base = p0; base < p1; base += FA_BK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
+            int pr = i / CH, ch = i % CH;
+            int p = base + pr;
+            uint4 kv = make_uint4(0, 0, 0, 0);
+            if (p < p1) {
+                long long row = (long long)bl[p / bt] * bt + p % bt;
+                kv = *(const uint4*)(kc + row * kv_row + kvh * HD + ch * 8);
+            }
+            *(uint4*)(Ks + pr * KS + ch * 8) = kv;
+        }
+        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
+            int pr = i % FA_BK, ch = i / FA_BK;
+            int p = base + pr;
+            uint4 vv = make_uint4(0, 0, 0, 0);
+            if (p < p1) {
+                long long row = (long long)bl[p / bt] * bt + p % bt;
+                vv = *(const uint4*)(vc + row * kv_row + kvh * HD + ch * 8);
+            }
+            u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                Vt[(ch * 8 + e) * VS + pr] = (u16)(w[e >> 1] >> ((e & 1) * 16));
+        }
+        __syncthreads();
+        // This warp's 16 keys: two n8 tiles of S.
+        float sc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            const u16* kr = Ks + (warp * 16 + j * 8 + g) * KS + 2 * c;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+        }
+        float mx = m0;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int p = base + warp * 16 + j * 8 + 2 * c + e;
+                sc[j][e] = p < p1 ? sc[j][e] * scale : NEG_INF;
+                mx = fmaxf(mx, sc[j][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A warp whose keys so far are all past the slice has nothing to add yet.
+        float cr = mx == NEG_INF ? 1.0f : expf(m0 - mx);
+        m0 = mx;
+        l0 *= cr;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= cr;
+            o[n][1] *= cr;
+        }
+        u32 pa[4];
+        {
+            float e[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    e[j][x] = mx == NEG_INF ? 0.0f : expf(sc[j][x] - mx);
+                    l0 += e[j][x];
+                }
+            }
+            pa[0] = pack_h2(e[0][0], e[0][1]);
+            pa[1] = 0u;
+            pa[2] = pack_h2(e[1][0], e[1][1]);
+            pa[3] = 0u;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const u16* vr = Vt + (n * 8 + g) * VS + warp * 16 + 2 * c;
+            mma_16816(o[n], pa, *(const u32*)vr, *(const u32*)(vr + 8));
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    // Merge the warps through shared memory (the K tile's space, no longer needed).
+    __syncthreads();
+    float* so = (float*)Ks;  // [4][8][HD] floats = 4 * 8 * HD * 4 bytes <= sizeof(Ks)
+    if (g < G) {
+        if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c] = o[n][0];
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);
+        float L = 0.0f, A = 0.0f;
+        for (int w = 0; w < 4; w++) {
+            float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
+            L += sl[w][r] * cw;
+            A += so[(w * 8 + r) * HD + d] * cw;
+        }
+        float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
+        out[2 + d] = A;
+        if (d == 0) { out[0] = M; out[1] = L; }
+    }
+}
+
+#define DEF_ATTN_DECODE(D) \
+    extern "C" __global__ void __launch_bounds__(128) attn_decode_d##D( \
+        const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
+        const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, int split_len, \
+        float* part) { \
+        attn_decode_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
+                                 scale, split_len, part); \
+    }
+DEF_ATTN_DECODE(2)
+DEF_ATTN_DECODE(4)

@@ -159,3 +159,22 @@ extern "C" __global__ void argmax_rows(const float* x, int n, int* out) {
         if (lane == 0) out[blockIdx.x] = bi < n ? bi : 0;
     }
 }
+
+// The GEMM path's g = silu(g) * u (rows x n) that also writes the down projection's f16
+// operand xh: f16(d * q) of the result's quantization in fmt (what quantize_act's f16 output
+// holds, i.e. the CPU's activations for that matrix), or plain f16 when fmt == 0; one launch
+// instead of two. grid = (rows, ceil(n / 256)), blockDim.x = 256.
+extern "C" __global__ void swiglu_q(float* g, const float* u, int n, int fmt, u16* xh) {
+    __shared__ float shf[9];
+    __shared__ int shi[8];
+    long long r = blockIdx.x;
+    int c = blockIdx.y * 256 + threadIdx.x;
+    bool valid = c < n;
+    float v = 0.0f;
+    if (valid) {
+        v = ggml_swiglu(g[r * n + c], u[r * n + c]);
+        g[r * n + c] = v;
+    }
+    if (fmt) quant_act_elem(v, valid, c, fmt, (i8*)0, (float2*)0, xh + r * n, shf, shi);
+    else if (valid) xh[r * n + c] = f2h(v);
+}

@@ -195,6 +195,9 @@ pub struct CudaBackend {
     /// Prompt-sized steps take the tensor-core attention ([`Gpu::attn_prefill`]) where the head
     /// size has one (`CROSSOVER_CUDA_PREFILL_MMA=0` turns it off).
     prefill_mma: bool,
+    /// Other steps take the tensor-core split-K attention ([`Gpu::attn_decode`]) where the head
+    /// size has one (`CROSSOVER_CUDA_DECODE_MMA=0` turns it off).
+    decode_mma: bool,
     gpu: Gpu,
 }
 
@@ -533,6 +536,7 @@ impl CudaBackend {
             mem_loaded,
             trace: None,
             prefill_mma: std::env::var("CROSSOVER_CUDA_PREFILL_MMA").as_deref() != Ok("0"),
+            decode_mma: std::env::var("CROSSOVER_CUDA_DECODE_MMA").as_deref() != Ok("0"),
             gpu,
         })
     }
@@ -993,7 +997,13 @@ impl CudaBackend {
                     )?;
                 }
             } else {
-                gpu.attn_partial(
+                let attn = if self.decode_mma && kernels::PREFILL_HEAD_DIMS.contains(&hd) {
+                    Gpu::attn_decode
+                } else {
+                    Gpu::attn_partial
+                };
+                attn(
+                    gpu,
                     n,
                     s.q.ptr(),
                     self.kc[li].ptr(),
@@ -1096,7 +1106,14 @@ impl CudaBackend {
                 for (m, y) in [(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())] {
                     Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
                 }
-                gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
+                if matvec_path {
+                    gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
+                } else {
+                    // The down projection's f16 operand comes with the product (one launch).
+                    let df = kernels::act_format(l.down.ty);
+                    gpu.swiglu_f16(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
+                    qc.h = Some((s.g.ptr(), df));
+                }
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_swiglu", li, 0), &s.g, n, ff)?;
             Self::linear(

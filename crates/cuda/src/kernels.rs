@@ -96,6 +96,9 @@ const OPS: &[&str] = &[
     "quantize_act",
     "attn_prefill_d2",
     "attn_prefill_d4",
+    "swiglu_q",
+    "attn_decode_d2",
+    "attn_decode_d4",
 ];
 const K_RMS_NORM: usize = 0;
 const K_ROPE_STORE: usize = 1;
@@ -106,6 +109,8 @@ const K_ATTN_COMBINE: usize = 5;
 const K_ATTN_PARTIAL: usize = 6;
 const K_QUANTIZE_ACT: usize = 10;
 const K_ATTN_PREFILL: usize = 11;
+const K_SWIGLU_Q: usize = 13;
+const K_ATTN_DECODE: usize = 14;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
 pub const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Rotation parameters of [`Gpu::rope_store`], the same numbers `cpu::ops::Rope` is built from.
@@ -588,6 +593,35 @@ impl Gpu {
         self.launch_id(op(K_SWIGLU), (blocks, 1, 1), (256, 1, 1), kargs![g, u, nn])
     }
 
+    /// `g = silu(g) * u` over `rows` rows of `n`, also writing `xh`, the f16 GEMM operand of the
+    /// result: `f16(d * q)` of its quantization in `fmt` (as [`Gpu::quantize_act_f16`]), or
+    /// plain f16 for `None`.
+    pub fn swiglu_f16(
+        &self,
+        g: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        fmt: Option<ActFormat>,
+        xh: u64,
+    ) -> Result<(), CudaError> {
+        if let Some(f) = fmt {
+            if !n.is_multiple_of(f.block()) {
+                return Err(CudaError::Arg(format!(
+                    "{n} columns is not a multiple of {} ({f:?} activations)",
+                    f.block()
+                )));
+            }
+        }
+        let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32));
+        self.launch_id(
+            op(K_SWIGLU_Q),
+            (u32_of(rows, "rows")?, u32_of(n.div_ceil(256), "chunks")?, 1),
+            (256, 1, 1),
+            kargs![g, u, nn, f, xh],
+        )
+    }
+
     /// f32 to f16 over `n` elements.
     pub fn to_f16(&self, x: u64, n: usize, out: u64) -> Result<(), CudaError> {
         let blocks = n.div_ceil(256).min(self.sms as usize * 16) as u32;
@@ -706,6 +740,57 @@ impl Gpu {
             (u32_of(t.div_ceil(64), "tiles")?, n_head as u32, 1),
             (128, 1, 1),
             kargs![q, kc, vc, btab_row, bt, t0i, ti, p0i, nh, nk, scale, out],
+        )
+    }
+
+    /// [`Gpu::attn_partial`] on the tensor cores (head sizes 64 and 128): the query heads that
+    /// share a KV head are the rows of one mma tile, so each K/V row is read once for all of
+    /// them; same partial-result format, merged by [`Gpu::attn_combine`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode(
+        &self,
+        n: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        tok_pos: u64,
+        tok_seq: u64,
+        btab: u64,
+        max_blocks: usize,
+        block_tokens: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        part: u64,
+    ) -> Result<(), CudaError> {
+        let d = PREFILL_HEAD_DIMS
+            .iter()
+            .position(|&h| h == hd)
+            .ok_or_else(|| CudaError::Arg(format!("head size {hd} (mma kernels: 64, 128)")))?;
+        if n_kv == 0 || !n_head.is_multiple_of(n_kv) || n_head / n_kv > 8 {
+            return Err(CudaError::Arg(format!(
+                "{n_head} query heads over {n_kv} KV heads (at most 8 per KV head)"
+            )));
+        }
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let (mb, bt, nh, nk, sl) = (
+            i32_of(max_blocks, "max_blocks")?,
+            i32_of(block_tokens, "block_tokens")?,
+            n_head as i32,
+            n_kv as i32,
+            i32_of(split_len, "split_len")?,
+        );
+        self.launch_id(
+            op(K_ATTN_DECODE + d),
+            (
+                u32_of(n, "tokens")?,
+                n_kv as u32,
+                u32_of(n_split, "splits")?,
+            ),
+            (128, 1, 1),
+            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, sl, part],
         )
     }
 

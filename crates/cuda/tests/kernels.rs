@@ -787,6 +787,45 @@ fn paged_attention_matches_reference() {
             let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
             let e = rel_err(&got, &want);
             assert!(e < 1e-5, "hd {hd} splits {n_split}: relative error {e:e}");
+            if !cuda::kernels::PREFILL_HEAD_DIMS.contains(&hd) {
+                continue;
+            }
+            // The tensor-core form: same partial results, probabilities into PV as f16.
+            let part = poisoned(&g, n * nh * n_split * (hd + 2));
+            let out = poisoned(&g, n * nh * hd);
+            g.attn_decode(
+                n,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                pb.ptr(),
+                sb.ptr(),
+                tb.ptr(),
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                split_len,
+                part.ptr(),
+            )
+            .unwrap();
+            g.attn_combine(
+                n,
+                part.ptr(),
+                pb.ptr(),
+                nh,
+                hd,
+                n_split,
+                split_len,
+                out.ptr(),
+            )
+            .unwrap();
+            let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
+            let e = rel_err(&got, &want);
+            eprintln!("attn_decode hd {hd} splits {n_split}: relative error {e:.2e}");
+            assert!(e < 2e-3, "mma hd {hd} splits {n_split}: relative error {e:e}");
         }
     }
 }
@@ -960,5 +999,42 @@ fn rms_norm_f16_operand_is_the_quantized_value() {
             };
             assert_eq!(goth, want, "rows {rows} {fmt:?}: f16 operand");
         }
+    }
+}
+
+#[test]
+fn swiglu_f16_operand_is_the_quantized_product() {
+    let Some(g) = gpu_or_skip("swiglu_f16") else {
+        return;
+    };
+    let mut r = rng("swiglu_f16");
+    let (rows, n) = (3usize, 8192usize);
+    let gate = randn(&mut r, rows * n, 6.0);
+    let up = randn(&mut r, rows * n, 3.0);
+    let mut want = gate.clone();
+    quant::dot::ggml::swiglu_isa(Isa::Scalar, &mut want, &up);
+    for fmt in [None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)] {
+        let (gd, ud) = (g.upload(&gate).unwrap(), g.upload(&up).unwrap());
+        let xh = g.upload(&vec![0xffffu16; rows * n]).unwrap();
+        g.swiglu_f16(gd.ptr(), ud.ptr(), rows, n, fmt, xh.ptr())
+            .unwrap();
+        let got: Vec<f32> = g.download(&gd, rows * n).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{fmt:?} element {i}: {a} vs cpu {b}"
+            );
+        }
+        let goth: Vec<u16> = g.download(&xh, rows * n).unwrap();
+        let wanth: Vec<u16> = match fmt {
+            None => want.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+            Some(f) => {
+                let hb = g.upload(&vec![0u16; rows * n]).unwrap();
+                g.quantize_act_f16(gd.ptr(), rows, n, f, hb.ptr()).unwrap();
+                g.download(&hb, rows * n).unwrap()
+            }
+        };
+        assert_eq!(goth, wanth, "{fmt:?}: f16 operand");
     }
 }
