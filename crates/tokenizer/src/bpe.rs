@@ -52,13 +52,13 @@ pub(crate) fn encode(
             continue;
         }
         if tok.ignore_merges {
-            if let Some(&id) = tok.token_to_id.get(word.as_str()) {
+            if let Some(id) = tok.token_to_id.get(&tok.tokens, word.as_str()) {
                 out.push(id);
                 continue;
             }
         }
         if tok.pre_kind == "gemma4" && word.bytes().all(|b| b == b'\n') {
-            if let Some(&id) = tok.token_to_id.get(word.as_str()) {
+            if let Some(id) = tok.token_to_id.get(&tok.tokens, word.as_str()) {
                 out.push(id);
                 continue;
             }
@@ -144,7 +144,7 @@ fn emit(tok: &Tokenizer, word: &str, symbols: &[Symbol], out: &mut Vec<u32>) {
             continue;
         }
         let text = &word[s.start..s.start + s.len];
-        if let Some(&id) = tok.token_to_id.get(text) {
+        if let Some(id) = tok.token_to_id.get(&tok.tokens, text) {
             out.push(id);
             continue;
         }
@@ -155,7 +155,7 @@ fn emit(tok: &Tokenizer, word: &str, symbols: &[Symbol], out: &mut Vec<u32>) {
         } else {
             let mut buf = [0u8; 4];
             for c in text.chars() {
-                if let Some(&id) = tok.token_to_id.get(&*c.encode_utf8(&mut buf)) {
+                if let Some(id) = tok.token_to_id.get(&tok.tokens, &*c.encode_utf8(&mut buf)) {
                     out.push(id);
                 }
             }

@@ -216,7 +216,7 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     scores: Vec<f32>,
     attrs: Vec<TokenAttr>,
-    token_to_id: HashMap<String, u32>,
+    token_to_id: TextIndex,
     merge_parts: HashMap<String, u32>,
     merge_ranks: HashMap<(u32, u32), u32>,
     n_merges: usize,
@@ -237,6 +237,59 @@ pub struct Tokenizer {
     escape_whitespaces: bool,
     chat_template: Option<String>,
     warnings: Vec<String>,
+}
+
+/// Token text -> id without a second copy of the (100k+) texts: open addressing over the ids,
+/// each slot `id + 1` (0: empty), compared against `tokens[id]`. A later duplicate text wins,
+/// as in llama.cpp's map.
+#[derive(Debug, Default)]
+pub(crate) struct TextIndex {
+    slots: Vec<u32>,
+}
+
+impl TextIndex {
+    fn hash(s: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        s.hash(&mut h);
+        h.finish() as usize
+    }
+
+    fn new(tokens: &[String]) -> TextIndex {
+        let cap = (tokens.len() * 2).next_power_of_two().max(16);
+        let mut slots = vec![0u32; cap];
+        for (i, t) in tokens.iter().enumerate() {
+            let mut h = Self::hash(t) & (cap - 1);
+            loop {
+                let s = slots[h] as usize;
+                if s == 0 || tokens.get(s - 1) == Some(t) {
+                    slots[h] = i as u32 + 1;
+                    break;
+                }
+                h = (h + 1) & (cap - 1);
+            }
+        }
+        TextIndex { slots }
+    }
+
+    /// The id of `text` in `tokens` (the vector the index was built over).
+    pub(crate) fn get(&self, tokens: &[String], text: &str) -> Option<u32> {
+        let cap = self.slots.len();
+        if cap == 0 {
+            return None;
+        }
+        let mut h = Self::hash(text) & (cap - 1);
+        loop {
+            let s = *self.slots.get(h)? as usize;
+            if s == 0 {
+                return None;
+            }
+            if tokens.get(s - 1).map(String::as_str) == Some(text) {
+                return Some(s as u32 - 1);
+            }
+            h = (h + 1) & (cap - 1);
+        }
+    }
 }
 
 const EOT_NAMES: &[&str] = &[
@@ -441,15 +494,13 @@ impl Tokenizer {
             None => vec![TokenAttr::NORMAL; n],
         };
         let mut tokens = v.tokens;
-        let mut token_to_id = HashMap::with_capacity_and_hasher(n, Default::default());
         for (i, t) in tokens.iter_mut().enumerate() {
             if t.is_empty() {
                 warnings.push(format!("empty token at index {i}"));
                 *t = format!("[EMPTY_{i}]");
             }
-            // A later duplicate wins, as in llama.cpp's map.
-            token_to_id.insert(t.clone(), i as u32);
         }
+        let token_to_id = TextIndex::new(&tokens);
 
         // Merges: interned parts, (left, right) -> rank; the first occurrence of a pair wins.
         let mut merge_parts: HashMap<String, u32> = HashMap::default();
@@ -541,7 +592,7 @@ impl Tokenizer {
         // match; libstdc++ walks recently inserted entries first, so with several matches (e.g.
         // `<|end_of_text|>` and `<|eot_id|>` in Llama 3) the highest id tends to win. Walking the
         // ids from the top makes that choice deterministic.
-        let canonical = |i: usize, t: &str| token_to_id.get(t) == Some(&(i as u32));
+        let canonical = |i: usize, t: &str| token_to_id.get(&tokens, t) == Some(i as u32);
         // Every name looked for below starts with one of these and is short; checking that
         // first keeps the scans over 100k+ tokens cheap.
         let maybe_name = |t: &str| t.len() <= 32 && t.starts_with(['<', '[', '_', '\u{2581}']);
@@ -649,18 +700,17 @@ impl Tokenizer {
             *slot = match kind {
                 TokenizerKind::Spm => {
                     token_to_id
-                        .get(&format!("<0x{b:02X}>"))
-                        .copied()
+                        .get(&tokens, &format!("<0x{b:02X}>"))
                         .or_else(|| {
                             (b < 0x80)
-                                .then(|| token_to_id.get(&(b as u8 as char).to_string()).copied())
+                                .then(|| token_to_id.get(&tokens, &(b as u8 as char).to_string()))
                                 .flatten()
                         })
                 }
-                TokenizerKind::Bpe if raw_utf8 => token_to_id.get(&format!("<0x{b:02X}>")).copied(),
-                TokenizerKind::Bpe => token_to_id
-                    .get(&bytes::byte_to_char(b as u8).to_string())
-                    .copied(),
+                TokenizerKind::Bpe if raw_utf8 => token_to_id.get(&tokens, &format!("<0x{b:02X}>")),
+                TokenizerKind::Bpe => {
+                    token_to_id.get(&tokens, &bytes::byte_to_char(b as u8).to_string())
+                }
             };
         }
 
@@ -725,7 +775,7 @@ impl Tokenizer {
     }
 
     fn set_attr_by_text(&mut self, text: &str, attr: TokenAttr, on: bool) {
-        if let Some(&id) = self.token_to_id.get(text) {
+        if let Some(id) = self.token_to_id.get(&self.tokens, text) {
             let a = &mut self.attrs[id as usize];
             *a = if on { a.with(attr) } else { a.without(attr) };
         }
@@ -972,7 +1022,7 @@ impl Tokenizer {
 
     /// The id of a token by its vocabulary text, if present.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.token_to_id.get(&self.tokens, text)
     }
 
     /// The token's attributes.

@@ -121,7 +121,7 @@ fn encode_segment(
         let Some(s) = text.get(l.start..r.start + r.len) else {
             return;
         };
-        if let Some(&id) = tok.token_to_id.get(s) {
+        if let Some(id) = tok.token_to_id.get(&tok.tokens, s) {
             heap.push(Bigram {
                 score: tok.scores[id as usize],
                 left,
@@ -153,7 +153,7 @@ fn encode_segment(
         let s = symbols[i];
         i = s.next;
         let piece = text.get(s.start..s.start + s.len).unwrap_or_default();
-        if let Some(&id) = tok.token_to_id.get(piece) {
+        if let Some(id) = tok.token_to_id.get(&tok.tokens, piece) {
             out.push(id);
             continue;
         }
