@@ -984,8 +984,11 @@ fn rms_norm_f16_operand_is_the_quantized_value() {
             for t in 0..rows {
                 cpu::ops::rms_norm(&x[t * n..(t + 1) * n], &w, 1e-5, &mut c);
                 for (i, (&a, &b)) in got[t * n..(t + 1) * n].iter().zip(&c).enumerate() {
+                    // The f64 sum of squares is added in another order: a row's f32 mean can
+                    // land one ulp off, so its scale too, and an output up to 2 ulps (seen once
+                    // in 43 x 3072 on the H200).
                     let d = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
-                    assert!(d <= 1, "rows {rows} row {t} element {i}: {a} vs cpu {b}");
+                    assert!(d <= 2, "rows {rows} row {t} element {i}: {a} vs cpu {b}");
                 }
             }
             let goth: Vec<u16> = g.download(&outh, rows * n).unwrap();
