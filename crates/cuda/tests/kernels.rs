@@ -825,7 +825,10 @@ fn paged_attention_matches_reference() {
             let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
             let e = rel_err(&got, &want);
             eprintln!("attn_decode hd {hd} splits {n_split}: relative error {e:.2e}");
-            assert!(e < 2e-3, "mma hd {hd} splits {n_split}: relative error {e:e}");
+            assert!(
+                e < 2e-3,
+                "mma hd {hd} splits {n_split}: relative error {e:e}"
+            );
         }
     }
 }
