@@ -98,7 +98,7 @@ fn merge_word(
 ) {
     symbols.clear();
     heap.clear();
-    let part_of = |s: &str| tok.merge_parts.get(s).copied();
+    let part_of = |s: &str| tok.merge_part(s);
     for (start, c) in word.char_indices() {
         let len = c.len_utf8();
         let idx = symbols.len();

@@ -217,6 +217,8 @@ pub struct Tokenizer {
     scores: Vec<f32>,
     attrs: Vec<TokenAttr>,
     token_to_id: TextIndex,
+    /// Merge parts that are not token texts, numbered from `tokens.len()` on (a part that is a
+    /// token text is numbered by its token id, see [`Tokenizer::merge_part`]).
     merge_parts: HashMap<String, u32>,
     merge_ranks: HashMap<(u32, u32), u32>,
     n_merges: usize,
@@ -527,8 +529,13 @@ impl Tokenizer {
                     Some(p) => (&m[..p], &m[p + 1..]),
                     None => ("", ""),
                 };
+                // Parts are numbered by their token id when they are token texts (nearly all
+                // are), so only the others need their text kept.
                 let mut intern = |s: &str| -> u32 {
-                    let next = merge_parts.len() as u32;
+                    if let Some(id) = token_to_id.get(&tokens, s) {
+                        return id;
+                    }
+                    let next = (tokens.len() + merge_parts.len()) as u32;
                     *merge_parts.entry(s.to_owned()).or_insert(next)
                 };
                 let a = intern(first);
@@ -1018,6 +1025,13 @@ impl Tokenizer {
     /// The token's text as stored in the vocabulary (e.g. `▁Hello`, `Ġworld`, `<0x0A>`).
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The number of the merge part `s` (as numbered in `merge_ranks`), if any merge has it.
+    pub(crate) fn merge_part(&self, s: &str) -> Option<u32> {
+        self.token_to_id
+            .get(&self.tokens, s)
+            .or_else(|| self.merge_parts.get(s).copied())
     }
 
     /// The id of a token by its vocabulary text, if present.
