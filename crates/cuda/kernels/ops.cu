@@ -3,7 +3,7 @@
 // out[i] = x[r] / sqrt(mean(x[r]^2) + eps) * w, r = rows ? rows[i] : i; grid = (output rows,
 // G), blockDim.x = 256: block (i, c) sums row r's squares (the whole row, from L2) and writes
 // elements [256k, 256k + 256) for k = c, c + G, ...: decode steps take G = ceil(n / 256), so a
-// single row spreads over many SMs, prompt-sized steps G = 1, so no row is summed twice.
+// single row spreads over many SMs; prompt-sized steps a smaller G, so rows are re-summed less.
 // fmt != 0 also quantizes the row for the integer products (qs/ds, see matvec_q.cu; either may
 // be null), so decode needs no separate launch for it; out_h (optional) receives the row as
 // f16, the GEMM path's operand: f16(d * q) of that quantization when fmt != 0 (what

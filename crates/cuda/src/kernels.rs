@@ -401,8 +401,12 @@ impl Gpu {
             }
             None => (0i32, 0u64, 0u64),
         };
-        // Few rows (decode): one block per 256 elements; many: one per row, each row summed once.
-        let chunks = if n_rows >= 32 { 1 } else { n.div_ceil(256) };
+        // Enough blocks to fill the chip (8 per SM), each row summed as few times as that allows:
+        // a decode step's row gets a block per 256 elements, a 512-token prompt's rows 3 each
+        // (v5a's one block per row from 32 rows on left 64-row steps 64 blocks: 19 us a norm).
+        let chunks = (8 * self.sms as usize)
+            .div_ceil(n_rows.max(1))
+            .clamp(1, n.div_ceil(256));
         self.launch_id(
             op(K_RMS_NORM),
             (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),

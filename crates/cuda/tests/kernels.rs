@@ -963,8 +963,8 @@ fn rms_norm_f16_operand_is_the_quantized_value() {
     let n = 3072;
     let w = randn(&mut r, n, 1.0);
     let wb = g.upload(&w).unwrap();
-    // 3 rows: a block per 256 elements; 40 rows: one block walks each row.
-    for rows in [3usize, 40] {
+    // 3 rows: a block per 256 elements; 400 rows: each block walks several chunks of its row.
+    for rows in [3usize, 400] {
         let x = randn(&mut r, rows * n, 2.0);
         let xb = g.upload(&x).unwrap();
         for fmt in [None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)] {
