@@ -207,12 +207,62 @@ pub fn reduce64(acc: &[f32; 64]) -> f32 {
 /// each (the single-token `V · p` of [`dot_f16_vec`]'s order: KV position `j` in row `j % 64`).
 pub fn reduce_lanes64(lanes: &[f32], out: &mut [f32]) {
     let n = out.len();
-    for (d, o) in out.iter_mut().enumerate() {
+    if lanes.len() < 64 * n {
+        for (d, o) in out.iter_mut().enumerate() {
+            let mut v = [0f32; 64];
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
+            }
+            *o = reduce64(&v);
+        }
+        return;
+    }
+    // The same per-element tree as `reduce64`, computed for 16 elements at a time with
+    // contiguous loads (each element's additions in the same order, so bit for bit equal).
+    let row = |i: usize, d0: usize| &lanes[i * n + d0..i * n + d0 + 16];
+    let mut d0 = 0;
+    while d0 + 16 <= n {
+        let mut v = [[0f32; 16]; 16];
+        for (l, vl) in v.iter_mut().enumerate() {
+            let (a, b, c, e) = (
+                row(l, d0),
+                row(32 + l, d0),
+                row(16 + l, d0),
+                row(48 + l, d0),
+            );
+            for k in 0..16 {
+                vl[k] = (a[k] + b[k]) + (c[k] + e[k]);
+            }
+        }
+        reduce16_columns(&v, &mut out[d0..d0 + 16]);
+        d0 += 16;
+    }
+    for d in d0..n {
         let mut v = [0f32; 64];
         for (i, x) in v.iter_mut().enumerate() {
-            *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
+            *x = lanes[i * n + d];
         }
-        *o = reduce64(&v);
+        out[d] = reduce64(&v);
+    }
+}
+
+/// `out[k] = reduce16(v[0][k], ..., v[15][k])` for 16 columns at once.
+#[inline(always)]
+fn reduce16_columns(v: &[[f32; 16]; 16], out: &mut [f32]) {
+    let mut h = [[0f32; 16]; 8];
+    for (i, hi) in h.iter_mut().enumerate() {
+        for k in 0..16 {
+            hi[k] = v[8 + i][k] + v[i][k];
+        }
+    }
+    for (k, o) in out.iter_mut().enumerate().take(16) {
+        let q = [
+            h[4][k] + h[0][k],
+            h[5][k] + h[1][k],
+            h[6][k] + h[2][k],
+            h[7][k] + h[3][k],
+        ];
+        *o = (q[0] + q[2]) + (q[1] + q[3]);
     }
 }
 
@@ -245,12 +295,24 @@ pub fn fma_f16_row_isa(isa: Isa, acc: &mut [f32], p: f32, v: &[f16]) {
 pub fn reduce_lanes(lanes: &[f32], out: &mut [f32]) {
     let n = out.len();
     debug_assert!(lanes.len() >= 16 * n);
-    for (d, o) in out.iter_mut().enumerate() {
+    let mut d0 = 0;
+    if lanes.len() >= 16 * n {
+        // 16 elements at a time with contiguous loads, each element's tree unchanged.
+        while d0 + 16 <= n {
+            let mut v = [[0f32; 16]; 16];
+            for (l, vl) in v.iter_mut().enumerate() {
+                vl.copy_from_slice(&lanes[l * n + d0..l * n + d0 + 16]);
+            }
+            reduce16_columns(&v, &mut out[d0..d0 + 16]);
+            d0 += 16;
+        }
+    }
+    for d in d0..n {
         let mut v = [0f32; 16];
         for (i, x) in v.iter_mut().enumerate() {
             *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
         }
-        *o = reduce16(&v);
+        out[d] = reduce16(&v);
     }
 }
 
@@ -422,6 +484,35 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// The column-wise lane reductions equal the per-element trees bit for bit (whole blocks of
+    /// 16 elements and a tail).
+    #[test]
+    fn lane_reductions_equal_their_per_element_trees() {
+        let mut r = Rng(0x1a2b_3c4d);
+        for n in [8usize, 16, 64, 72] {
+            let lanes: Vec<f32> = (0..64 * n).map(|_| r.f() * 100.0).collect();
+            let mut got = vec![0f32; n];
+            reduce_lanes64(&lanes, &mut got);
+            for (d, g) in got.iter().enumerate() {
+                let v: [f32; 64] = std::array::from_fn(|i| lanes[i * n + d]);
+                assert_eq!(
+                    g.to_bits(),
+                    reduce64(&v).to_bits(),
+                    "64 lanes, n {n}, d {d}"
+                );
+            }
+            reduce_lanes(&lanes[..16 * n], &mut got);
+            for (d, g) in got.iter().enumerate() {
+                let v: [f32; 16] = std::array::from_fn(|i| lanes[i * n + d]);
+                assert_eq!(
+                    g.to_bits(),
+                    reduce16(&v).to_bits(),
+                    "16 lanes, n {n}, d {d}"
+                );
+            }
         }
     }
 

@@ -13,6 +13,12 @@
 //! [`super::scalar::dot_q4_k_gemv`] (the tokens left over, and decode), so the results are bit
 //! for bit those of the GGUF-layout kernels (and of llama.cpp).
 //!
+//! `Q4_0`, `Q4_1` and `Q8_0` use the same idea for decode, where a one-token product otherwise
+//! spends most of its time on per-row unpacking and scalar scale work: per 16-row group and
+//! block, the rows' `d` (and `m`) as f16 vectors and the quants as vectors of 16 rows × 4
+//! bytes, so each of ggml's eight per-group accumulators is one vector across the 16 rows
+//! (`avx512::legacy_x16`, bit-identical to `scalar::dot_q4_1` and its siblings).
+//!
 //! Layout of one `Q4_K` group (16 rows) for super-block `b`, [`Q4K_GROUP_BYTES`] = 16 × 144 bytes,
 //! groups of super-blocks stored super-block after super-block, groups after groups (so group
 //! `g` starts at byte `16 g` × row bytes, as in the GGUF layout):
