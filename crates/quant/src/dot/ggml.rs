@@ -237,12 +237,12 @@ pub fn reduce_lanes64(lanes: &[f32], out: &mut [f32]) {
         reduce16_columns(&v, &mut out[d0..d0 + 16]);
         d0 += 16;
     }
-    for d in d0..n {
+    for (d, o) in out.iter_mut().enumerate().skip(d0) {
         let mut v = [0f32; 64];
         for (i, x) in v.iter_mut().enumerate() {
             *x = lanes[i * n + d];
         }
-        out[d] = reduce64(&v);
+        *o = reduce64(&v);
     }
 }
 
@@ -307,12 +307,12 @@ pub fn reduce_lanes(lanes: &[f32], out: &mut [f32]) {
             d0 += 16;
         }
     }
-    for d in d0..n {
+    for (d, o) in out.iter_mut().enumerate().skip(d0) {
         let mut v = [0f32; 16];
         for (i, x) in v.iter_mut().enumerate() {
             *x = lanes.get(i * n + d).copied().unwrap_or(0.0);
         }
-        out[d] = reduce16(&v);
+        *o = reduce16(&v);
     }
 }
 
