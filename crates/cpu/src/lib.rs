@@ -186,8 +186,8 @@ impl CpuBackend {
 
     /// **Test double** of a backend that lacks the matmul kernel for weight type `lacking`: a
     /// real CPU backend whose matmuls of that type run through the host fallback executor
-    /// (`runtime::fallback::HostMatMul`: activations staged, rows dequantized from the
-    /// memory-mapped file, f32 dot products, result copied back) exactly as a device backend
+    /// (`runtime::fallback::HostMatMul`: activations staged, the CPU's own `quant::dot` kernels
+    /// over the file's weights, result copied back) exactly as a device backend
     /// without that kernel runs them. Named `cpu-lacking-<type>` (`cpu-lacking-q8_0`); its
     /// `support` reports those matmuls as `Fallback { to: "host", .. }`. It exists so `audit`
     /// and the fallback path can be tested on a machine without a GPU.
@@ -300,8 +300,8 @@ impl Backend for CpuBackend {
                 Support::Fallback {
                     to: "host".into(),
                     why: format!(
-                        "test double built without a {ty} matmul kernel: rows dequantized to f32 \
-                         on the host"
+                        "test double built without a {ty} matmul kernel: run by the host \
+                         executor (the CPU's kernels, activations copied)"
                     ),
                 }
             }
