@@ -988,10 +988,12 @@ fn rms_norm_f16_operand_is_the_quantized_value() {
                 cpu::ops::rms_norm(&x[t * n..(t + 1) * n], &w, 1e-5, &mut c);
                 for (i, (&a, &b)) in got[t * n..(t + 1) * n].iter().zip(&c).enumerate() {
                     // The f64 sum of squares is added in another order: a row's f32 mean can
-                    // land one ulp off, so its scale too, and an output up to 2 ulps (seen once
-                    // in 43 x 3072 on the H200).
+                    // land one ulp off, so its scale too (at most 2^-23 relative), which moves
+                    // the exact x*scale*w by up to 2 of the output's ulps (2^-24 relative at the
+                    // least), and each of the two roundings on the way by one more: <= 4 ulps
+                    // (2 seen in 43 x 3072 rows, 3 in 400 x 3072 on the H200).
                     let d = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
-                    assert!(d <= 2, "rows {rows} row {t} element {i}: {a} vs cpu {b}");
+                    assert!(d <= 4, "rows {rows} row {t} element {i}: {a} vs cpu {b}");
                 }
             }
             let goth: Vec<u16> = g.download(&outh, rows * n).unwrap();
