@@ -46,12 +46,13 @@ impl Mat {
     }
 
     /// Move the weights out of the file mapping into owned memory: repacked for a faster
-    /// kernel where one exists for this type, shape and CPU (`dot::PackedMat`: Q4_K on
-    /// AVX-512; same results bit for bit), else copied as they are; then hand the mapped pages
-    /// back to the kernel, so the copy replaces the file's pages in memory instead of adding
-    /// to them. Copying what is not repacked costs nothing in memory and keeps the mapped pages
-    /// of other tensors from pulling the released ones back in (the kernel maps file pages in
-    /// large runs that straddle tensor boundaries). The file stays mapped: anything that reads
+    /// kernel where one exists for this type, shape and CPU (`dot::PackedMat`: Q4_K, Q6_K,
+    /// Q4_0, Q4_1, Q8_0 on AVX-512; same results bit for bit), else copied as they are; the
+    /// mapped pages are handed back to the kernel a few MiB at a time as they are read, so the
+    /// copy replaces the file's pages in memory instead of adding to them. Copying what is not
+    /// repacked costs nothing in memory and keeps the mapped pages of other tensors from
+    /// pulling the released ones back in (the kernel maps file pages in large runs that
+    /// straddle tensor boundaries). The file stays mapped: anything that reads
     /// the original later (the host fallback test double) faults the pages back in. A file
     /// held in memory (not mapped) is left as it is.
     fn own(&mut self, file: &GgufFile) -> Result<(), String> {
@@ -76,7 +77,10 @@ impl Mat {
             return Ok(());
         }
         let err = |e: dot::DotError| format!("tensor {}: {e}", self.info.name);
-        let p = match dot::PackedMat::pack(self.ty, data, self.rows, self.cols).map_err(err)? {
+        let isa = dot::best_isa();
+        let packed =
+            dot::PackedMat::pack_with(self.ty, data, self.rows, self.cols, isa, release_pages);
+        let p = match packed.map_err(err)? {
             Some(p) => p,
             None => dot::PackedMat::copy_with(self.ty, data, self.rows, self.cols, release_pages)
                 .map_err(err)?,

@@ -816,9 +816,9 @@ fn dot_avx512_matmul_is_bit_identical_to_scalar() {
     }
 }
 
-/// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q4_0, Q4_1 and Q8_0 give the
-/// scalar reference's results bit for bit, for every token count (Q4_K: groups of 4 and the
-/// tokens left over take llama.cpp's two orders), and unpack back to the GGUF bytes.
+/// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0
+/// give the scalar reference's results bit for bit, for every token count (Q4_K: groups of 4
+/// and the tokens left over take llama.cpp's two orders), and unpack back to the GGUF bytes.
 #[test]
 fn dot_packed_is_bit_identical_to_scalar() {
     if !Isa::Avx512.available() {
@@ -829,6 +829,7 @@ fn dot_packed_is_bit_identical_to_scalar() {
     let pool = Pool::new(2).unwrap();
     for (ty, rows, cols, random_bytes) in [
         GgmlType::Q4K,
+        GgmlType::Q6K,
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q8_0,

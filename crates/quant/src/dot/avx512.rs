@@ -1554,6 +1554,116 @@ pub(crate) fn packed_q4k_kernels() -> (Kernel, Kernel) {
     (k(t_q4k_x16), k(t_q4k_x16_gemv))
 }
 
+// ---- packed Q6_K (16 interleaved rows, see `super::packed`) ---------------------------------
+
+/// A tile of 16 packed `Q6_K` rows × `T` tokens, lane `r` = row `r`. Per sub-block `j` and
+/// token, the integer sum starts at `-32 * bsum_j` (the value offset, from the activation's
+/// 16-element sums), `vpdpbusd` adds the unsigned 6-bit values times the activation bytes
+/// (4 broadcast at a time), and the sum times the row's scale (`vpmulld`) goes into the
+/// super-block's sum: exactly the scalar reference's integer. The float side per
+/// (row, token) is [`super::scalar::dot_q6_k`]'s: `r = isum * d`, `acc = fma(r, d_y, acc)`
+/// per super-block, lane by lane.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `T == t.toks`, `t.w` at the start of a packed
+/// group of `t.nb` super-blocks; AVX-512 F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_x16<const T: usize>(t: &Tile) {
+    let zi = _mm512_setzero_si512();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); T];
+    // Per token, -32 times the activation sum of each of the 16 sub-blocks.
+    let mut seeds = [[0i32; 16]; T];
+    for b in 0..t.nb {
+        // SAFETY: super-block b of the group (3360 bytes at x) and block b of every token's
+        // activation row (292 bytes at ys[k]) exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * super::packed::Q6K_GROUP_BYTES);
+            let d = _mm512_cvtph_ps(ld256(x));
+            let mut ys = [t.a; T];
+            let mut dy = [_mm512_setzero_ps(); T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * 292);
+                dy[k] = _mm512_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
+                let bs = _mm512_cvtepi16_epi32(ld256(ys[k].add(260)));
+                let neg = _mm512_sub_epi32(zi, _mm512_slli_epi32::<5>(bs));
+                _mm512_storeu_si512(seeds[k].as_mut_ptr() as *mut __m512i, neg);
+            }
+            let mut isum = [zi; T];
+            for j in 0..16 {
+                let sc =
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128(x.add(32 + 16 * j) as *const __m128i));
+                let q = x.add(288 + 192 * j);
+                let l0 = _mm512_loadu_si512(q as *const __m512i);
+                let l1 = _mm512_loadu_si512(q.add(64) as *const __m512i);
+                let hb = _mm512_loadu_si512(q.add(128) as *const __m512i);
+                // Quarter k: low 4 bits from l0/l1 (low or high nibble), top 2 bits moved
+                // from bits 2k of `hb` to bits 4..6 (16-bit shifts: the masked bits never
+                // cross a byte).
+                let w0 = _mm512_or_si512(
+                    _mm512_and_si512(l0, m4),
+                    _mm512_and_si512(_mm512_slli_epi16::<4>(hb), m30),
+                );
+                let w1 = _mm512_or_si512(
+                    _mm512_and_si512(l1, m4),
+                    _mm512_and_si512(_mm512_slli_epi16::<2>(hb), m30),
+                );
+                let w2 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(l0), m4),
+                    _mm512_and_si512(hb, m30),
+                );
+                let w3 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(l1), m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(hb), m30),
+                );
+                for k in 0..T {
+                    let s = bcast32(seeds[k].as_ptr().add(j) as *const u8);
+                    let yq = ys[k].add(4 + 16 * j);
+                    let s = dpbusd_bcast2(s, w0, w1, yq);
+                    let s = dpbusd_bcast2(s, w2, w3, yq.add(8));
+                    isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(s, sc));
+                }
+            }
+            for k in 0..T {
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[k]), d);
+                acc[k] = _mm512_fmadd_ps(r, dy[k], acc[k]);
+            }
+        }
+    }
+    for k in 0..T {
+        // SAFETY: outputs (k, 0..16) are inside the tile.
+        unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), acc[k]) };
+    }
+}
+
+/// # Safety
+/// The [`Tile`] contract of [`q6k_x16`].
+unsafe fn t_q6k_x16(t: &Tile) {
+    // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+    unsafe {
+        match t.toks {
+            1 => q6k_x16::<1>(t),
+            2 => q6k_x16::<2>(t),
+            3 => q6k_x16::<3>(t),
+            4 => q6k_x16::<4>(t),
+            _ => debug_assert!(false, "tile with {} tokens", t.toks),
+        }
+    }
+}
+
+/// The packed `Q6_K` kernel (every token count; llama.cpp's tiled order per super-block).
+/// Rows come in whole groups of 16.
+pub(crate) fn packed_q6k_kernel() -> Kernel {
+    Kernel {
+        mr: 16,
+        nt: 4,
+        mr1: 16,
+        exact_rows: true,
+        tile: t_q6k_x16,
+    }
+}
+
 // ---- float weights (f32 activations) --------------------------------------------------------
 
 /// How a float weight type's elements become f32.

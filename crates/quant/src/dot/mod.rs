@@ -35,7 +35,7 @@ pub use matmul::{
     matmul, matmul_f32, matmul_f32_multi, matmul_f32_packed, matmul_multi, matmul_packed,
     matmul_with_isa, MatJob,
 };
-pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS};
+pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS, Q6K_GROUP_BYTES};
 pub use pool::Pool;
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -29,6 +29,20 @@
 //! | 32..64 | `dmin` of rows 0..16 (f16) |
 //! | 64..256 | the 12 packed scale bytes, byte `k` of row `r` at `64 + 16 k + r` |
 //! | 256..2304 | 32 vectors of 64 bytes: vector `4 j + k` (sub-block `j`, quarter `k`), byte `4 r + i`: low nibble = element `32 j + 8 k + i` of row `r`, high nibble = element `32 j + 8 k + 4 + i` |
+//!
+//! `Q6_K` (the 1B models' output matrix, `ffn_down` and `attn_v`) takes the same grouping for
+//! its 16 sub-blocks of 16 elements: each element's unsigned 6-bit value `u` (the stored
+//! `q + 32`) in the bytes of vectors of 16 rows × 4 elements, so `vpdpbusd` gives a
+//! sub-block's sum per row; the `- 32` comes from the activation's 16-element sums (`bsums`)
+//! seeding that sum, the sub-block scale is one `vpmulld`, and the float side per
+//! (row, token) is [`super::scalar::dot_q6_k`]'s (`isum * d`, then one fma with `d_y` per
+//! super-block). Layout of one group block, [`Q6K_GROUP_BYTES`] = 16 × 210 bytes:
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 0..32 | `d` of rows 0..16 (f16) |
+//! | 32..288 | the 16 scales (i8), scale `j` of row `r` at `32 + 16 j + r` |
+//! | 288..3360 | per sub-block `j`, 3 vectors of 64 bytes at `288 + 192 j`; with `e_k` = element `16 j + 4 k + i` of row `r`, byte `4 r + i` of vector 0 holds the low 4 bits of `u(e_0)` and (high nibble) of `u(e_2)`, vector 1 those of `u(e_1)` and `u(e_3)`, vector 2 the top 2 bits of `u(e_k)` at bits `2 k` for `k` = 0..4 |
 
 use gguf::GgmlType;
 
@@ -39,6 +53,11 @@ use super::{row_bytes, DotError, Isa};
 pub const Q4K_GROUP_ROWS: usize = 16;
 /// Bytes of one group of [`Q4K_GROUP_ROWS`] rows for one super-block (the same as in GGUF).
 pub const Q4K_GROUP_BYTES: usize = Q4K_GROUP_ROWS * 144;
+/// Bytes of one group of 16 rows of the packed `Q6_K` layout for one super-block.
+pub const Q6K_GROUP_BYTES: usize = Q4K_GROUP_ROWS * 210;
+/// Bytes of the source read per stretch by [`PackedMat::pack_with`] and
+/// [`PackedMat::copy_with`] before the caller is told it may release them.
+const STRETCH: usize = 4 << 20;
 
 /// 64-byte aligned storage unit.
 #[derive(Clone, Copy)]
@@ -70,11 +89,11 @@ impl std::fmt::Debug for PackedMat {
 
 impl PackedMat {
     /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
-    /// `Q4_K`, `Q4_0`, `Q4_1` or `Q8_0` with a multiple of 16 rows, on AVX-512.
+    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` with a multiple of 16 rows, on AVX-512.
     pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
         matches!(
             ty,
-            GgmlType::Q4K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
+            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
         ) && isa == Isa::Avx512
             && isa.available()
             && rows > 0
@@ -103,6 +122,21 @@ impl PackedMat {
         cols: usize,
         isa: Isa,
     ) -> Result<Option<PackedMat>, DotError> {
+        Self::pack_with(ty, w, rows, cols, isa, |_| {})
+    }
+
+    /// [`PackedMat::pack_with_isa`], calling `done` with each stretch of `w` (a few MiB of
+    /// whole 16-row groups, in order) once it is packed, so a caller can release the source's
+    /// pages as it goes: a large matrix (a 1B model's 215 MB output) is then never held twice.
+    /// `done` is not called when the matrix is not packed (`Ok(None)`).
+    pub fn pack_with(
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        isa: Isa,
+        mut done: impl FnMut(&[u8]),
+    ) -> Result<Option<PackedMat>, DotError> {
         let wrb = row_bytes(ty, cols)?;
         let len = wrb.checked_mul(rows).ok_or(DotError::Overflow {
             what: "weight matrix size",
@@ -126,23 +160,27 @@ impl PackedMat {
         let gb = Q4K_GROUP_ROWS * wb;
         let group = Q4K_GROUP_ROWS * wrb;
         // Groups are independent: spread them over rayon's threads (a 1B model packs about
-        // 450 MiB at load).
+        // 760 MiB at load), a stretch of them at a time.
         use rayon::prelude::*;
-        w.par_chunks_exact(group)
-            .zip(dst.par_chunks_exact_mut(group))
-            .for_each(|(src, out)| {
-                for b in 0..nb {
-                    let o = &mut out[b * gb..(b + 1) * gb];
-                    for r in 0..Q4K_GROUP_ROWS {
-                        let x = &src[r * wrb + b * wb..r * wrb + (b + 1) * wb];
-                        if ty == GgmlType::Q4K {
-                            pack_q4k_row(x, r, o);
-                        } else {
-                            pack_legacy_row(ty, x, r, o);
+        let stretch = (STRETCH / group).max(1) * group;
+        for (ws, ds) in w.chunks(stretch).zip(dst.chunks_mut(stretch)) {
+            ws.par_chunks_exact(group)
+                .zip(ds.par_chunks_exact_mut(group))
+                .for_each(|(src, out)| {
+                    for b in 0..nb {
+                        let o = &mut out[b * gb..(b + 1) * gb];
+                        for r in 0..Q4K_GROUP_ROWS {
+                            let x = &src[r * wrb + b * wb..r * wrb + (b + 1) * wb];
+                            match ty {
+                                GgmlType::Q4K => pack_q4k_row(x, r, o),
+                                GgmlType::Q6K => pack_q6k_row(x, r, o),
+                                _ => pack_legacy_row(ty, x, r, o),
+                            }
                         }
                     }
-                }
-            });
+                });
+            done(ws);
+        }
         Ok(Some(PackedMat {
             interleaved: true,
             ty,
@@ -184,7 +222,6 @@ impl PackedMat {
         let mut data = lines(len);
         // SAFETY: `data` holds at least `len` bytes; `Line` is plain bytes.
         let dst = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, len) };
-        const STRETCH: usize = 4 << 20;
         for (d, s) in dst.chunks_mut(STRETCH).zip(w.chunks(STRETCH)) {
             d.copy_from_slice(s);
             done(s);
@@ -242,10 +279,10 @@ impl PackedMat {
         let mut out = vec![0u8; nb * wb];
         for (b, x) in out.chunks_exact_mut(wb).enumerate() {
             let o = &group[b * gb..(b + 1) * gb];
-            if self.ty == GgmlType::Q4K {
-                unpack_q4k_row(o, rr, x);
-            } else {
-                unpack_legacy_row(self.ty, o, rr, x);
+            match self.ty {
+                GgmlType::Q4K => unpack_q4k_row(o, rr, x),
+                GgmlType::Q6K => unpack_q6k_row(o, rr, x),
+                _ => unpack_legacy_row(self.ty, o, rr, x),
             }
         }
         Some(out)
@@ -257,6 +294,10 @@ impl PackedMat {
         if self.interleaved {
             if self.ty == GgmlType::Q4K {
                 return Some(super::avx512::packed_q4k_kernels());
+            }
+            if self.ty == GgmlType::Q6K {
+                let k = super::avx512::packed_q6k_kernel();
+                return Some((k, k));
             }
             return super::avx512::packed_legacy_kernel(self.ty).map(|k| (k, k));
         }
@@ -367,6 +408,64 @@ fn unpack_q4k_row(o: &[u8], r: usize, x: &mut [u8]) {
                 for (e, q) in [(e, v & 0x0f), (e + 4, v >> 4)] {
                     qs[32 * (e / 64) + e % 32] |= q << (4 * ((e / 32) % 2));
                 }
+            }
+        }
+    }
+}
+
+/// The unsigned 6-bit values (`q + 32`, 0..64) of the 256 elements of a `Q6_K` block `x`.
+/// Element e = 128h + 32s + l: its low 4 bits are nibble `s >> 1` of `ql[64h + 32(s & 1) + l]`,
+/// its top 2 bits sit at `2s` of `qh[32h + l]` (as in `scalar::dot_q6_k`).
+fn q6k_values(x: &[u8]) -> [u8; 256] {
+    let (ql, qh) = (&x[0..128], &x[128..192]);
+    let mut u = [0u8; 256];
+    for (e, v) in u.iter_mut().enumerate() {
+        let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+        let lq = (ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0f;
+        let hq = (qh[32 * h + l] >> (2 * s)) & 3;
+        *v = lq | (hq << 4);
+    }
+    u
+}
+
+/// Place one row's `Q6_K` block `x` (210 bytes) as row `r` of the packed group block `o`
+/// (layout in the module docs).
+fn pack_q6k_row(x: &[u8], r: usize, o: &mut [u8]) {
+    o[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
+    for j in 0..16 {
+        o[32 + 16 * j + r] = x[192 + j];
+    }
+    let u = q6k_values(x);
+    for j in 0..16 {
+        for i in 0..4 {
+            let e = |k: usize| u[16 * j + 4 * k + i];
+            let at = 288 + 192 * j + 4 * r + i;
+            o[at] = (e(0) & 0x0f) | (e(2) << 4);
+            o[at + 64] = (e(1) & 0x0f) | (e(3) << 4);
+            o[at + 128] =
+                (e(0) >> 4) | ((e(1) >> 4) << 2) | ((e(2) >> 4) << 4) | ((e(3) >> 4) << 6);
+        }
+    }
+}
+
+/// The inverse of [`pack_q6k_row`].
+fn unpack_q6k_row(o: &[u8], r: usize, x: &mut [u8]) {
+    x[208..210].copy_from_slice(&o[2 * r..2 * r + 2]);
+    for j in 0..16 {
+        x[192 + j] = o[32 + 16 * j + r];
+    }
+    x[0..192].fill(0);
+    for j in 0..16 {
+        for i in 0..4 {
+            let at = 288 + 192 * j + 4 * r + i;
+            let (l0, l1, hb) = (o[at], o[at + 64], o[at + 128]);
+            for k in 0..4 {
+                let lo = [l0 & 0x0f, l1 & 0x0f, l0 >> 4, l1 >> 4][k];
+                let u = lo | (((hb >> (2 * k)) & 3) << 4);
+                let e = 16 * j + 4 * k + i;
+                let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+                x[64 * h + 32 * (s & 1) + l] |= (u & 0x0f) << (4 * (s >> 1));
+                x[128 + 32 * h + l] |= (u >> 4) << (2 * s);
             }
         }
     }
