@@ -18,6 +18,7 @@ Usage:
   python3 bench/compare_cpu.py                       # SmolLM2 Q4_1 and synthetic 1B Q4_K_M
   python3 bench/compare_cpu.py --model FILE.gguf     # any GGUF (repeatable)
   python3 bench/compare_cpu.py --json results.json   # also write the numbers as JSON
+  python3 bench/compare_cpu.py --no-repack           # ours with weights memory-mapped (-nr)
 See docs/reference-tooling.md.
 """
 
@@ -272,9 +273,11 @@ def bench_model(model: Path, args) -> dict:
         prompt = prompt_without_llama(model, args.pp)
     ours_exe = None if args.skip_ours else Path(args.crossover)
     if ours_exe is not None and not ours_exe.is_file():
-        raise SystemExit(f"error: {ours_exe} not found: build it with `cargo build --release -p crossover-cli` "
+        raise SystemExit(f"error: {ours_exe} not found: build it with `cargo build --release -p crossover` "
                          "(or pass --crossover PATH, or --skip-ours)")
-    extra = shlex.split(args.ours_args)
+    extra = shlex.split(args.ours_args) + (["--no-repack"] if args.no_repack else [])
+    if extra:
+        print(f"  crossover run with: {shlex.join(extra)}", flush=True)
     lr, orr = [], []
     ours_rss = 0
     for i in range(args.reps + 1):
@@ -317,6 +320,7 @@ def bench_model(model: Path, args) -> dict:
         "pp": args.pp,
         "tg": args.tg,
         "reps": args.reps,
+        "ours_args": extra,
         "llama_cpp": L and {**L, "peak_rss": llama_rss},
         "crossover": O and {**O, "peak_rss": ours_rss},
         "kv_bytes": kv,
@@ -414,6 +418,9 @@ def main() -> int:
     ap.add_argument("--crossover", default=str(REPO / "target/release/crossover"),
                     help="the crossover binary")
     ap.add_argument("--ours-args", default="", help="extra arguments for `crossover run`")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="run crossover with --no-repack (weights memory-mapped, zero-copy, "
+                         "GGUF-layout kernels) instead of its default repacked weights")
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the results here")

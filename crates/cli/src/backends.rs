@@ -55,6 +55,12 @@ pub struct BackendArgs {
         value_name = "N"
     )]
     pub layers_on_gpu: Option<usize>,
+    /// Keep the CPU backend's weights memory-mapped, zero-copy (`-nr` as in llama.cpp): they
+    /// stay pageable page-cache pages shared with other processes mapping the file, but run on
+    /// the slower GGUF-layout kernels (same logits bit for bit). Default: repacked at load into
+    /// owned memory for faster kernels (each weight still held once).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 impl BackendArgs {
@@ -209,6 +215,7 @@ pub fn start(
                 ctx_size: size.ctx_size,
                 max_seqs: size.parallel.max(1),
                 max_batch_tokens: size.batch_size.max(1),
+                no_repack: a.no_repack,
                 ..CpuOptions::default()
             };
             let (file, label) = (file.clone(), label.to_string());

@@ -37,8 +37,28 @@ enum Command {
     Audit(cmd::audit::AuditArgs),
 }
 
+/// llama.cpp's multi-letter short flags, which clap's one-letter shorts cannot declare, spelled
+/// as their long forms (`-nr` -> `--no-repack`); arguments after `--` are left alone.
+fn llama_short_flags(
+    args: impl Iterator<Item = std::ffi::OsString>,
+) -> impl Iterator<Item = std::ffi::OsString> {
+    let mut positional = false;
+    args.map(move |a| {
+        if positional {
+            return a;
+        }
+        if a == "--" {
+            positional = true;
+        }
+        match a.to_str() {
+            Some("-nr") => "--no-repack".into(),
+            _ => a,
+        }
+    })
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_short_flags(std::env::args_os()));
     let result: anyhow::Result<()> = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Run(a) => cmd::run::run(a),

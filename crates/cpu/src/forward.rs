@@ -151,7 +151,10 @@ fn vector(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>, String> {
 }
 
 impl Model {
-    pub fn load(file: &GgufFile) -> Result<Model, String> {
+    /// Read the model's weights from `file`: with `repack`, the layer and output matrices are
+    /// moved into owned memory ([`Mat::own`]); without, every matrix is multiplied straight
+    /// from the file mapping (zero-copy).
+    pub fn load(file: &GgufFile, repack: bool) -> Result<Model, String> {
         let cfg = ModelConfig::from_gguf(file).map_err(|e| e.to_string())?;
         let w = ModelWeights::from_gguf(&cfg, file).map_err(|e| e.to_string())?;
         let mut layers = Vec::with_capacity(w.layers.len());
@@ -173,7 +176,7 @@ impl Model {
             });
         }
         let mut owned = Vec::new();
-        for l in layers.iter_mut() {
+        for l in layers.iter_mut().filter(|_| repack) {
             for m in [
                 &mut l.wq,
                 &mut l.wk,
@@ -192,7 +195,9 @@ impl Model {
         // The output matrix is read in full by every forward pass: owned too. A tied token
         // embedding (the same tensor) reads its rows from that copy.
         let mut output = Mat::new(&w.output)?;
-        output.own(file)?;
+        if repack {
+            output.own(file)?;
+        }
         let mut embd = Mat::new(&w.token_embd)?;
         if output.packed.is_some() {
             owned.push(output.info.clone());
@@ -200,7 +205,7 @@ impl Model {
                 embd.packed = output.packed.clone();
             }
         }
-        if file.is_mmapped() {
+        if repack && file.is_mmapped() {
             // Reading the tensors one by one above mapped the edges of those released before
             // them back in (the kernel maps file pages in large runs that straddle tensors):
             // release them all once more. The header (metadata, parsed into owned values at
@@ -228,6 +233,18 @@ impl Model {
             cfg,
             host_fallback: None,
         })
+    }
+
+    /// Bytes of the matrices held in owned memory (a tied embedding shares the output's).
+    pub fn owned_bytes(&self) -> usize {
+        let mats = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+        mats.chain([&self.output])
+            .filter_map(|m| m.packed.as_ref())
+            .map(|p| p.bytes().len())
+            .sum()
     }
 
     /// Send every matmul of weight type `ty` through the host fallback executor, as a backend
@@ -704,5 +721,10 @@ pub(crate) fn forward(
     }
     let mut logits = Vec::new();
     matmul(file, &model.output, &h, sel.len(), &mut logits, pool)?;
+    // Every chunk's keys and values are in place: their full blocks may serve later prompts
+    // with the same beginning (the prefix cache, `runtime::kv`).
+    for c in chunks {
+        kv.alloc.commit(c.seq, c.start_pos, c.tokens);
+    }
     Ok(logits)
 }

@@ -1,7 +1,12 @@
 //! The CPU backend: runs Llama-family GGUF models with SIMD kernels on every core.
 //!
-//! Weights stay memory-mapped (no copy); the KV cache is f16, paged in blocks, and sized from the
-//! context length asked for, not the model's maximum.
+//! By default the layer and output matrices are moved out of the file mapping at load into
+//! owned memory, repacked for this CPU's kernels where a packed kernel exists (their mapped
+//! pages are released as they are read, so each weight is held once); with
+//! [`CpuOptions::no_repack`] every weight stays memory-mapped, zero-copy (pageable, and shared
+//! through the page cache with other processes mapping the file), multiplied by the GGUF-layout
+//! kernels: slower, bit-identical logits. The KV cache is f16, paged in blocks, and sized from
+//! the context length asked for, not the model's maximum.
 
 mod forward;
 pub mod ops;
@@ -34,6 +39,12 @@ pub struct CpuOptions {
     pub block_tokens: usize,
     /// Most tokens in one step (longer prompts are fed in chunks by the scheduler).
     pub max_batch_tokens: usize,
+    /// Keep every weight memory-mapped and zero-copy, multiplied in the file's layout
+    /// (llama.cpp's `--no-repack`): the weights stay pageable file pages, shared with every
+    /// process that maps the same file, but the packed kernels are not used, so products are
+    /// slower (the same results bit for bit). Default `false`: matrices are repacked into
+    /// owned memory at load.
+    pub no_repack: bool,
 }
 
 impl Default for CpuOptions {
@@ -44,6 +55,7 @@ impl Default for CpuOptions {
             max_seqs: 1,
             block_tokens: 32,
             max_batch_tokens: 512,
+            no_repack: false,
         }
     }
 }
@@ -114,7 +126,7 @@ impl CpuBackend {
         label: &str,
         opts: &CpuOptions,
     ) -> Result<CpuBackend, CpuError> {
-        let model = Model::load(&file).map_err(|why| CpuError::Model {
+        let model = Model::load(&file, !opts.no_repack).map_err(|why| CpuError::Model {
             path: label.into(),
             why,
         })?;
@@ -141,7 +153,16 @@ impl CpuBackend {
         let kv = KvCache::new(&model.cfg, blocks, opts.block_tokens);
         let info = BackendInfo {
             name: "cpu".into(),
-            device: format!("{} threads, {}", threads, dot::best_isa().name()),
+            device: format!(
+                "{} threads, {}, weights {}",
+                threads,
+                dot::best_isa().name(),
+                if opts.no_repack {
+                    "memory-mapped (no repack)"
+                } else {
+                    "repacked"
+                }
+            ),
             max_batch_tokens: opts.max_batch_tokens,
             max_batch_seqs: opts.max_seqs,
             max_seq_tokens: opts.ctx_size,
@@ -208,6 +229,12 @@ impl CpuBackend {
     /// comparing our numerics with llama.cpp's op by op (`examples/trace.rs`).
     pub fn set_trace(&mut self, f: Option<Box<TraceFn>>) {
         self.scratch.trace = f;
+    }
+
+    /// Bytes of weights held in owned memory (repacked or copied out of the file mapping at
+    /// load); 0 with [`CpuOptions::no_repack`], where every weight is read from the mapping.
+    pub fn owned_weight_bytes(&self) -> usize {
+        self.model.owned_bytes()
     }
 
     /// The model's hyper-parameters.
@@ -374,5 +401,10 @@ impl Backend for CpuBackend {
 
     fn kv(&self) -> KvStats {
         self.kv.alloc.stats()
+    }
+
+    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+        // Blocks are indexed by `forward` once their keys and values are written.
+        self.kv.alloc.reuse_prefix(seq, prompt)
     }
 }

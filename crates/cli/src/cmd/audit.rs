@@ -53,6 +53,9 @@ pub struct AuditArgs {
         value_name = "N"
     )]
     pub layers_on_gpu: Option<usize>,
+    /// Keep the CPU backend's weights memory-mapped, zero-copy (`-nr`; see `run --help`).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 /// One audited backend, as built (or, for CUDA without a GPU, as planned).
@@ -80,6 +83,7 @@ fn audit_one(
     let copts = CpuOptions {
         ctx_size: 64,
         max_seqs: 1,
+        no_repack: a.no_repack,
         ..CpuOptions::default()
     };
     let parse_ty = |ty: &str| {

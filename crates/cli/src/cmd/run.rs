@@ -146,6 +146,7 @@ impl Engine {
             ctx_size: a.ctx_size,
             max_seqs: 1,
             max_batch_tokens: a.batch_size.max(1),
+            no_repack: a.backends.no_repack,
             ..CpuOptions::default()
         };
         let backend = CpuBackend::from_file(file, &path.display().to_string(), &opts)?;

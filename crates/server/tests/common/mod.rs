@@ -68,6 +68,7 @@ pub fn cpu_actor(file: &Arc<GgufFile>, tok: &Arc<Tokenizer>, c: Cpu) -> BackendH
         max_seqs: c.max_seqs,
         block_tokens: 16,
         max_batch_tokens: c.max_batch_tokens,
+        ..CpuOptions::default()
     };
     let fault = c.fault.clone();
     // Restartable: the supervisor rebuilds the backend from this after a crash.
@@ -119,6 +120,7 @@ pub fn direct_greedy(
         max_seqs: 1,
         block_tokens: 16,
         max_batch_tokens: 512,
+        ..CpuOptions::default()
     };
     let mut be = CpuBackend::from_file(file.clone(), "smollm2", &opts).expect("backend");
     let mut out = Vec::new();

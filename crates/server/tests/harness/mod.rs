@@ -65,6 +65,7 @@ pub fn actor(a: &Actor) -> BackendHandle {
         max_seqs: a.max_seqs,
         block_tokens: 16,
         max_batch_tokens: 256,
+        ..CpuOptions::default()
     };
     let fault = a.fault;
     let factory: runtime::BackendFactory = Box::new(move || {
