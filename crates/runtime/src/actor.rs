@@ -120,6 +120,10 @@ pub struct ActorConfig {
     pub probe_interval: Duration,
     /// Rebuilding the backend after a crash (only with a [`RestartFactory`]).
     pub restart: RestartPolicy,
+    /// Start each prompt from KV blocks that already hold its beginning, when the backend has
+    /// them ([`Backend::reuse_prefix`]). Default on; the environment variable
+    /// `CROSSOVER_PREFIX_CACHE=0` turns it off (to measure without it).
+    pub prefix_cache: bool,
 }
 
 impl Default for ActorConfig {
@@ -133,6 +137,10 @@ impl Default for ActorConfig {
             retry_after: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
             restart: RestartPolicy::default(),
+            prefix_cache: !matches!(
+                std::env::var("CROSSOVER_PREFIX_CACHE").as_deref(),
+                Ok("0" | "off" | "false")
+            ),
         }
     }
 }
@@ -191,6 +199,8 @@ pub struct ActorStatus {
     pub steps: u64,
     /// Tokens sampled so far (over every restart).
     pub tokens_generated: u64,
+    /// Prompt tokens not computed because cached KV blocks held them (over every restart).
+    pub prefix_tokens_reused: u64,
     /// Failed steps in a row (0 = healthy).
     pub consecutive_failures: u32,
     /// The loop is running (false while restarting, once failed, stopped).
@@ -751,6 +761,7 @@ struct Actor<'t> {
     sched: SchedConfig,
     retry_after: Duration,
     probe_interval: Duration,
+    prefix_cache: bool,
     ctx: usize,
     waiting: VecDeque<Waiting>,
     running: Vec<Running<'t>>,
@@ -787,6 +798,7 @@ impl<'t> Actor<'t> {
             phase: Phase::Running,
             steps: carried.steps,
             tokens_generated: carried.tokens_generated,
+            prefix_tokens_reused: carried.prefix_tokens_reused,
             crashes: carried.crashes,
             restarts: carried.restarts,
             last_error: carried.last_error,
@@ -800,6 +812,7 @@ impl<'t> Actor<'t> {
             sched,
             retry_after: cfg.retry_after,
             probe_interval: cfg.probe_interval,
+            prefix_cache: cfg.prefix_cache,
             ctx,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -1155,6 +1168,17 @@ impl<'t> Actor<'t> {
     /// One step. `Err` when the backend crashed (a panic or a device error): its state is
     /// unknown, so the actor ends and the supervisor rebuilds it.
     fn step(&mut self) -> Result<(), BackendError> {
+        if self.prefix_cache {
+            // Asked again every step until the prompt's first chunk is fed, so a prompt waiting
+            // behind others finds the blocks their steps have just filled.
+            for r in self.running.iter_mut().filter(|r| r.fed == 0) {
+                let n = self.backend.reuse_prefix(r.id, &r.tokens[..r.prompt_len]);
+                if n > 0 {
+                    r.fed = n.min(r.prompt_len - 1);
+                    self.status.prefix_tokens_reused += r.fed as u64;
+                }
+            }
+        }
         let views: Vec<RunView> = self
             .running
             .iter()

@@ -181,6 +181,15 @@ pub trait Backend {
     fn release(&mut self, seq: SeqId);
     /// KV capacity and use.
     fn kv(&self) -> KvStats;
+    /// Prefix cache: let the new sequence `seq` (nothing fed yet) start from KV blocks that
+    /// already hold the beginning of `prompt` (computed for an earlier sequence with the same
+    /// tokens at the same positions). Returns how many leading prompt tokens `seq` now holds,
+    /// always fewer than `prompt.len()` (the last prompt token must be computed for its
+    /// logits); its first chunk then starts at that position. The default has no cache.
+    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+        let _ = (seq, prompt);
+        0
+    }
 }
 
 impl fmt::Display for Support {

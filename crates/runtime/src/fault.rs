@@ -165,6 +165,9 @@ impl Backend for Faulty {
     fn kv(&self) -> KvStats {
         self.inner.kv()
     }
+    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+        self.inner.reuse_prefix(seq, prompt)
+    }
 }
 
 #[cfg(test)]

@@ -231,7 +231,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{backend=\"{b}\"}} {v}");
             }
         }
-        let counters: [(&str, &str); 2] = [
+        let counters: [(&str, &str); 3] = [
             (
                 "crossover_backend_restarts_total",
                 "Restart attempts after a backend crashed (successful or not).",
@@ -240,11 +240,19 @@ impl Metrics {
                 "crossover_backend_crashes_total",
                 "Backend crashes while serving (a panic or a device error).",
             ),
+            (
+                "crossover_prefix_tokens_reused_total",
+                "Prompt tokens served from cached KV blocks instead of computed.",
+            ),
         ];
         for (i, (name, help)) in counters.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for (b, s) in &statuses {
-                let v = if i == 0 { s.restarts } else { s.crashes };
+                let v = match i {
+                    0 => u64::from(s.restarts),
+                    1 => u64::from(s.crashes),
+                    _ => s.prefix_tokens_reused,
+                };
                 let _ = writeln!(out, "{name}{{backend=\"{b}\"}} {v}");
             }
         }

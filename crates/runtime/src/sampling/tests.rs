@@ -254,6 +254,38 @@ fn top_k_keeps_exactly_the_k_best() {
 }
 
 #[test]
+fn top_k_scan_equals_a_full_sort_with_ties_and_nans() {
+    // The one-pass selection must give the exact list (order included) of sorting every
+    // candidate: logits rounded to a coarse grid make many ties (broken by id), some are NaN,
+    // and rising rows make the bar move on every refill.
+    let mut r = rng(11);
+    for case in 0..40 {
+        let n = [100usize, 1000, 5000, 49152][case % 4];
+        let mut l: Vec<f32> = random_logits(&mut r, n)
+            .into_iter()
+            .map(|x| (x * 2.0).round() / 2.0)
+            .collect();
+        if case % 5 == 1 {
+            l.sort_by(f32::total_cmp);
+        }
+        for _ in 0..case % 3 {
+            let i = r.gen_range(0..n);
+            l[i] = f32::NAN;
+        }
+        let k = [1usize, 2, 40, 63, 64, 65, 300][case % 7].min(n - 1);
+        let mut got = Vec::new();
+        top_k_sorted(&mut got, &l, k);
+        let clean: Vec<f32> = l
+            .iter()
+            .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
+            .collect();
+        let want = &ranked(&clean)[..k];
+        let got_ids: Vec<u32> = got.iter().map(|c| c.id).collect();
+        assert_eq!(got_ids, want, "case {case}: n {n}, k {k}");
+    }
+}
+
+#[test]
 fn top_p_and_min_p_cut_the_reference_sets() {
     let mut r = rng(3);
     for case in 0..60 {
