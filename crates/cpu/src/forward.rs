@@ -427,6 +427,63 @@ fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     }
 }
 
+/// Disjoint rows of one buffer handed to pool items: each row is written by one item only.
+#[derive(Clone, Copy)]
+struct Rows<T> {
+    ptr: *mut T,
+    len: usize,
+    width: usize,
+}
+// SAFETY: only used to hand disjoint rows of one buffer to pool workers (see `Rows::row`).
+unsafe impl<T: Send> Send for Rows<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Rows<T> {}
+
+impl<T> Rows<T> {
+    fn new(buf: &mut [T], width: usize) -> Rows<T> {
+        Rows {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            width,
+        }
+    }
+
+    /// Row `i` (empty if outside the buffer).
+    ///
+    /// # Safety
+    /// While the returned slice lives, no other reference to row `i` exists (every row is
+    /// claimed by one pool item at most) and the buffer outlives it and is not moved.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row<'a>(&self, i: usize) -> &'a mut [T] {
+        let a = i * self.width;
+        if a + self.width > self.len {
+            return &mut [];
+        }
+        // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(a), self.width) }
+    }
+}
+
+/// Tokens per pool item for the per-token work of a slice (norms, RoPE, KV stores, adds): a
+/// few, so 64 tokens spread over every thread while a one-token step runs inline.
+const TOKENS_PER_ITEM: usize = 4;
+
+/// `f(i)` for every token `i` of `0..m`, spread over the pool.
+fn per_token(pool: &Pool, m: usize, f: impl Fn(usize) + Sync) {
+    pool.par_for(m.div_ceil(TOKENS_PER_ITEM), |it| {
+        for i in it * TOKENS_PER_ITEM..((it + 1) * TOKENS_PER_ITEM).min(m) {
+            f(i);
+        }
+    });
+}
+
+/// A token's K or V row, rounded to f16 into its KV-cache slot.
+fn store_f16(dst: &mut [f16], src: &[f32]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(v);
+    }
+}
+
 /// One input of [`forward`]: tokens of one sequence at consecutive positions.
 pub(crate) struct Chunk<'a> {
     pub seq: SeqId,
@@ -472,6 +529,19 @@ pub(crate) fn forward(
             })
         })
         .collect::<Result<_, _>>()?;
+    // The per-token work below writes each token's KV slot from its own pool item: two
+    // tokens of a batch at one slot (a sequence fed twice in one step) would be a data race.
+    {
+        let mut sorted = slots.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(BackendError::BatchTooLarge {
+                what: "chunks of one sequence",
+                got: 2,
+                max: 1,
+            });
+        }
+    }
 
     // Token embeddings.
     resize(&mut s.x, n * e);
@@ -530,11 +600,14 @@ pub(crate) fn forward(
             let m = b1 - b0;
             let (toks, slots, angles) = (&toks[b0..b1], &slots[b0..b1], &angles[b0..b1]);
             resize(&mut s.xn, m * e);
-            for (xr, or) in s.x[b0 * e..b1 * e]
-                .chunks_exact(e)
-                .zip(s.xn.chunks_exact_mut(e))
             {
-                rms_norm(xr, &l.attn_norm, cfg.rms_norm_eps, or);
+                let xn = Rows::new(&mut s.xn, e);
+                let x = &s.x[b0 * e..b1 * e];
+                per_token(pool, m, |i| {
+                    // SAFETY: token i's row of `xn` belongs to this item alone.
+                    let out = unsafe { xn.row(i) };
+                    rms_norm(&x[i * e..(i + 1) * e], &l.attn_norm, cfg.rms_norm_eps, out);
+                });
             }
             if let Some(t) = s.trace.as_mut() {
                 t("attn_norm", li, 0, &mut s.xn);
@@ -542,45 +615,72 @@ pub(crate) fn forward(
             matmul(file, &l.wq, &s.xn, m, &mut s.q, pool)?;
             matmul(file, &l.wk, &s.xn, m, &mut s.k, pool)?;
             matmul(file, &l.wv, &s.xn, m, &mut s.v, pool)?;
-            add_bias(&mut s.q, &l.bq);
-            add_bias(&mut s.k, &l.bk);
-            add_bias(&mut s.v, &l.bv);
-            if let Some(t) = s.trace.as_mut() {
-                t("Qcur", li, 0, &mut s.q);
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t("Kcur", li, 0, &mut s.k);
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t("Vcur", li, 0, &mut s.v);
-            }
-            for (i, cs) in angles.iter().enumerate() {
-                for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
-                    model.rope.apply_with(h, cs);
-                }
-                for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
-                    model.rope.apply_with(h, cs);
-                }
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t("Qcur", li, 2, &mut s.q);
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t("Kcur", li, 2, &mut s.k);
-            }
-            // Store this step's keys and values.
             let row = kv.row;
-            {
+            if s.trace.is_none() {
+                // Bias, RoPE and the KV store of each token in one pass, spread over the pool
+                // (the same operations per element as the traced path below).
+                let (q, k, v) = (
+                    Rows::new(&mut s.q, nh * hd),
+                    Rows::new(&mut s.k, row),
+                    Rows::new(&mut s.v, row),
+                );
+                let (kc, vc) = (Rows::new(&mut kv.k[li], row), Rows::new(&mut kv.v[li], row));
+                per_token(pool, m, |i| {
+                    // SAFETY: token i's rows of q, k and v belong to this item alone, and so
+                    // do its KV slots (slots are distinct, checked above).
+                    let (qr, kr, vr, kd, vd) = unsafe {
+                        (
+                            q.row(i),
+                            k.row(i),
+                            v.row(i),
+                            kc.row(slots[i]),
+                            vc.row(slots[i]),
+                        )
+                    };
+                    add_bias(qr, &l.bq);
+                    add_bias(kr, &l.bk);
+                    add_bias(vr, &l.bv);
+                    for h in qr.chunks_exact_mut(hd) {
+                        model.rope.apply_with(h, &angles[i]);
+                    }
+                    for h in kr.chunks_exact_mut(hd) {
+                        model.rope.apply_with(h, &angles[i]);
+                    }
+                    store_f16(kd, kr);
+                    store_f16(vd, vr);
+                });
+            } else {
+                add_bias(&mut s.q, &l.bq);
+                add_bias(&mut s.k, &l.bk);
+                add_bias(&mut s.v, &l.bv);
+                if let Some(t) = s.trace.as_mut() {
+                    t("Qcur", li, 0, &mut s.q);
+                    t("Kcur", li, 0, &mut s.k);
+                    t("Vcur", li, 0, &mut s.v);
+                }
+                for (i, cs) in angles.iter().enumerate() {
+                    for h in s.q[i * nh * hd..(i + 1) * nh * hd].chunks_exact_mut(hd) {
+                        model.rope.apply_with(h, cs);
+                    }
+                    for h in s.k[i * nkv * hd..(i + 1) * nkv * hd].chunks_exact_mut(hd) {
+                        model.rope.apply_with(h, cs);
+                    }
+                }
+                if let Some(t) = s.trace.as_mut() {
+                    t("Qcur", li, 2, &mut s.q);
+                    t("Kcur", li, 2, &mut s.k);
+                }
+                // Store this step's keys and values.
                 let (kc, vc) = (&mut kv.k[li], &mut kv.v[li]);
                 for (i, &slot) in slots.iter().enumerate() {
-                    let src_k = &s.k[i * row..(i + 1) * row];
-                    let src_v = &s.v[i * row..(i + 1) * row];
-                    for (d, &v) in kc[slot * row..(slot + 1) * row].iter_mut().zip(src_k) {
-                        *d = f16::from_f32(v);
-                    }
-                    for (d, &v) in vc[slot * row..(slot + 1) * row].iter_mut().zip(src_v) {
-                        *d = f16::from_f32(v);
-                    }
+                    store_f16(
+                        &mut kc[slot * row..(slot + 1) * row],
+                        &s.k[i * row..(i + 1) * row],
+                    );
+                    store_f16(
+                        &mut vc[slot * row..(slot + 1) * row],
+                        &s.v[i * row..(i + 1) * row],
+                    );
                 }
             }
             // Attention: one work item per (token, head).
@@ -660,18 +760,34 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("attn_out", li, 0, &mut s.o);
             }
-            for (x, o) in s.x[b0 * e..b1 * e].iter_mut().zip(&s.o) {
-                *x += o;
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t("ffn_inp", li, 0, &mut s.x);
-            }
-            // Feed-forward.
-            for (xr, or) in s.x[b0 * e..b1 * e]
-                .chunks_exact(e)
-                .zip(s.xn.chunks_exact_mut(e))
-            {
-                rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
+            if s.trace.is_none() {
+                // The residual add and the feed-forward norm of each token, over the pool.
+                let (x, xn) = (
+                    Rows::new(&mut s.x[b0 * e..b1 * e], e),
+                    Rows::new(&mut s.xn, e),
+                );
+                let o = &s.o;
+                per_token(pool, m, |i| {
+                    // SAFETY: token i's rows of x and xn belong to this item alone.
+                    let (xr, nr) = unsafe { (x.row(i), xn.row(i)) };
+                    for (x, o) in xr.iter_mut().zip(&o[i * e..(i + 1) * e]) {
+                        *x += o;
+                    }
+                    rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, nr);
+                });
+            } else {
+                for (x, o) in s.x[b0 * e..b1 * e].iter_mut().zip(&s.o) {
+                    *x += o;
+                }
+                if let Some(t) = s.trace.as_mut() {
+                    t("ffn_inp", li, 0, &mut s.x);
+                }
+                for (xr, or) in s.x[b0 * e..b1 * e]
+                    .chunks_exact(e)
+                    .zip(s.xn.chunks_exact_mut(e))
+                {
+                    rms_norm(xr, &l.ffn_norm, cfg.rms_norm_eps, or);
+                }
             }
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_norm", li, 0, &mut s.xn);
@@ -682,7 +798,16 @@ pub(crate) fn forward(
                 t("ffn_gate", li, 0, &mut s.g);
                 t("ffn_up", li, 0, &mut s.u);
             }
-            swiglu(&mut s.g, &s.u);
+            {
+                // Row by row, as ggml applies it (its vector body and scalar tail per row).
+                let ff = l.gate.rows;
+                let g = Rows::new(&mut s.g, ff);
+                let u = &s.u;
+                per_token(pool, m, |i| {
+                    // SAFETY: token i's row of g belongs to this item alone.
+                    swiglu(unsafe { g.row(i) }, &u[i * ff..(i + 1) * ff]);
+                });
+            }
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_swiglu", li, 0, &mut s.g);
             }
@@ -690,8 +815,15 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_out", li, 0, &mut s.o);
             }
-            for (x, o) in s.x[b0 * e..b1 * e].iter_mut().zip(&s.o) {
-                *x += o;
+            {
+                let x = Rows::new(&mut s.x[b0 * e..b1 * e], e);
+                let o = &s.o;
+                per_token(pool, m, |i| {
+                    // SAFETY: token i's row of x belongs to this item alone.
+                    for (x, o) in unsafe { x.row(i) }.iter_mut().zip(&o[i * e..(i + 1) * e]) {
+                        *x += o;
+                    }
+                });
             }
             if let Some(t) = s.trace.as_mut() {
                 t("l_out", li, 0, &mut s.x);
@@ -712,13 +844,20 @@ pub(crate) fn forward(
         }
     }
     let mut h = vec![0.0f32; sel.len() * e];
-    for (&i, hr) in sel.iter().zip(h.chunks_exact_mut(e)) {
-        rms_norm(
-            &s.x[i * e..(i + 1) * e],
-            &model.output_norm,
-            cfg.rms_norm_eps,
-            hr,
-        );
+    {
+        let hr = Rows::new(&mut h, e);
+        let x = &s.x;
+        per_token(pool, sel.len(), |r| {
+            let i = sel[r];
+            // SAFETY: output row r belongs to this item alone.
+            let out = unsafe { hr.row(r) };
+            rms_norm(
+                &x[i * e..(i + 1) * e],
+                &model.output_norm,
+                cfg.rms_norm_eps,
+                out,
+            );
+        });
     }
     let mut logits = Vec::new();
     matmul(file, &model.output, &h, sel.len(), &mut logits, pool)?;

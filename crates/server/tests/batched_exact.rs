@@ -1,0 +1,148 @@
+//! Continuous batching must not change a sequence's numbers: on the real CPU backend and the
+//! default model, bit for bit,
+//! - a decode step of many sequences gives each the logits it gets decoding alone;
+//! - the per-token work spread over the thread pool (norms, RoPE, KV stores, residual adds)
+//!   equals the serial path the trace hook runs;
+//! - a prompt started from prefix-cache blocks gives the logits of computing those blocks itself.
+//!
+//! Prompts are fresh random token ids (seeded).
+
+mod common;
+
+use std::sync::Arc;
+
+use cpu::{CpuBackend, CpuOptions};
+use gguf::GgufFile;
+use rand::{Rng, SeedableRng};
+use runtime::{Backend, SeqChunk, SeqId, StepBatch, Want};
+
+fn backend(file: &Arc<GgufFile>, max_seqs: usize, threads: usize) -> CpuBackend {
+    let opts = CpuOptions {
+        threads: Some(threads),
+        ctx_size: 128,
+        max_seqs,
+        block_tokens: 16,
+        max_batch_tokens: 512,
+        ..CpuOptions::default()
+    };
+    CpuBackend::from_file(file.clone(), "smollm2", &opts).expect("backend")
+}
+
+fn bits(row: &[f32]) -> Vec<u32> {
+    row.iter().map(|v| v.to_bits()).collect()
+}
+
+/// One step; the logit rows (one per chunk that wants them) as bit patterns.
+fn step(be: &mut CpuBackend, chunks: Vec<(SeqId, Vec<u32>, usize)>) -> Vec<Vec<u32>> {
+    let batch = StepBatch {
+        chunks: chunks
+            .into_iter()
+            .map(|(seq, tokens, start_pos)| SeqChunk {
+                seq,
+                tokens,
+                start_pos,
+                want: Want::Last,
+            })
+            .collect(),
+    };
+    let out = be.step(&batch).expect("step");
+    (0..out.n_rows())
+        .map(|r| bits(out.row(r).expect("row")))
+        .collect()
+}
+
+/// Prefill `prompts` in one step, then `decode` steps of one token each for all of them
+/// (each sequence feeds back a token drawn from its own random stream, the same in every run).
+fn run(be: &mut CpuBackend, prompts: &[Vec<u32>], decode: usize, seed: u64) -> Vec<Vec<Vec<u32>>> {
+    let mut rows = vec![Vec::new(); prompts.len()];
+    let first = step(
+        be,
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as SeqId, p.clone(), 0))
+            .collect(),
+    );
+    for (i, r) in first.into_iter().enumerate() {
+        rows[i].push(r);
+    }
+    let mut rngs: Vec<rand_chacha::ChaCha8Rng> = (0..prompts.len())
+        .map(|i| rand_chacha::ChaCha8Rng::seed_from_u64(seed + i as u64))
+        .collect();
+    for d in 0..decode {
+        let chunks = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as SeqId, vec![rngs[i].gen_range(0..49152)], p.len() + d))
+            .collect();
+        for (i, r) in step(be, chunks).into_iter().enumerate() {
+            rows[i].push(r);
+        }
+    }
+    rows
+}
+
+fn prompts(seed: u64, n: usize) -> Vec<Vec<u32>> {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let len = r.gen_range(3..40);
+            (0..len).map(|_| r.gen_range(0..49152)).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn batched_decode_equals_each_sequence_alone_and_the_serial_path() {
+    let (file, _tok) = common::open();
+    let ps = prompts(5, 9);
+    let decode = 3;
+    let batched = run(&mut backend(&file, ps.len(), 2), &ps, decode, 100);
+    // The traced path runs the per-token work serially, phase by phase.
+    let mut traced_be = backend(&file, ps.len(), 2);
+    traced_be.set_trace(Some(Box::new(|_, _, _, _| {})));
+    let traced = run(&mut traced_be, &ps, decode, 100);
+    assert_eq!(
+        batched, traced,
+        "pool-spread per-token work vs the serial path"
+    );
+    for (i, p) in ps.iter().enumerate() {
+        let mut alone_be = backend(&file, 1, 2);
+        let alone = run(
+            &mut alone_be,
+            std::slice::from_ref(p),
+            decode,
+            100 + i as u64,
+        );
+        assert_eq!(batched[i], alone[0], "sequence {i} batched vs alone");
+    }
+}
+
+#[test]
+fn a_prompt_started_from_cached_blocks_gets_the_logits_of_computing_them() {
+    let (file, _tok) = common::open();
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    let shared: Vec<u32> = (0..37).map(|_| r.gen_range(0..49152)).collect();
+    let mut prompt = shared[..32].to_vec();
+    prompt.extend((0..6).map(|_| r.gen_range(0..49152u32)));
+
+    let mut be = backend(&file, 2, 2);
+    // Sequence 1 computes `shared`; its two full blocks (16 tokens each) get indexed.
+    step(&mut be, vec![(1, shared.clone(), 0)]);
+    be.release(1);
+    // Sequence 2 starts from them and computes only its own tail.
+    let reused = be.reuse_prefix(2, &prompt);
+    assert_eq!(reused, 32);
+    let cached = step(&mut be, vec![(2, prompt[32..].to_vec(), 32)]);
+
+    // The same computation without the cache: the first 32 tokens in one chunk (as
+    // sequence 1 computed them), then the tail.
+    let mut fresh_be = backend(&file, 1, 2);
+    step(&mut fresh_be, vec![(3, prompt[..32].to_vec(), 0)]);
+    let fresh = step(&mut fresh_be, vec![(3, prompt[32..].to_vec(), 32)]);
+    assert_eq!(cached, fresh);
+    // And a prompt that differs inside the first block reuses nothing.
+    let mut other = prompt.clone();
+    other[5] ^= 1;
+    assert_eq!(be.reuse_prefix(4, &other), 0);
+}
