@@ -689,6 +689,9 @@ pub(crate) fn forward(
                 let kc = &kv.k[li];
                 let vc = &kv.v[li];
                 let alloc = &kv.alloc;
+                // Chosen once per layer: the per-position calls below are a few dozen
+                // instructions each, so the dispatch showed in profiles.
+                let isa = dot::best_isa();
                 let bt = alloc.block_tokens();
                 let q = &s.q;
                 let out = SyncPtr(s.att.as_mut_ptr());
@@ -726,9 +729,9 @@ pub(crate) fn forward(
                             let slot = blocks[j / bt] as usize * bt + j % bt;
                             let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
                             *s = if single {
-                                ggml::dot_f16_vec(kr, qh)
+                                ggml::dot_f16_vec_isa(isa, kr, qh)
                             } else {
-                                ggml::dot_f16(kr, qh)
+                                ggml::dot_f16_isa(isa, kr, qh)
                             } * scale;
                         }
                         ggml::softmax(sc);
@@ -738,7 +741,12 @@ pub(crate) fn forward(
                             let slot = blocks[j / bt] as usize * bt + j % bt;
                             let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
                             let l = (j % nl) * hd;
-                            ggml::fma_f16_row(&mut lanes[l..l + hd], f16::from_f32(p).to_f32(), vr);
+                            ggml::fma_f16_row_isa(
+                                isa,
+                                &mut lanes[l..l + hd],
+                                f16::from_f32(p).to_f32(),
+                                vr,
+                            );
                         }
                         // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
                         // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
