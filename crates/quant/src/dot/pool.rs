@@ -4,7 +4,7 @@
 //! of handing a job to the workers and waiting for them must be a few microseconds, not the tens
 //! that waking parked threads costs. Workers therefore spin on a generation counter for a while
 //! after each job (as ggml's workers do) and only park on a condition variable after
-//! a spin window of idleness ([`Pool::DEFAULT_SPIN`], or [`Pool::with_spin`]).
+//! a short spin window of idleness ([`Pool::DEFAULT_SPIN`], or [`Pool::with_spin`]).
 //!
 //! A job is a set of numbered items taken from a shared counter. The dispatching thread works on
 //! items too and, once every item is taken, closes the job: a worker that had not joined by then
@@ -94,11 +94,25 @@ pub fn default_threads() -> usize {
 
 impl Pool {
     /// How long an idle worker spins before parking, unless set with [`Pool::with_spin`].
-    pub const DEFAULT_SPIN: Duration = Duration::from_millis(2);
+    ///
+    /// Short: the gaps between the products of one step are microseconds, so a worker still
+    /// catches every job of a step; between steps (sampling, sending tokens) it parks, which
+    /// costs one wake-up per step. Spinning for 2 ms instead took a core from whatever else had
+    /// to run on a busy machine (the server's other threads, other processes): with a load
+    /// average of ~3.6 on 2 cores, a one-sequence decode step took 20-23 ms spinning 2 ms and
+    /// 10-13 ms spinning 50 us, a 64-sequence step 323-387 ms and 137-241 ms
+    /// (`crates/server/examples/batch_step.rs`, SmolLM2, 2 threads).
+    pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
-    /// A pool of `n_threads` threads (0 = one per available CPU).
+    /// A pool of `n_threads` threads (0 = one per available CPU), whose idle workers spin for
+    /// [`Pool::DEFAULT_SPIN`], or for the microseconds the environment variable
+    /// `CROSSOVER_POOL_SPIN_US` names (to measure the trade-off on a given machine).
     pub fn new(n_threads: usize) -> Result<Pool, DotError> {
-        Pool::with_spin(n_threads, Pool::DEFAULT_SPIN)
+        let spin = std::env::var("CROSSOVER_POOL_SPIN_US")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map_or(Pool::DEFAULT_SPIN, Duration::from_micros);
+        Pool::with_spin(n_threads, spin)
     }
 
     /// A pool whose idle workers spin for `spin` before parking.
