@@ -20,7 +20,9 @@ for l in sys.stdin:
 done
 strip .gpu/crossover .gpu/cuda_bench .gpu/cuda_trace .gpu/kernels .gpu/model_agree .gpu/conformance
 L=${LLAMA_SRC:-/work/cache/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp}
-[[ -f .gpu/llama-src.tar.gz ]] || tar czf .gpu/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
+# NO_LLAMA_SRC=1: leave the llama.cpp source out (a call that does not build llama.cpp carries less).
+[[ -n "${NO_LLAMA_SRC:-}" ]] && rm -f .gpu/llama-src.tar.gz
+[[ -n "${NO_LLAMA_SRC:-}" || -f .gpu/llama-src.tar.gz ]] || tar czf .gpu/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
 cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" .gpu/
 # The chat template `crossover synth --preset llama-3.2-1b` completes the vocabulary with
 # (scripts/fetch_vocabs.sh fetches it), for the conformance fixture's model.

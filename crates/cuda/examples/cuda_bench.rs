@@ -47,6 +47,69 @@ fn prompt_ms(
     median(v) * 1e3
 }
 
+/// 128 greedy decode steps after a `d`-token prompt, `reps` times (the first a warm-up):
+/// median seconds and GPU energy per token.
+fn tg128(
+    b: &mut CudaBackend,
+    power: &Result<PowerMeter, String>,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: &mut u64,
+    d: usize,
+    reps: usize,
+) -> (f64, String) {
+    let mut runs = Vec::new();
+    let mut joules = Vec::new();
+    for rep in 0..reps {
+        *seq += 1;
+        let mut pos = 0;
+        let mut last = toks(1)[0];
+        while pos < d {
+            let n = (d - pos).min(512);
+            let batch = StepBatch {
+                chunks: vec![SeqChunk {
+                    seq: *seq,
+                    tokens: toks(n),
+                    start_pos: pos,
+                    want: Want::Last,
+                }],
+            };
+            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+            pos += n;
+        }
+        b.synchronize().unwrap_or_else(|e| panic!("{e}"));
+        let e0 = power.as_ref().ok().and_then(|p| p.energy_j().ok());
+        let t = Instant::now();
+        for _ in 0..128 {
+            let batch = StepBatch {
+                chunks: vec![SeqChunk {
+                    seq: *seq,
+                    tokens: vec![last],
+                    start_pos: pos,
+                    want: Want::Last,
+                }],
+            };
+            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+            pos += 1;
+        }
+        let dt = t.elapsed().as_secs_f64();
+        let e1 = power.as_ref().ok().and_then(|p| p.energy_j().ok());
+        b.release(*seq);
+        if rep > 0 {
+            runs.push(dt);
+            if let (Some(a), Some(c)) = (e0, e1) {
+                joules.push(c - a);
+            }
+        }
+    }
+    let m = median(runs);
+    let jt = if joules.is_empty() {
+        "n/a".to_string()
+    } else {
+        format!("{:.3} J/token", median(joules) / 128.0)
+    };
+    (m, jt)
+}
+
 /// Run one step with a timing event after every kernel and print where its time goes.
 fn report_profile(b: &mut CudaBackend, what: &str, batch: StepBatch) {
     b.gpu().profile_start().unwrap_or_else(|e| panic!("{e}"));
@@ -116,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -192,62 +255,48 @@ fn main() {
 
     // tg128 at depth 0 and `depth`: greedy decode, argmax on the GPU.
     for d in [0usize, depth] {
-        let mut runs = Vec::new();
-        let mut joules = Vec::new();
-        for rep in 0..4 {
-            seq += 1;
-            let mut pos = 0;
-            let mut last = toks(1)[0];
-            while pos < d {
-                let n = (d - pos).min(512);
-                let batch = StepBatch {
-                    chunks: vec![SeqChunk {
-                        seq,
-                        tokens: toks(n),
-                        start_pos: pos,
-                        want: Want::Last,
-                    }],
-                };
-                last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
-                pos += n;
-            }
-            b.synchronize().unwrap_or_else(|e| panic!("{e}"));
-            let e0 = power.as_ref().ok().and_then(|p| p.energy_j().ok());
-            let t = Instant::now();
-            for _ in 0..128 {
-                let batch = StepBatch {
-                    chunks: vec![SeqChunk {
-                        seq,
-                        tokens: vec![last],
-                        start_pos: pos,
-                        want: Want::Last,
-                    }],
-                };
-                last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
-                pos += 1;
-            }
-            let dt = t.elapsed().as_secs_f64();
-            let e1 = power.as_ref().ok().and_then(|p| p.energy_j().ok());
-            b.release(seq);
-            if rep > 0 {
-                runs.push(dt);
-                if let (Some(a), Some(c)) = (e0, e1) {
-                    joules.push(c - a);
-                }
-            }
-        }
-        let m = median(runs);
-        let jt = if joules.is_empty() {
-            "n/a".to_string()
-        } else {
-            format!("{:.3} J/token", median(joules) / 128.0)
-        };
+        let (m, jt) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
         println!(
             "tg128 @ depth {d}: {:.3} ms/token  ({:.0} tok/s), GPU energy {jt}",
             m * 1e3 / 128.0,
             128.0 / m
         );
     }
+    // Per-kernel bandwidth of the one-token products, and (--ab) the v6 decode kernels and
+    // programmatic dependent launch each switched off, same binary, same file.
+    let combos: &[(bool, bool)] = if args.iter().any(|a| a == "--ab") {
+        &[(true, true), (false, true), (true, false), (false, false)]
+    } else {
+        &[(true, true)]
+    };
+    let (mvr0, pdl0) = (b.gpu().mvr.get(), b.gpu().pdl.get());
+    for &(mvr, pdl) in combos {
+        b.set_kernels(mvr && mvr0, pdl && pdl0);
+        let label = format!("mvr={} pdl={}", mvr && mvr0, pdl && pdl0);
+        if combos.len() > 1 {
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+                println!(
+                    "a/b {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        match b.bench_matvecs(20) {
+            Ok(rows) => {
+                for (name, n, us, bytes) in rows {
+                    println!(
+                        "kernel {label}: {name:<18} x{n:<3} {us:8.2} us/launch {:8.2} MB {:7.0} GB/s",
+                        bytes / 1e6,
+                        bytes / us / 1e3
+                    );
+                }
+            }
+            Err(e) => println!("kernel bench failed: {e}"),
+        }
+    }
+    b.set_kernels(mvr0, pdl0);
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",
         b.stats.graph_steps,
@@ -257,7 +306,7 @@ fn main() {
     // Where the time goes: one prompt step and one decode step at `depth`, launched eagerly with
     // a timing event after each kernel (so decode times include launch gaps).
     let mut r3 = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    if !quick {
+    if !quick || args.iter().any(|a| a == "--profile") {
         profile(&mut b, &mut r3, depth, &mut seq);
     }
     // Prompt steps through cuBLAS (f16 weights and activations) against the integer path

@@ -107,8 +107,12 @@ __device__ void attn_partial_impl(const float* q, const u16* kc, const u16* vc, 
 // out[t, h*HD + d] = merge of the partial results of the slices that hold any of token t's
 // context (the first ceil(len / split_len) of n_split). grid = (tokens, n_head), block = HD.
 // Branch-free and unrolled, so the loads of several slices are in flight at once.
+// qfmt != 0: the output rows (n_head * hd wide) are also quantized for the integer products as
+// their 256-element groups complete (quant_arrive; qcnt holds one zeroed counter per token and
+// group), so the output projection needs no quantization launch.
 extern "C" __global__ void attn_combine(const float* part, const int* tok_pos, int n_head, int hd,
-                                        int n_split, int split_len, float* out) {
+                                        int n_split, int split_len, float* out, int qfmt,
+                                        u32* qcnt, i8* qso, float2* dso) { PDL_ENTRY();
     int t = blockIdx.x, h = blockIdx.y;
     int len = tok_pos[t] + 1;
     int ns = min(n_split, (len + split_len - 1) / split_len);
@@ -127,13 +131,29 @@ extern "C" __global__ void attn_combine(const float* part, const int* tok_pos, i
         }
         out[((long long)t * n_head + h) * hd + d] = A / L;
     }
+    if (qfmt) {
+        __threadfence();
+        // hd divides 256 or 256 divides hd: a head's elements lie in one group, or span whole ones.
+        int n = n_head * hd, groups = (n + 255) / 256;
+        __syncthreads();
+        if (threadIdx.x >= 32) return;
+        const float* row = out + (long long)t * n;
+        i8* qr = qso + (long long)t * n;
+        float2* dr = dso + (long long)t * (n / 32);
+        for (int c = h * hd; c < (h + 1) * hd; c += 256) {
+            int g = c >> 8;
+            int gsize = min(256, n - g * 256);
+            quant_arrive(row, n, g, gsize, min(hd, 256), qfmt, qcnt + (long long)t * groups + g,
+                         qr, dr);
+        }
+    }
 }
 
 #define DEF_ATTN(D) \
     extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_partial_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, int split_len, \
-        float* part) { \
+        float* part) { PDL_ENTRY(); \
         attn_partial_impl<D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
                              scale, split_len, part); \
     }
@@ -313,7 +333,7 @@ __device__ void attn_prefill_impl(const float* q, const u16* kc, const u16* vc, 
 #define DEF_ATTN_PREFILL(D) \
     extern "C" __global__ void __launch_bounds__(128) attn_prefill_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* bl, int bt, int t0, int T, \
-        int p0, int n_head, int n_kv, float scale, float* out) { \
+        int p0, int n_head, int n_kv, float scale, float* out) { PDL_ENTRY(); \
         attn_prefill_impl<32 * D>(q, kc, vc, bl, bt, t0, T, p0, n_head, n_kv, scale, out); \
     }
 DEF_ATTN_PREFILL(2)
@@ -476,7 +496,7 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
     extern "C" __global__ void __launch_bounds__(128) attn_decode_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, int split_len, \
-        float* part) { \
+        float* part) { PDL_ENTRY(); \
         attn_decode_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
                                  scale, split_len, part); \
     }

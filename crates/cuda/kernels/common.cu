@@ -10,6 +10,35 @@ typedef unsigned long long u64;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90): with the launch attribute set (device.rs), a kernel may
+// be started while the one before it in the stream is still running. Every kernel therefore
+// waits for its predecessor's completion (and memory) before touching anything, then lets its
+// own successor start: so the successor's launch and any prologue that reads no produced data
+// (the matrix-vector kernels prefetch their weights into L2) overlap this kernel, and a chain
+// never runs more than one kernel ahead. Without the attribute both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() \
+    do { \
+        pdl_wait(); \
+        pdl_launch(); \
+    } while (0)
+
+// Ask L2 for the lines of [p, p + bytes), spread over the block's threads (a hint: no fault, no
+// register result).
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes) {
+    for (long long o = (long long)threadIdx.x * 128; o < bytes; o += (long long)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
 // f16 bits to f32 through the hardware conversion (no cuda_fp16.h needed).
 __device__ __forceinline__ float h2f(u16 h) {
     float f;

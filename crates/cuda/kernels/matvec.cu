@@ -123,21 +123,21 @@ __device__ void matvec_swiglu_impl(const u8* wg, const u8* wu, int rows, int col
 
 #define DEF_MATVEC_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) matvec_##name##_##NT( \
-        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { \
+        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { PDL_ENTRY(); \
         matvec_impl<T, NT, 1>(w, rows, cols, x, nt, y, accumulate); \
     } \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) matvec_swiglu_##name##_##NT( \
-        const u8* wg, const u8* wu, int rows, int cols, const float* x, int nt, float* y) { \
+        const u8* wg, const u8* wu, int rows, int cols, const float* x, int nt, float* y) { PDL_ENTRY(); \
         matvec_swiglu_impl<T, NT>(wg, wu, rows, cols, x, nt, y); \
     }
 
 #define DEF_MATVEC_R4(name, T) \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) matvec_r4_##name( \
-        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { \
+        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { PDL_ENTRY(); \
         matvec_impl<T, 1, 4>(w, rows, cols, x, nt, y, accumulate); \
     } \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) matvec_r2_##name( \
-        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { \
+        const u8* w, int rows, int cols, const float* x, int nt, float* y, int accumulate) { PDL_ENTRY(); \
         matvec_impl<T, 1, 2>(w, rows, cols, x, nt, y, accumulate); \
     }
 

@@ -97,12 +97,114 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
     if (valid && xh) xh[c] = f2h(d * (float)q);
 }
 
+// Quantize 256-element group g of the row x (n columns; n - 256 g may be less than 256 for
+// ACT_Q8_32) with one warp, 8 consecutive elements per lane, to the same bytes quant_act_elem
+// writes (max and sums are exact, and each element's value takes the same operations). x is
+// read around L1 (other multiprocessors wrote it in this kernel).
+__device__ void quant_group_warp(const float* x, int n, int g, int fmt, i8* qs, float2* ds) {
+    int lane = threadIdx.x & 31;
+    int c0 = g * 256 + lane * 8;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int c = c0 + i;
+        v[i] = c < n ? *(volatile const float*)(x + c) : 0.0f;
+    }
+    bool valid = c0 < n;  // n is a multiple of 32: a lane's 8 are all in or all out
+    if (fmt == ACT_Q8_32) {
+        float am = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) am = fmaxf(am, valid ? fabsf(v[i]) : 0.0f);
+        // Lanes 4k..4k+3 hold one block of 32.
+        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+        float d = am / 127.0f;
+        float id = am != 0.0f ? 127.0f / am : 0.0f;
+        int s = 0;
+        u32 w[2] = {0u, 0u};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = __float2int_rn(v[i] * id);
+            s += q;
+            w[i / 4] |= ((u32)(q & 0xff)) << (8 * (i % 4));
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (valid) {
+            *(uint2*)(qs + c0) = make_uint2(w[0], w[1]);
+            if ((lane & 3) == 0) ds[c0 / 32] = make_float2(h2f(f2h(d)), h2f(f2h(d * (float)s)));
+        }
+        return;
+    }
+    // ACT_Q8_K: the first element of largest magnitude.
+    float a = -1.0f;
+    int ai = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float m = valid && !isnan(v[i]) ? fabsf(v[i]) : -1.0f;
+        if (m > a) { a = m; ai = lane * 8 + i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float oa = __shfl_xor_sync(0xffffffffu, a, o);
+        int oi = __shfl_xor_sync(0xffffffffu, ai, o);
+        if (oa > a || (oa == a && oi < ai)) { a = oa; ai = oi; }
+    }
+    float xm = __shfl_sync(0xffffffffu, v[0], 0);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float t = __shfl_sync(0xffffffffu, v[i], (ai >> 3) & 31);
+        if ((ai & 7) == i) xm = t;
+    }
+    float d = 0.0f, iscale = 0.0f;
+    bool nz = a > 0.0f;
+    if (nz) {
+        iscale = -127.0f / xm;
+        d = 1.0f / iscale;
+    }
+    int s = 0;
+    u32 w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int q = nz ? min(__float2int_rn(iscale * v[i]), 127) : 0;
+        s += q;
+        w[i / 4] |= ((u32)(q & 0xff)) << (8 * (i % 4));
+    }
+    // Sums of 16: lane pairs (2k, 2k + 1); a unit of 32 is lanes 4k..4k+3.
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    int s_hi = __shfl_down_sync(0xffffffffu, s, 2);
+    if (valid) {
+        *(uint2*)(qs + c0) = make_uint2(w[0], w[1]);
+        if ((lane & 3) == 0)
+            ds[c0 / 32] = make_float2(d, __int_as_float((s & 0xffff) | (s_hi << 16)));
+    }
+}
+
+// Called by one warp after its lane 0 stored `cnt` elements of group `g` of a row being
+// quantized as it is produced: the warp whose elements complete the group (of `gsize`) quantizes
+// it and resets the group's counter, so the counters are zero again when the kernel ends (graph
+// replays reuse them).
+__device__ __forceinline__ void quant_arrive(const float* x, int n, int g, int gsize, int cnt,
+                                             int fmt, u32* counter, i8* qs, float2* ds) {
+    int lane = threadIdx.x & 31;
+    u32 old = 0;
+    if (lane == 0) {
+        __threadfence();
+        old = atomicAdd(counter, (u32)cnt);
+    }
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old + cnt != (u32)gsize) return;
+    __threadfence();
+    quant_group_warp(x, n, g, fmt, qs, ds);
+    if (lane == 0) *counter = 0;
+}
+
 // Quantize rows of x (n columns each) for integer products. grid = (rows, ceil(n / 256)),
 // blockDim.x = 256: one block per 256 elements (a Q8_K super-block, 8 Q8_0 blocks), so a
 // decode step's single row spreads over many SMs. qs/ds (int8 values and scales) or xh (the
 // dequantized values as f16, for the GEMM path) may be null.
 extern "C" __global__ void quantize_act(const float* x, int n, int fmt, i8* qs, float2* ds,
-                                        u16* xh) {
+                                        u16* xh) { PDL_ENTRY();
     __shared__ float shf[9];
     __shared__ int shi[8];
     long long r = blockIdx.x;
@@ -401,65 +503,188 @@ __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8
     }
 }
 
-// One token, one warp per row (GLU: the gate row and the up row), four rows per block of 128:
-// lane i takes units i, i + 32, ... (unrolled, so several units' loads are in flight before the
-// first dot), then a warp reduction; no shared memory or block barrier, and every lane of a
-// 3072-wide Q4_K row is busy (the block-per-row form leaves 32 of 128 threads idle there).
-template <int T, bool GLU>
-__device__ void mvqw_impl(const u8* w, const u8* wu, int rows, int cols, const i8* aq,
-                          const float2* ad, float* y, int accumulate) {
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    int units = cols / 32;
+// One token, R = 2 row slots per warp, 8 warps per block (v6). Plain form: a warp takes two
+// consecutive rows of up to three matrices of one type laid end to end (`r0 + r1 + r2` rows:
+// Q, K and V of a layer in one launch), each row to its own output; SwiGLU form: the warp's two
+// slots are the gate row and the up row of one output. Lane i decodes units i, i + 32, ... of
+// both slots, two units per slot per iteration, so four units' loads (36 B each for Q4_K) are in
+// flight per lane before the first dot, then a warp reduction: no shared memory, no barrier.
+// Under programmatic dependent launch (`prefetch` != 0) the block first asks L2 for its rows'
+// bytes, which depend on no earlier kernel, while the kernel before it finishes.
+template <int T>
+__device__ __forceinline__ void mvr_seg(int g, const u8* w0, const u8* w1, const u8* w2, int r0,
+                                        int r1, long long rb, const u8** wr) {
+    if (g < r0) *wr = w0 + (long long)g * rb;
+    else if (g < r0 + r1) *wr = w1 + (long long)(g - r0) * rb;
+    else *wr = w2 + (long long)(g - r0 - r1) * rb;
+}
+
+template <int T>
+__device__ __forceinline__ void mvr_unit(const u8* const* wr, int u, const i8* __restrict__ aq,
+                                         const float2* __restrict__ ad, float* acc) {
     constexpr int UPB = Q<T>::BE / 32;
-    long long row_bytes = (long long)(cols / Q<T>::BE) * Q<T>::BB;
-    const u8* wr = w + (long long)row * row_bytes;
-    const u8* wur = GLU ? wu + (long long)row * row_bytes : wr;
-    float acc = 0.0f, accu = 0.0f;
-#pragma unroll 4
-    for (int u = lane; u < units; u += 32) {
-        long long off = (long long)(u / UPB) * Q<T>::BB;
-        int j = u % UPB;
-        int q[8], qu[8];
-        typename QI<T>::P p, pu;
-        QI<T>::unit(wr + off, j, q, p);
-        if (GLU) QI<T>::unit(wur + off, j, qu, pu);
-        const i8* a = aq + 32 * u;
-        const float2* d = ad + u;
-        acc += unit_dot<T>(q, p, a, d);
-        if (GLU) accu += unit_dot<T>(qu, pu, a, d);
+    long long off = (long long)(u / UPB) * Q<T>::BB;
+    int j = u % UPB;
+    int q0[8], q1[8];
+    typename QI<T>::P p0, p1;
+    QI<T>::unit(wr[0] + off, j, q0, p0);
+    QI<T>::unit(wr[1] + off, j, q1, p1);
+    const i8* a = aq + 32 * u;
+    const float2* d = ad + u;
+    acc[0] += unit_dot<T>(q0, p0, a, d);
+    acc[1] += unit_dot<T>(q1, p1, a, d);
+}
+
+// What the Q/K/V launch needs to finish rope_store's work itself (ops.cu): one token; rows
+// [0, r0) are Q, [r0, r0 + r1) K, the rest V (kv_row = K or V row width of the cache).
+struct RopeArgs {
+    const int* pos;
+    const int* slot;
+    const float* factors;
+    float theta_scale, freq_scale;
+    int n_rot, hd, kv_row, pad;
+    u16* kc;
+    u16* vc;
+};
+
+template <int T, bool GLU>
+__device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                         const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
+                         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y0,
+                         float* y1, float* y2, int accumulate, int prefetch, int qfmt,
+                         u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int units = cols / 32;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    int total = GLU ? r0 : r0 + r1 + r2;
+    int per_warp = GLU ? 1 : 2;
+    int first = blockIdx.x * nw * per_warp;
+    if (prefetch) {
+        int last = min(first + nw * per_warp, total);
+        if (GLU) {
+            prefetch_l2(w0 + (long long)first * rb, (long long)(last - first) * rb);
+            prefetch_l2(w1 + (long long)first * rb, (long long)(last - first) * rb);
+        } else {
+            // The block's rows are contiguous within each matrix they touch.
+            int bounds[4] = {0, r0, r0 + r1, total};
+            const u8* ws[3] = {w0, w1, w2};
+            for (int s = 0; s < 3; s++) {
+                int a = max(first, bounds[s]), b = min(last, bounds[s + 1]);
+                if (a < b)
+                    prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
+            }
+        }
     }
-    acc = warp_sum(acc);
-    if (GLU) accu = warp_sum(accu);
-    if (lane == 0) {
-        if (GLU) y[row] = ggml_swiglu(acc, accu);
-        else y[row] = accumulate ? y[row] + acc : acc;
+    pdl_wait();
+    pdl_launch();
+    int row = first + warp * per_warp;
+    if (row >= total) return;
+    const u8* wr[2];
+    bool second = GLU || row + 1 < total;
+    if (GLU) {
+        wr[0] = w0 + (long long)row * rb;
+        wr[1] = w1 + (long long)row * rb;
+    } else {
+        mvr_seg<T>(row, w0, w1, w2, r0, r1, rb, &wr[0]);
+        // A missing second row reads the first again (its result is dropped).
+        mvr_seg<T>(second ? row + 1 : row, w0, w1, w2, r0, r1, rb, &wr[1]);
+    }
+    float acc[2] = {0.0f, 0.0f};
+    int u = lane;
+    for (; u + 32 < units; u += 64) {
+        mvr_unit<T>(wr, u, aq, ad, acc);
+        mvr_unit<T>(wr, u + 32, aq, ad, acc);
+    }
+    if (u < units) mvr_unit<T>(wr, u, aq, ad, acc);
+    acc[0] = warp_sum(acc[0]);
+    acc[1] = warp_sum(acc[1]);
+    if (GLU) {
+        if (lane == 0) y0[row] = ggml_swiglu(acc[0], acc[1]);
+        // The down projection's activation, quantized as its groups complete (no launch).
+        if (qfmt) {
+            int g = row >> 8;
+            quant_arrive(y0, total, g, min(256, total - g * 256), 1, qfmt, qcnt + g, qso, dso);
+        }
+        return;
+    }
+    if (lane != 0) return;
+    if (rp && second) {
+        // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic):
+        // rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to the
+        // cache as f16 at the token's slot, Q rows rotated to y0.
+        int g = row;
+        int hd = rp->hd, rhalf = rp->n_rot / 2;
+        int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
+        float x0 = acc[0], x1 = acc[1];
+        if (g < r0 + r1) {
+            int i = (li % hd) / 2;
+            if (i < rhalf) {
+                float theta = (float)rp->pos[0];
+                for (int k = 0; k < i; k++) theta *= rp->theta_scale;
+                float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
+                float a = rp->freq_scale * (theta / ff);
+                double sd, cd;
+                sincos((double)a, &sd, &cd);
+                float c = (float)cd, sn = (float)sd;
+                float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+                float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
+                x0 = y0v;
+                x1 = y1v;
+            }
+        }
+        long long dst = (long long)rp->slot[0] * rp->kv_row + li;
+        if (g < r0) {
+            y0[li] = x0;
+            y0[li + 1] = x1;
+        } else if (g < r0 + r1) {
+            rp->kc[dst] = f2h(x0);
+            rp->kc[dst + 1] = f2h(x1);
+        } else {
+            rp->vc[dst] = f2h(x0);
+            rp->vc[dst + 1] = f2h(x1);
+        }
+        return;
+    }
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        int g = row + s;
+        if (s == 1 && !second) break;
+        float* y = g < r0 ? y0 + g : g < r0 + r1 ? y1 + (g - r0) : y2 + (g - r0 - r1);
+        *y = accumulate ? *y + acc[s] : acc[s];
     }
 }
 
-#define DEF_MVQW(name, T) \
-    extern "C" __global__ void __launch_bounds__(128) mvqw_##name( \
-        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
-        int accumulate) { \
-        mvqw_impl<T, false>(w, w, rows, cols, aq, ad, y, accumulate); \
+#define DEF_MVR(name, T) \
+    extern "C" __global__ void __launch_bounds__(256) mvr_##name( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
+        const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
+        int prefetch) { \
+        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
+                           prefetch, 0, 0, 0, 0, 0); \
     } \
-    extern "C" __global__ void __launch_bounds__(128) mvqw_swiglu_##name( \
+    extern "C" __global__ void __launch_bounds__(256) mvr_rope_##name( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp) { \
+        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, yq, yq, 0, prefetch, 0, 0, \
+                           0, 0, &rp); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256) mvr_swiglu_##name( \
         const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, \
-        float* y) { \
-        mvqw_impl<T, true>(wg, wu, rows, cols, aq, ad, y, 0); \
+        float* y, int prefetch, int qfmt, u32* qcnt, i8* qso, float2* dso) { \
+        mvr_impl<T, true>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, y, y, 0, prefetch, qfmt, \
+                          qcnt, qso, dso, 0); \
     }
 
 #define DEF_MVQ_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(128) mvq_##name##_##NT( \
         const u8* w, int rows, int cols, const i8* aq, const float2* ad, int nt, float* y, \
-        int accumulate) { \
+        int accumulate) { PDL_ENTRY(); \
         mvq_impl<T, NT, false>(w, w, rows, cols, aq, ad, nt, y, accumulate); \
     }
 #define DEF_MVQ_GLU_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(128) mvq_swiglu_##name##_##NT( \
         const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, int nt, \
-        float* y) { \
+        float* y) { PDL_ENTRY(); \
         mvq_impl<T, NT, true>(wg, wu, rows, cols, aq, ad, nt, y, 0); \
     }
 #define DEF_MVQ(name, T) \
@@ -471,4 +696,4 @@ __device__ void mvqw_impl(const u8* w, const u8* wu, int rows, int cols, const i
     X(q4_0, T_Q4_0) X(q4_1, T_Q4_1) X(q5_0, T_Q5_0) X(q5_1, T_Q5_1) X(q8_0, T_Q8_0) \
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
-FOR_EACH_QTYPE(DEF_MVQW)
+FOR_EACH_QTYPE(DEF_MVR)

@@ -10,7 +10,7 @@
 // quantize_act's f16 output holds), else plain f16. The arithmetic is cpu::ops::rms_norm's: the
 // sum of squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
-                                    float* out, u16* out_h, int fmt, i8* qs, float2* ds) {
+                                    float* out, u16* out_h, int fmt, i8* qs, float2* ds) { PDL_ENTRY();
     __shared__ double sh[32];
     __shared__ float shf[9];
     __shared__ int shi[8];
@@ -50,7 +50,7 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
                                       const float* bk, const float* bv, const int* pos,
                                       const int* slot, const float* factors, float theta_scale,
                                       float freq_scale, int n_rot, int n_head, int n_kv, int hd,
-                                      int neox, u16* kc, u16* vc) {
+                                      int neox, u16* kc, u16* vc) { PDL_ENTRY();
     __shared__ float th[128], cs[128], sn[128];
     int t = blockIdx.x;
     int half = hd / 2, rhalf = n_rot / 2;
@@ -111,7 +111,7 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
 }
 
 // g = silu(g) * u (the GEMM path; the decode path fuses this into the gate/up product).
-extern "C" __global__ void swiglu(float* g, const float* u, long long n) {
+extern "C" __global__ void swiglu(float* g, const float* u, long long n) { PDL_ENTRY();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         float x = g[i];
@@ -119,7 +119,7 @@ extern "C" __global__ void swiglu(float* g, const float* u, long long n) {
     }
 }
 
-extern "C" __global__ void to_f16(const float* x, long long n, u16* out) {
+extern "C" __global__ void to_f16(const float* x, long long n, u16* out) { PDL_ENTRY();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = f2h(x[i]);
@@ -127,7 +127,7 @@ extern "C" __global__ void to_f16(const float* x, long long n, u16* out) {
 
 // Index of the largest logit of each row (the lowest index among equals; NaN never wins).
 // grid.x = rows, blockDim.x = 1024.
-extern "C" __global__ void argmax_rows(const float* x, int n, int* out) {
+extern "C" __global__ void argmax_rows(const float* x, int n, int* out) { PDL_ENTRY();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* r = x + (long long)blockIdx.x * n;
@@ -164,7 +164,7 @@ extern "C" __global__ void argmax_rows(const float* x, int n, int* out) {
 // operand xh: f16(d * q) of the result's quantization in fmt (what quantize_act's f16 output
 // holds, i.e. the CPU's activations for that matrix), or plain f16 when fmt == 0; one launch
 // instead of two. grid = (rows, ceil(n / 256)), blockDim.x = 256.
-extern "C" __global__ void swiglu_q(float* g, const float* u, int n, int fmt, u16* xh) {
+extern "C" __global__ void swiglu_q(float* g, const float* u, int n, int fmt, u16* xh) { PDL_ENTRY();
     __shared__ float shf[9];
     __shared__ int shi[8];
     long long r = blockIdx.x;

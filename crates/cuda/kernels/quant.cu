@@ -352,10 +352,10 @@ __device__ void dequant_f16_impl(const u8* w, long long rows, int cols, u16* out
     X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 
 #define DEF_GET_ROWS(name, T) \
-    extern "C" __global__ void get_rows_##name(const u8* w, int cols, const int* ids, float* out) { \
+    extern "C" __global__ void get_rows_##name(const u8* w, int cols, const int* ids, float* out) { PDL_ENTRY(); \
         get_rows_impl<T>(w, cols, ids, out); \
     } \
-    extern "C" __global__ void dequant_f16_##name(const u8* w, long long rows, int cols, u16* out) { \
+    extern "C" __global__ void dequant_f16_##name(const u8* w, long long rows, int cols, u16* out) { PDL_ENTRY(); \
         dequant_f16_impl<T>(w, rows, cols, out); \
     }
 FOR_EACH_TYPE(DEF_GET_ROWS)

@@ -107,6 +107,12 @@ struct Scratch {
     /// Quantized activations for the integer matrix-vector kernels: int8 values and scales.
     aq: DevBuf,
     ad: DevBuf,
+    /// A second pair, written by the SwiGLU product while it still reads the first.
+    aq2: DevBuf,
+    ad2: DevBuf,
+    /// Zeroed group counters of the kernels that quantize their own output (every kernel leaves
+    /// them zeroed).
+    qcnt: DevBuf,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
@@ -413,6 +419,9 @@ impl CudaBackend {
             xh: gpu.alloc(n * widest * 2)?,
             aq: gpu.alloc(kernels::act_bytes(n, widest).0)?,
             ad: gpu.alloc(kernels::act_bytes(n, widest).1)?,
+            aq2: gpu.alloc(kernels::act_bytes(1, widest).0)?,
+            ad2: gpu.alloc(kernels::act_bytes(1, widest).1)?,
+            qcnt: gpu.alloc_zeroed(n * widest.div_ceil(256) * 4)?,
             q: gpu.alloc(n * qd * f4)?,
             k: gpu.alloc(n * kvd * f4)?,
             v: gpu.alloc(n * kvd * f4)?,
@@ -583,6 +592,136 @@ impl CudaBackend {
                     .iter()
                     .any(|m| m.host.is_some())
             })
+    }
+
+    /// One-token matrix-vector products of a decode step, kernel class by kernel class (the
+    /// layers' Q/K/V, O, gate/up with SwiGLU, down, and the output head), each class's
+    /// launches over all layers captured as one graph and replayed `reps` times, on activations
+    /// quantized from random values. Returns (class, launches per replay, microseconds per
+    /// launch, weight bytes per launch): bytes over time is each kernel's achieved bandwidth
+    /// with the weights streamed from memory (a class's matrices over all layers exceed L2,
+    /// except for the output head, which is one matrix of hundreds of MB).
+    pub fn bench_matvecs(
+        &mut self,
+        reps: usize,
+    ) -> Result<Vec<(String, usize, f64, f64)>, CudaError> {
+        let gpu = &self.gpu;
+        let s = &self.s;
+        let o = &self.opts;
+        let cfg = &self.cfg;
+        let widest = cfg.n_embd.max(cfg.n_ff).max(cfg.n_embd_q());
+        let mut seed = 0x9e37_79b9u32;
+        let x: Vec<f32> = (0..widest)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        gpu.write(&s.xn, 0, &x)?;
+        let mut out = Vec::new();
+        let mut st = StepStats::default();
+        let quant = |m: &Mat, acts: &mut Acts| -> Result<(), CudaError> {
+            if let Some(f) = kernels::act_format(m.ty) {
+                gpu.quantize_act(s.xn.ptr(), 1, m.cols, f, s.aq.ptr(), s.ad.ptr())?;
+                acts.q = Some((s.xn.ptr(), f));
+            }
+            Ok(())
+        };
+        let bytes = |m: &Mat| matrix_bytes(m.ty, m.rows, m.cols) as f64;
+        type Class<'a> = (&'a str, Box<dyn Fn(&Layer) -> Vec<&Mat> + 'a>);
+        let classes: Vec<Class> = vec![
+            ("q+k+v", Box::new(|l: &Layer| vec![&l.wq, &l.wk, &l.wv])),
+            ("o", Box::new(|l: &Layer| vec![&l.wo])),
+            (
+                "gate+up (swiglu)",
+                Box::new(|l: &Layer| vec![&l.gate, &l.up]),
+            ),
+            ("down", Box::new(|l: &Layer| vec![&l.down])),
+        ];
+        for (name, pick) in &classes {
+            let mut acts = Acts::default();
+            let mut total = 0.0;
+            for l in &self.layers {
+                total += pick(l).iter().map(|m| bytes(m)).sum::<f64>();
+            }
+            let first = pick(&self.layers[0]);
+            quant(first[0], &mut acts)?;
+            let ms = gpu.time_graph(reps, &mut || {
+                for l in &self.layers {
+                    let ms = pick(l);
+                    if ms.len() == 2 && ms[0].ty == ms[1].ty && name.starts_with("gate") {
+                        gpu.matvec_q_swiglu(
+                            ms[0].ty,
+                            ms[0].q.ptr(),
+                            ms[1].q.ptr(),
+                            ms[0].rows,
+                            ms[0].cols,
+                            s.aq.ptr(),
+                            s.ad.ptr(),
+                            1,
+                            s.g.ptr(),
+                        )?;
+                    } else {
+                        let ys = [s.q.ptr(), s.k.ptr(), s.v.ptr()];
+                        let group: Vec<(&Mat, u64)> =
+                            ms.iter().zip(ys).map(|(&m, y)| (m, y)).collect();
+                        let mut a = acts;
+                        Self::linear_group(gpu, o, s, &group, s.xn.ptr(), 1, &mut st, &mut a)?;
+                    }
+                }
+                Ok(())
+            })?;
+            // Launches over all layers: consecutive matrices of one type share one with mvr.
+            let launches: usize = self
+                .layers
+                .iter()
+                .map(|l| {
+                    let ms = pick(l);
+                    if name.starts_with("gate") {
+                        1
+                    } else if gpu.mvr_fits(ms[0].cols) {
+                        1 + ms.windows(2).filter(|w| w[0].ty != w[1].ty).count()
+                    } else {
+                        ms.len()
+                    }
+                })
+                .sum();
+            out.push((
+                name.to_string(),
+                launches,
+                ms * 1e3 / launches as f64,
+                total / launches as f64,
+            ));
+        }
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        let mut acts = Acts::default();
+        quant(head, &mut acts)?;
+        let ms = gpu.time_graph(reps, &mut || {
+            let mut a = acts;
+            Self::linear(
+                gpu,
+                o,
+                s,
+                head,
+                s.xn.ptr(),
+                1,
+                s.logits.ptr(),
+                false,
+                &mut st,
+                &mut a,
+            )
+        })?;
+        out.push(("output head".into(), 1, ms * 1e3, bytes(head)));
+        Ok(out)
+    }
+
+    /// Choose the one-token product kernels (`mvr`: v6's two-rows-per-warp kernels with Q/K/V in
+    /// one launch; else the block-per-row ones) and programmatic dependent launch, dropping
+    /// the captured decode graphs so the next steps are captured with the new choice.
+    pub fn set_kernels(&mut self, mvr: bool, pdl: bool) {
+        self.gpu.mvr.set(mvr);
+        self.gpu.pdl.set(pdl && self.gpu.cc.0 >= 9);
+        self.graphs.clear();
     }
 
     /// Use the tensor-core prefill attention for prompt-sized steps (on by default).
@@ -853,6 +992,60 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `y_i = W_i x` for matrices that read the same activation (a layer's Q, K and V): one
+    /// token's products over consecutive matrices of one quantized type run as one launch
+    /// ([`Gpu::matvec_q_multi`]); anything else goes through [`Self::linear`] one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_group(
+        gpu: &Gpu,
+        opts: &CudaOptions,
+        s: &Scratch,
+        mats: &[(&Mat, u64)],
+        x: u64,
+        n: usize,
+        stats: &mut StepStats,
+        acts: &mut Acts,
+    ) -> Result<(), CudaError> {
+        let one = n == 1 && (n <= opts.gemm_min_tokens || !gpu.has_blas());
+        let mut i = 0;
+        while i < mats.len() {
+            let m = mats[i].0;
+            let fmt = kernels::act_format(m.ty);
+            let mut j = i + 1;
+            if one && gpu.mvr_fits(m.cols) && m.host.is_none() && fmt.is_some() {
+                while j < mats.len()
+                    && mats[j].0.host.is_none()
+                    && mats[j].0.ty == m.ty
+                    && mats[j].0.cols == m.cols
+                {
+                    j += 1;
+                }
+            }
+            if j - i < 2 {
+                Self::linear(gpu, opts, s, m, x, n, mats[i].1, false, stats, acts)?;
+                i += 1;
+                continue;
+            }
+            if let Some(f) = fmt {
+                if acts.q != Some((x, f)) {
+                    gpu.quantize_act(x, n, m.cols, f, s.aq.ptr(), s.ad.ptr())?;
+                    acts.q = Some((x, f));
+                }
+            }
+            let segs: Vec<(u64, usize, u64)> = mats[i..j]
+                .iter()
+                .map(|&(mm, y)| (mm.q.ptr(), mm.rows, y))
+                .collect();
+            gpu.matvec_q_multi(m.ty, &segs, m.cols, s.aq.ptr(), s.ad.ptr(), false)
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
+                    o => o,
+                })?;
+            i = j;
+        }
+        Ok(())
+    }
+
     /// Hand the first `n * cols` floats of `buf` to the trace hook (if any) and write back what
     /// it leaves there; conversions cached from `buf` are redone or forgotten.
     #[allow(clippy::too_many_arguments)]
@@ -955,29 +1148,83 @@ impl CudaBackend {
                 nq,
             )?;
             Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
-            for (m, y) in [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())] {
-                Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
+            // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
+            let qf = kernels::act_format(l.wq.ty);
+            let fused_rope = n == 1
+                && gpu.fuse.get()
+                && matvec_path
+                && tr.is_none()
+                && gpu.mvr_fits(l.wq.cols)
+                && [&l.wq, &l.wk, &l.wv]
+                    .iter()
+                    .all(|m| m.host.is_none() && kernels::act_format(m.ty) == qf)
+                && l.wk.ty == l.wq.ty
+                && gpu.mvr_fits(l.wv.cols)
+                && l.bq.is_none()
+                && l.bk.is_none()
+                && l.bv.is_none()
+                && cfg.rope_style != RopeStyle::Neox
+                && qf.is_some()
+                && qc.q == qf.map(|f| (s.xn.ptr(), f));
+            if fused_rope {
+                // V joins the launch when it has Q's type, else takes its own.
+                let same = l.wv.ty == l.wq.ty;
+                let mut launches = vec![(
+                    l.wq.ty,
+                    [l.wq.q.ptr(), l.wk.q.ptr(), l.wv.q.ptr()],
+                    [l.wq.rows, l.wk.rows, if same { l.wv.rows } else { 0 }],
+                )];
+                if !same {
+                    launches.push((l.wv.ty, [0, 0, l.wv.q.ptr()], [0, 0, l.wv.rows]));
+                }
+                for (ty, w, rows) in launches {
+                    gpu.matvec_q_qkv_rope(
+                        ty,
+                        w,
+                        rows,
+                        l.wq.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        s.q.ptr(),
+                        &self.rope,
+                        s.tok_pos.ptr(),
+                        s.tok_slot.ptr(),
+                        hd,
+                        kvd,
+                        self.kc[li].ptr(),
+                        self.vc[li].ptr(),
+                    )
+                    .map_err(|e| match e {
+                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
+                        o => o,
+                    })?;
+                }
+            } else {
+                let qkv = [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())];
+                Self::linear_group(gpu, o, s, &qkv, s.xn.ptr(), n, st, &mut qc)?;
             }
             for (name, b, w) in [("Qcur", &s.q, qd), ("Kcur", &s.k, kvd), ("Vcur", &s.v, kvd)] {
                 Self::trace_point(gpu, tr, s, &mut qc, (name, li, 0), b, n, w)?;
             }
-            let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
-            gpu.rope_store(
-                n,
-                s.q.ptr(),
-                s.k.ptr(),
-                s.v.ptr(),
-                [b(&l.bq), b(&l.bk), b(&l.bv)],
-                s.tok_pos.ptr(),
-                s.tok_slot.ptr(),
-                &self.rope,
-                nh,
-                nkv,
-                hd,
-                cfg.rope_style == RopeStyle::Neox,
-                self.kc[li].ptr(),
-                self.vc[li].ptr(),
-            )?;
+            if !fused_rope {
+                let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
+                gpu.rope_store(
+                    n,
+                    s.q.ptr(),
+                    s.k.ptr(),
+                    s.v.ptr(),
+                    [b(&l.bq), b(&l.bk), b(&l.bv)],
+                    s.tok_pos.ptr(),
+                    s.tok_slot.ptr(),
+                    &self.rope,
+                    nh,
+                    nkv,
+                    hd,
+                    cfg.rope_style == RopeStyle::Neox,
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                )?;
+            }
             Self::trace_point(gpu, tr, s, &mut qc, ("Qcur", li, 2), &s.q, n, qd)?;
             if mma {
                 for (ci, &(t0, t, p0)) in self.meta.chunks.iter().enumerate() {
@@ -1020,7 +1267,18 @@ impl CudaBackend {
                     split_len,
                     s.part.ptr(),
                 )?;
-                gpu.attn_combine(
+                // On the integer path the output projection's activation is quantized by the
+                // merge itself (one launch fewer per layer).
+                let of = kernels::act_format(l.wo.ty).filter(|f| {
+                    matvec_path
+                        && gpu.fuse.get()
+                        && gpu.fuse_quant.get()
+                        && l.wo.host.is_none()
+                        && tr.is_none()
+                        && (256 % hd == 0 || hd.is_multiple_of(256))
+                        && qd.is_multiple_of(f.block())
+                });
+                gpu.attn_combine_q(
                     n,
                     s.part.ptr(),
                     s.tok_pos.ptr(),
@@ -1029,7 +1287,11 @@ impl CudaBackend {
                     n_split,
                     split_len,
                     s.att.ptr(),
+                    of.map(|f| (f, s.qcnt.ptr(), s.aq.ptr(), s.ad.ptr())),
                 )?;
+                if let Some(f) = of {
+                    qc.q = Some((s.att.ptr(), f));
+                }
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("kqv_out", li, 0), &s.att, n, qd)?;
             Self::linear(
@@ -1059,6 +1321,54 @@ impl CudaBackend {
             )?;
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
+            // One token: gate, up, SwiGLU and the down projection's activation quantization in
+            // one launch, then the down product from the second activation buffers.
+            let df = kernels::act_format(l.down.ty).filter(|f| {
+                n == 1
+                    && gpu.fuse.get()
+                    && gpu.fuse_quant.get()
+                    && matvec_path
+                    && tr.is_none()
+                    && gpu.mvr_fits(l.gate.cols)
+                    && l.gate.host.is_none()
+                    && l.up.host.is_none()
+                    && l.down.host.is_none()
+                    && l.gate.ty == l.up.ty
+                    && gf.is_some()
+                    && qc.q == gf.map(|g| (s.xn.ptr(), g))
+                    && ff.is_multiple_of(f.block())
+            });
+            if let Some(f) = df {
+                gpu.matvec_q_swiglu_quant(
+                    l.gate.ty,
+                    l.gate.q.ptr(),
+                    l.up.q.ptr(),
+                    ff,
+                    l.gate.cols,
+                    s.aq.ptr(),
+                    s.ad.ptr(),
+                    1,
+                    s.g.ptr(),
+                    Some((f, s.qcnt.ptr(), s.aq2.ptr(), s.ad2.ptr())),
+                )?;
+                gpu.matvec_q(
+                    l.down.ty,
+                    l.down.q.ptr(),
+                    l.down.rows,
+                    l.down.cols,
+                    s.aq2.ptr(),
+                    s.ad2.ptr(),
+                    1,
+                    s.x.ptr(),
+                    true,
+                )
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                    o => o,
+                })?;
+                qc = Acts::default();
+                continue;
+            }
             if matvec_path
                 && l.gate.host.is_none()
                 && l.up.host.is_none()

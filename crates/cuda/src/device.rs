@@ -110,10 +110,20 @@ pub struct Gpu {
     pub kernel_load_s: f64,
     /// Why cuBLAS is not used, when it is not.
     pub blas_missing: Option<String>,
-    /// One-token integer products take the warp-per-row kernels (`mvqw_*`) rather than the
-    /// block-per-row ones: off unless `CROSSOVER_CUDA_MVQ=warp` at start (v5 measured them
-    /// slower on the H200: 2.375 against 2.295 ms per 3B token, docs/perf/cuda.md).
-    pub mvq_warp: std::cell::Cell<bool>,
+    /// One-token integer products take the two-rows-per-warp kernels (`mvr_*`, v6) rather than
+    /// the block-per-row ones (`mvq_*_1`): on unless `CROSSOVER_CUDA_MVQ=block` at start.
+    pub mvr: std::cell::Cell<bool>,
+    /// Kernels are launched with programmatic dependent launch (sm_90 and later; every kernel
+    /// waits for its predecessor itself, see common.cu): on unless `CROSSOVER_CUDA_PDL=0`.
+    pub pdl: std::cell::Cell<bool>,
+    /// One-token decode steps fuse RoPE and the KV store into the Q/K/V launch and (with
+    /// `fuse_quant`) the activation quantizations into the SwiGLU product and the attention
+    /// merge (v6): on unless `CROSSOVER_CUDA_FUSE=0`.
+    pub fuse: std::cell::Cell<bool>,
+    /// Of those fusions, the activation quantizations: off unless `CROSSOVER_CUDA_FUSE_QUANT=1`
+    /// (on the H200 they cost more than the two launches per layer they save: tg128 1.896 ms
+    /// per token without, 2.045 with, docs/perf/cuda.md v6).
+    pub fuse_quant: std::cell::Cell<bool>,
 }
 
 /// Build a kernel argument list: pointers to each value, alive for the enclosing statement.
@@ -195,8 +205,15 @@ impl Gpu {
             kernels_cached,
             kernel_load_s,
             blas_missing,
-            mvq_warp: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVQ").as_deref() == Ok("warp"),
+            mvr: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVQ").as_deref() != Ok("block"),
+            ),
+            fuse: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_FUSE").as_deref() != Ok("0")),
+            fuse_quant: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_FUSE_QUANT").as_deref() == Ok("1"),
+            ),
+            pdl: std::cell::Cell::new(
+                cc.0 >= 9 && std::env::var("CROSSOVER_CUDA_PDL").as_deref() != Ok("0"),
             ),
         })
     }
@@ -306,6 +323,43 @@ impl Gpu {
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }
 
+    /// Milliseconds of GPU time per replay of the launches `f` queues, captured once as a graph
+    /// and replayed `reps` times between two events (so launch gaps are the graph's, as in a
+    /// decode step, not the host's).
+    pub fn time_graph(
+        &self,
+        reps: usize,
+        f: &mut dyn FnMut() -> Result<(), CudaError>,
+    ) -> Result<f64, CudaError> {
+        use cudarc::driver::sys;
+        self.sync()?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(drv("begin capture"))?;
+        let r = f();
+        let g = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(drv("end capture"));
+        r?;
+        let g = g?.ok_or_else(|| CudaError::Arg("capture produced no graph".into()))?;
+        g.launch().map_err(drv("graph launch"))?;
+        let e0 = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("cuEventRecord"))?;
+        for _ in 0..reps {
+            g.launch().map_err(drv("graph launch"))?;
+        }
+        let e1 = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("cuEventRecord"))?;
+        self.sync()?;
+        let ms = e0.elapsed_ms(&e1).map_err(drv("cuEventElapsedTime"))?;
+        Ok(ms as f64 / reps.max(1) as f64)
+    }
+
     /// Start timing every launch (eager launches only: not while a graph is being captured).
     /// Each launch is followed by a timing event; [`Gpu::profile_stop`] turns them into times.
     pub fn profile_start(&self) -> Result<(), CudaError> {
@@ -363,6 +417,41 @@ impl Gpu {
         // SAFETY: the argument list matches the kernel's C signature (each launch site in
         // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
         // size the kernel indexes, and the stream belongs to this context.
+        if self.pdl.get() {
+            use cudarc::driver::sys;
+            // SAFETY: an all-zero launch attribute is a valid (empty) value; the fields set
+            // below are the id and the one union member that id reads.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: 0,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for the plain launch below; `cfg` and `attr` outlive the call, and
+            // every kernel starts with griddepcontrol.wait (common.cu), so starting it before
+            // its predecessor ends is safe.
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    f.cu_function(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(drv(format!("launching {name}")))?;
+            return self.prof_mark(name);
+        }
         unsafe {
             drv_result::launch_kernel(
                 f.cu_function(),

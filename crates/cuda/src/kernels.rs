@@ -166,18 +166,19 @@ pub fn all_kernel_names() -> Vec<String> {
         }
     }
     for (_, t) in QTYPES {
-        v.push(format!("mvqw_{t}"));
-        v.push(format!("mvqw_swiglu_{t}"));
+        v.push(format!("mvr_{t}"));
+        v.push(format!("mvr_swiglu_{t}"));
+        v.push(format!("mvr_rope_{t}"));
     }
     v
 }
 
-/// The one-token, warp-per-row form of [`mvq_id`]'s kernels.
-fn mvqw_id(ty: GgmlType, glu: bool) -> Result<usize, CudaError> {
+/// The one-token, two-rows-per-warp form of [`mvq_id`]'s kernels (`mvr_*`).
+fn mvr_id(ty: GgmlType, glu: bool) -> Result<usize, CudaError> {
     Ok(TYPES.len() * PER_TYPE
         + OPS.len()
         + QTYPES.len() * PER_QTYPE
-        + qtype_index(ty)? * 2
+        + qtype_index(ty)? * 3
         + glu as usize)
 }
 
@@ -195,6 +196,11 @@ fn mvq_id(ty: GgmlType, glu: bool, nt: usize) -> Result<usize, CudaError> {
         + if glu { MV_NT.len() } else { 0 }
         + nt_bucket(nt)?)
 }
+
+/// Warps per block of the one-token `mvr_*` kernels (two rows per warp).
+const MVR_WARPS: usize = 8;
+/// Widest rows the one-token products send to the `mvr_*` kernels ([`Gpu::mvr_fits`]).
+const MVR_MAX_COLS: usize = 4096;
 
 /// Threads per row of the integer matrix-vector kernels: one 32-element unit per thread per
 /// step, at most 128, whole warps.
@@ -486,18 +492,8 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        if nt == 1 && self.mvq_warp.get() {
-            let (rr, c, a) = (
-                i32_of(rows, "rows")?,
-                i32_of(cols, "cols")?,
-                accumulate as i32,
-            );
-            return self.launch_id(
-                mvqw_id(ty, false)?,
-                (u32_of(rows.div_ceil(4), "rows")?, 1, 1),
-                (128, 1, 1),
-                kargs![w, rr, c, qs, ds, y, a],
-            );
+        if nt == 1 && self.mvr_fits(cols) {
+            return self.matvec_q_multi(ty, &[(w, rows, y)], cols, qs, ds, accumulate);
         }
         let k = mvq_id(ty, false, nt)?;
         let (rr, c, n, a) = (
@@ -511,6 +507,141 @@ impl Gpu {
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
+        )
+    }
+
+    /// One token's Q, K and V products (`w`, `rows`: matrices of type `ty`; any may have 0 rows,
+    /// so a V of another type takes a second launch) in one launch that also does
+    /// [`Gpu::rope_store`]'s work for models without biases and with adjacent rotation pairs:
+    /// Q rotated into `yq`, K rotated and V written as f16 to row `slot[0]` (rows of `kv_row`)
+    /// of the caches `kc`/`vc`, at position `pos[0]` (device i32 arrays). Same arithmetic as
+    /// rope_store, so the same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_qkv_rope(
+        &self,
+        ty: GgmlType,
+        w: [u64; 3],
+        rows: [usize; 3],
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        yq: u64,
+        rope: &RopeParams,
+        pos: u64,
+        slot: u64,
+        hd: usize,
+        kv_row: usize,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        if !self.mvr_fits(cols)
+            || rope.n_rot > hd
+            || !rope.n_rot.is_multiple_of(2)
+            || !hd.is_multiple_of(2)
+            || kv_row == 0
+            || !rows[0].is_multiple_of(hd)
+            || !rows[1].is_multiple_of(hd)
+            || !rows[2].is_multiple_of(hd)
+            || rows[1].max(rows[2]) > kv_row
+        {
+            return Err(CudaError::Arg(format!(
+                "fused Q/K/V + RoPE: rows {rows:?}, head size {hd}, {} rotated, {cols} columns",
+                rope.n_rot
+            )));
+        }
+        #[repr(C)]
+        struct RopeArgs {
+            pos: u64,
+            slot: u64,
+            factors: u64,
+            theta_scale: f32,
+            freq_scale: f32,
+            n_rot: i32,
+            hd: i32,
+            kv_row: i32,
+            pad: i32,
+            kc: u64,
+            vc: u64,
+        }
+        let rp = RopeArgs {
+            pos,
+            slot,
+            factors: rope.factors,
+            theta_scale: rope.theta_scale,
+            freq_scale: rope.freq_scale,
+            n_rot: rope.n_rot as i32,
+            hd: i32_of(hd, "head size")?,
+            kv_row: i32_of(kv_row, "KV row")?,
+            pad: 0,
+            kc,
+            vc,
+        };
+        let (w0, w1, w2) = (w[0], w[1], w[2]);
+        let (r0, r1, r2) = (
+            i32_of(rows[0], "rows")?,
+            i32_of(rows[1], "rows")?,
+            i32_of(rows[2], "rows")?,
+        );
+        let (c, pf) = (i32_of(cols, "cols")?, self.pdl.get() as i32);
+        let total = rows[0] + rows[1] + rows[2];
+        self.launch_id(
+            mvr_id(ty, false)? + 2,
+            (u32_of(total.div_ceil(2 * MVR_WARPS), "rows")?, 1, 1),
+            (32 * MVR_WARPS as u32, 1, 1),
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp],
+        )
+    }
+
+    /// Whether one-token products of rows `cols` wide take the `mvr_*` kernels: on the H200 they
+    /// beat the block-per-row kernels up to 4096 columns (Q/K/V, O, gate/up, the output head of
+    /// the 3B model) and lose on 8192-wide rows (down: 15.4 against 9.4 us, docs/perf/cuda.md v6).
+    pub fn mvr_fits(&self, cols: usize) -> bool {
+        self.mvr.get() && cols <= MVR_MAX_COLS
+    }
+
+    /// One token's `y_i (+)= W_i x` for up to three matrices of type `ty` with `cols` columns
+    /// each (`segs`: weights, rows, output), in one launch of the two-rows-per-warp kernel: the
+    /// layer's Q, K and V products share one launch and one activation (quantized by
+    /// [`Gpu::quantize_act`] or [`Gpu::rms_norm`] in `act_format(ty)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_multi(
+        &self,
+        ty: GgmlType,
+        segs: &[(u64, usize, u64)],
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        if segs.is_empty() || segs.len() > 3 {
+            return Err(CudaError::Arg(format!(
+                "{} matrices in one matrix-vector launch (1 to 3)",
+                segs.len()
+            )));
+        }
+        let mut w = [0u64; 3];
+        let mut r = [0i32; 3];
+        let mut y = [0u64; 3];
+        for (i, &(wi, ri, yi)) in segs.iter().enumerate() {
+            w[i] = wi;
+            r[i] = i32_of(ri, "rows")?;
+            y[i] = yi;
+        }
+        let total: usize = segs.iter().map(|s| s.1).sum();
+        let (c, a, pf) = (
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            self.pdl.get() as i32,
+        );
+        let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
+            (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
+        self.launch_id(
+            mvr_id(ty, false)?,
+            (u32_of(total.div_ceil(2 * MVR_WARPS), "rows")?, 1, 1),
+            (32 * MVR_WARPS as u32, 1, 1),
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf],
         )
     }
 
@@ -529,14 +660,52 @@ impl Gpu {
         nt: usize,
         y: u64,
     ) -> Result<(), CudaError> {
+        self.matvec_q_swiglu_quant(ty, wg, wu, rows, cols, qs, ds, nt, y, None)
+    }
+
+    /// [`Gpu::matvec_q_swiglu`] for one token that also quantizes its output row `y` for the
+    /// next integer product, as [`Gpu::quantize_act`] would (same bytes), inside the same
+    /// launch: `quant` = (format, `ceil(rows / 256)` zeroed u32 counters, which the kernel
+    /// leaves zeroed, int8 values, scales). Only where [`Gpu::mvr_fits`] `cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu_quant(
+        &self,
+        ty: GgmlType,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+        quant: Option<(ActFormat, u64, u64, u64)>,
+    ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        if nt == 1 && self.mvq_warp.get() {
-            let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
+        if let Some((f, ..)) = quant {
+            if nt != 1 || !self.mvr_fits(cols) || !rows.is_multiple_of(f.block()) {
+                return Err(CudaError::Arg(format!(
+                    "fused quantization of a SwiGLU product: {nt} tokens, {rows} rows, {cols} \
+                     columns ({f:?}; one token, rows a multiple of {}, mvr kernels)",
+                    f.block()
+                )));
+            }
+        }
+        if nt == 1 && self.mvr_fits(cols) {
+            let (r, c, pf) = (
+                i32_of(rows, "rows")?,
+                i32_of(cols, "cols")?,
+                self.pdl.get() as i32,
+            );
+            let (qf, qc, qq, qd) = match quant {
+                Some((f, c, q, d)) => (f as i32, c, q, d),
+                None => (0, 0, 0, 0),
+            };
             return self.launch_id(
-                mvqw_id(ty, true)?,
-                (u32_of(rows.div_ceil(4), "rows")?, 1, 1),
-                (128, 1, 1),
-                kargs![wg, wu, r, c, qs, ds, y],
+                mvr_id(ty, true)?,
+                (u32_of(rows.div_ceil(MVR_WARPS), "rows")?, 1, 1),
+                (32 * MVR_WARPS as u32, 1, 1),
+                kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd],
             );
         }
         let k = mvq_id(ty, true, nt)?;
@@ -812,6 +981,38 @@ impl Gpu {
         split_len: usize,
         out: u64,
     ) -> Result<(), CudaError> {
+        self.attn_combine_q(n, part, tok_pos, n_head, hd, n_split, split_len, out, None)
+    }
+
+    /// [`Gpu::attn_combine`] that also quantizes each output row (`n_head * hd` wide) for the
+    /// output projection's integer product, as [`Gpu::quantize_act`] would (same bytes), in
+    /// the same launch: `quant` = (format, `n * ceil(n_head * hd / 256)` zeroed u32 counters,
+    /// left zeroed, int8 values, scales). Head sizes that divide 256 or are multiples of it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_combine_q(
+        &self,
+        n: usize,
+        part: u64,
+        tok_pos: u64,
+        n_head: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        out: u64,
+        quant: Option<(ActFormat, u64, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        let (qf, qc, qq, qd) = match quant {
+            Some((f, c, q, d)) => {
+                let w = n_head * hd;
+                if !(256 % hd == 0 || hd.is_multiple_of(256)) || !w.is_multiple_of(f.block()) {
+                    return Err(CudaError::Arg(format!(
+                        "fused quantization of {n_head} heads of {hd} ({f:?})"
+                    )));
+                }
+                (f as i32, c, q, d)
+            }
+            None => (0, 0, 0, 0),
+        };
         let (nh, h, ns, sl) = (
             n_head as i32,
             hd as i32,
@@ -822,7 +1023,7 @@ impl Gpu {
             op(K_ATTN_COMBINE),
             (u32_of(n, "tokens")?, n_head as u32, 1),
             (hd as u32, 1, 1),
-            kargs![part, tok_pos, nh, h, ns, sl, out],
+            kargs![part, tok_pos, nh, h, ns, sl, out, qf, qc, qq, qd],
         )
     }
 }

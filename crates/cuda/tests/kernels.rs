@@ -336,7 +336,7 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
             let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
             let rb = q.len() / rows;
-            // One token: the warp-per-row kernels and the block-per-row ones.
+            // One token: the two-rows-per-warp kernels (mvr) and the block-per-row ones.
             for (nt, warp) in [
                 (1usize, true),
                 (1, false),
@@ -345,7 +345,7 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 (5, false),
                 (8, false),
             ] {
-                g.mvq_warp.set(warp);
+                g.mvr.set(warp);
                 let x = randn(&mut r, nt * cols, 1.0);
                 let mut buf = quant::dot::ActBuf::new();
                 quant::dot::quantize_acts_with_isa(ty, &x, nt, cols, &mut buf, Isa::Scalar)
@@ -391,7 +391,7 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 let e = rel_err(&got, &want);
                 assert!(
                     e < 5e-6,
-                    "{name} {rows}x{cols} nt={nt} warp={warp}: relative error {e:e}"
+                    "{name} {rows}x{cols} nt={nt} mvr={warp}: relative error {e:e}"
                 );
 
                 let y0 = randn(&mut r, nt * rows, 1.0);
@@ -413,7 +413,7 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 let e = rel_err(&got, &want2);
                 assert!(
                     e < 5e-6,
-                    "{name} nt={nt} warp={warp} accumulate: relative error {e:e}"
+                    "{name} nt={nt} mvr={warp} accumulate: relative error {e:e}"
                 );
 
                 let wantu = refy(&qu);
@@ -441,9 +441,307 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 let e = rel_err(&got, &want3);
                 assert!(
                     e < 1e-4,
-                    "{name} nt={nt} warp={warp} swiglu: relative error {e:e}"
+                    "{name} nt={nt} mvr={warp} swiglu: relative error {e:e}"
                 );
             }
+        }
+    }
+}
+
+/// The one-token kernel over three matrices in one launch (a layer's Q, K and V), with row
+/// counts that put a warp's two rows across matrix boundaries, against the CPU's scalar
+/// `vec_dot`; every output row checked written (poisoned buffers), accumulate form too.
+#[test]
+fn matvec_q_multi_matches_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("matvec_q_multi") else {
+        return;
+    };
+    let mut r = rng("matvec_q_multi");
+    let cols = 3072;
+    for &(ty, name) in QTYPES {
+        let fmt = act_format(ty).unwrap();
+        let rows = [
+            r.gen_range(1..70usize),
+            r.gen_range(1..40usize),
+            r.gen_range(1..40usize),
+        ];
+        let x = randn(&mut r, cols, 1.0);
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        let mut ws = Vec::new();
+        let mut want = Vec::new();
+        for &n in &rows {
+            let (q, _) = quantized(ty, &randn(&mut r, n * cols, 0.5));
+            let rb = q.len() / n;
+            let a = buf.row(0).unwrap();
+            want.push(
+                (0..n)
+                    .map(|i| {
+                        quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar)
+                            .unwrap() as f64
+                    })
+                    .collect::<Vec<f64>>(),
+            );
+            ws.push(g.upload(&q).unwrap());
+        }
+        for acc in [false, true] {
+            let y0: Vec<Vec<f32>> = rows.iter().map(|&n| randn(&mut r, n, 1.0)).collect();
+            let ys: Vec<DevBuf> = if acc {
+                y0.iter().map(|v| g.upload(v).unwrap()).collect()
+            } else {
+                rows.iter().map(|&n| poisoned(&g, n)).collect()
+            };
+            let segs: Vec<(u64, usize, u64)> = (0..3)
+                .map(|i| (ws[i].ptr(), rows[i], ys[i].ptr()))
+                .collect();
+            g.matvec_q_multi(ty, &segs, cols, qb.ptr(), db.ptr(), acc)
+                .unwrap();
+            for i in 0..3 {
+                let got: Vec<f32> = g.download(&ys[i], rows[i]).unwrap();
+                let w: Vec<f64> = want[i]
+                    .iter()
+                    .zip(&y0[i])
+                    .map(|(&a, &b)| if acc { a + b as f64 } else { a })
+                    .collect();
+                let e = rel_err(&got, &w);
+                assert!(
+                    e < 5e-6,
+                    "{name} rows {rows:?} matrix {i} accumulate={acc}: relative error {e:e}"
+                );
+            }
+        }
+    }
+}
+
+/// The kernels that quantize their own output as it completes (the SwiGLU product for the down
+/// projection, the attention merge for the output projection) write exactly the bytes
+/// `quantize_act` writes from that output, in both formats, twice in a row (the group counters
+/// must be left zeroed), with a partial last group.
+#[test]
+fn fused_output_quantization_is_quantize_act() {
+    let Some(g) = gpu_or_skip("fused_quant") else {
+        return;
+    };
+    let mut r = rng("fused_quant");
+    let check = |what: &str,
+                 y: &DevBuf,
+                 rows: usize,
+                 n: usize,
+                 fmt: ActFormat,
+                 qb: &DevBuf,
+                 db: &DevBuf| {
+        let (qb2, db2) = act_bufs(&g, rows, n);
+        g.quantize_act(y.ptr(), rows, n, fmt, qb2.ptr(), db2.ptr())
+            .unwrap();
+        let a: Vec<i8> = g.download(qb, rows * n).unwrap();
+        let b: Vec<i8> = g.download(&qb2, rows * n).unwrap();
+        assert_eq!(a, b, "{what} {fmt:?}: int8 values");
+        let a: Vec<u32> = g.download(db, rows * n / 16).unwrap();
+        let b: Vec<u32> = g.download(&db2, rows * n / 16).unwrap();
+        assert_eq!(a, b, "{what} {fmt:?}: scales and sums");
+    };
+    let cnt = g.alloc_zeroed(64 * 1024).unwrap();
+    let zero = |what: &str| {
+        let c: Vec<u32> = g.download(&cnt, 16 * 1024).unwrap();
+        assert!(
+            c.iter().all(|&v| v == 0),
+            "{what}: group counters left non-zero"
+        );
+    };
+    let cols = 1024;
+    for (fmt, rows) in [(ActFormat::Q8K, 768usize), (ActFormat::Q8x32, 992)] {
+        let ty = GgmlType::Q4K;
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
+        for _ in 0..2 {
+            let x = randn(&mut r, cols, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let (qa, da) = act_bufs(&g, 1, cols);
+            g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qa.ptr(), da.ptr())
+                .unwrap();
+            let y = poisoned(&g, rows);
+            let (qb, db) = act_bufs(&g, 1, rows);
+            g.matvec_q_swiglu_quant(
+                ty,
+                w.ptr(),
+                wu.ptr(),
+                rows,
+                cols,
+                qa.ptr(),
+                da.ptr(),
+                1,
+                y.ptr(),
+                Some((fmt, cnt.ptr(), qb.ptr(), db.ptr())),
+            )
+            .unwrap();
+            check("swiglu", &y, 1, rows, fmt, &qb, &db);
+            zero("swiglu");
+        }
+    }
+    for (fmt, nh, hd) in [
+        (ActFormat::Q8K, 24usize, 128usize),
+        (ActFormat::Q8x32, 24, 128),
+        (ActFormat::Q8K, 12, 64),
+        (ActFormat::Q8x32, 5, 64),
+    ] {
+        let (n, ns, sl) = (3usize, 5usize, 64usize);
+        for _ in 0..2 {
+            let mut part = Vec::with_capacity(n * nh * ns * (hd + 2));
+            for _ in 0..n * nh * ns {
+                part.push(randn(&mut r, 1, 2.0)[0]);
+                part.push(0.5 + r.gen::<f32>());
+                part.extend(randn(&mut r, hd, 1.0));
+            }
+            let pos: Vec<i32> = (0..n).map(|_| r.gen_range(0..(ns * sl) as i32)).collect();
+            let (pb, posb) = (g.upload(&part).unwrap(), g.upload(&pos).unwrap());
+            let w = nh * hd;
+            let out = poisoned(&g, n * w);
+            let (qb, db) = act_bufs(&g, n, w);
+            g.attn_combine_q(
+                n,
+                pb.ptr(),
+                posb.ptr(),
+                nh,
+                hd,
+                ns,
+                sl,
+                out.ptr(),
+                Some((fmt, cnt.ptr(), qb.ptr(), db.ptr())),
+            )
+            .unwrap();
+            check("attn_combine", &out, n, w, fmt, &qb, &db);
+            zero("attn_combine");
+        }
+    }
+}
+
+/// The one-token Q/K/V launch with RoPE and the KV-cache store fused gives the bits of the
+/// separate products followed by `rope_store`: full and partial rotation (with frequency
+/// factors), and a V of another type in its own launch.
+#[test]
+fn qkv_rope_fused_equals_products_then_rope_store() {
+    let Some(g) = gpu_or_skip("qkv_rope") else {
+        return;
+    };
+    let mut r = rng("qkv_rope");
+    let (nh, nkv, hd, cols) = (4usize, 2usize, 64usize, 1024usize);
+    let (rq, rk) = (nh * hd, nkv * hd);
+    let factors: Vec<f32> = (0..hd / 4).map(|i| 1.0 + i as f32 * 0.37).collect();
+    let fb = g.upload(&factors).unwrap();
+    let ropes = [
+        cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0),
+        cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr()),
+    ];
+    for (ci, rope) in ropes.iter().enumerate() {
+        for vty in [GgmlType::Q4K, GgmlType::Q6K] {
+            let mk = |r: &mut ChaCha8Rng, ty: GgmlType, rows: usize| {
+                g.upload(&quantized(ty, &randn(r, rows * cols, 0.5)).0)
+                    .unwrap()
+            };
+            let (wq, wk, wv) = (
+                mk(&mut r, GgmlType::Q4K, rq),
+                mk(&mut r, GgmlType::Q4K, rk),
+                mk(&mut r, vty, rk),
+            );
+            let x = randn(&mut r, cols, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let (qa, da) = act_bufs(&g, 1, cols);
+            g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qa.ptr(), da.ptr())
+                .unwrap();
+            let pos = vec![r.gen_range(0..4000i32)];
+            let slot = vec![r.gen_range(0..8i32)];
+            let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+            // Reference: the products, then rope_store.
+            let (q1, k1, v1) = (poisoned(&g, rq), poisoned(&g, rk), poisoned(&g, rk));
+            let (kc1, vc1) = (
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+            );
+            g.matvec_q_multi(
+                GgmlType::Q4K,
+                &[(wq.ptr(), rq, q1.ptr()), (wk.ptr(), rk, k1.ptr())],
+                cols,
+                qa.ptr(),
+                da.ptr(),
+                false,
+            )
+            .unwrap();
+            g.matvec_q(
+                vty,
+                wv.ptr(),
+                rk,
+                cols,
+                qa.ptr(),
+                da.ptr(),
+                1,
+                v1.ptr(),
+                false,
+            )
+            .unwrap();
+            g.rope_store(
+                1,
+                q1.ptr(),
+                k1.ptr(),
+                v1.ptr(),
+                [0, 0, 0],
+                pb.ptr(),
+                sb.ptr(),
+                rope,
+                nh,
+                nkv,
+                hd,
+                false,
+                kc1.ptr(),
+                vc1.ptr(),
+            )
+            .unwrap();
+            // Fused.
+            let q2 = poisoned(&g, rq);
+            let (kc2, vc2) = (
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+            );
+            let launches: Vec<(GgmlType, [u64; 3], [usize; 3])> = if vty == GgmlType::Q4K {
+                vec![(vty, [wq.ptr(), wk.ptr(), wv.ptr()], [rq, rk, rk])]
+            } else {
+                vec![
+                    (GgmlType::Q4K, [wq.ptr(), wk.ptr(), 0], [rq, rk, 0]),
+                    (vty, [0, 0, wv.ptr()], [0, 0, rk]),
+                ]
+            };
+            for (ty, w, rows) in launches {
+                g.matvec_q_qkv_rope(
+                    ty,
+                    w,
+                    rows,
+                    cols,
+                    qa.ptr(),
+                    da.ptr(),
+                    q2.ptr(),
+                    rope,
+                    pb.ptr(),
+                    sb.ptr(),
+                    hd,
+                    rk,
+                    kc2.ptr(),
+                    vc2.ptr(),
+                )
+                .unwrap();
+            }
+            let a: Vec<u32> = g.download(&q1, rq).unwrap();
+            let b: Vec<u32> = g.download(&q2, rq).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: rotated Q");
+            let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&kc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: K cache");
+            let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: V cache");
         }
     }
 }
