@@ -725,8 +725,20 @@ pub(crate) fn forward(
                         let (sc, lanes) = &mut *sc.borrow_mut();
                         sc.clear();
                         sc.resize(len, 0.0);
-                        for (j, s) in sc.iter_mut().enumerate() {
-                            let slot = blocks[j / bt] as usize * bt + j % bt;
+                        // Positions 0..len in cache order, block by block: a division per
+                        // position (the block size is not a constant) was a visible share of
+                        // the attention.
+                        let slots_of = || {
+                            blocks
+                                .iter()
+                                .flat_map(|&b| {
+                                    let base = b as usize * bt;
+                                    base..base + bt
+                                })
+                                .take(len)
+                        };
+                        debug_assert!(blocks.len() * bt >= len);
+                        for (s, slot) in sc.iter_mut().zip(slots_of()) {
                             let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
                             *s = if single {
                                 ggml::dot_f16_vec_isa(isa, kr, qh)
@@ -737,16 +749,20 @@ pub(crate) fn forward(
                         ggml::softmax(sc);
                         lanes.clear();
                         lanes.resize(nl * hd, 0.0);
-                        for (j, &p) in sc.iter().enumerate() {
-                            let slot = blocks[j / bt] as usize * bt + j % bt;
+                        // Position j goes to lane j % nl.
+                        let mut l = 0;
+                        for (&p, slot) in sc.iter().zip(slots_of()) {
                             let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                            let l = (j % nl) * hd;
                             ggml::fma_f16_row_isa(
                                 isa,
-                                &mut lanes[l..l + hd],
+                                &mut lanes[l * hd..(l + 1) * hd],
                                 f16::from_f32(p).to_f32(),
                                 vr,
                             );
+                            l += 1;
+                            if l == nl {
+                                l = 0;
+                            }
                         }
                         // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
                         // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
