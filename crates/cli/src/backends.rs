@@ -61,6 +61,11 @@ pub struct BackendArgs {
     /// owned memory for faster kernels (each weight still held once).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Compute every prompt from its first token instead of starting it from cached KV blocks
+    /// that already hold its beginning (the prefix cache; docs/server.md). The environment
+    /// variable `CROSSOVER_PREFIX_CACHE=0` does the same.
+    #[arg(long = "no-prefix-cache")]
+    pub no_prefix_cache: bool,
 }
 
 impl BackendArgs {
@@ -131,12 +136,15 @@ pub fn start(
         backoff,
         ..runtime::RestartPolicy::default()
     };
+    let defaults = ActorConfig::default();
+    let prefix_cache = defaults.prefix_cache && !a.no_prefix_cache;
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,
         restart: restart.clone(),
         max_waiting: a.max_queued,
-        ..ActorConfig::default()
+        prefix_cache,
+        ..defaults.clone()
     };
     let mut handles = Vec::new();
 
