@@ -137,7 +137,11 @@ pub fn start(
         ..runtime::RestartPolicy::default()
     };
     let defaults = ActorConfig::default();
-    let prefix_cache = defaults.prefix_cache && !a.no_prefix_cache;
+    let prefix_cache = !a.no_prefix_cache
+        && !matches!(
+            std::env::var("CROSSOVER_PREFIX_CACHE").as_deref(),
+            Ok("0" | "off" | "false")
+        );
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,

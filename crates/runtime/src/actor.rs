@@ -121,8 +121,8 @@ pub struct ActorConfig {
     /// Rebuilding the backend after a crash (only with a [`RestartFactory`]).
     pub restart: RestartPolicy,
     /// Start each prompt from KV blocks that already hold its beginning, when the backend has
-    /// them ([`Backend::reuse_prefix`]). Default on; the environment variable
-    /// `CROSSOVER_PREFIX_CACHE=0` turns it off (to measure without it).
+    /// them ([`Backend::reuse_prefix`]). Default on (the CLI's `--no-prefix-cache` and its
+    /// `CROSSOVER_PREFIX_CACHE=0` turn it off).
     pub prefix_cache: bool,
 }
 
@@ -137,10 +137,7 @@ impl Default for ActorConfig {
             retry_after: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
             restart: RestartPolicy::default(),
-            prefix_cache: !matches!(
-                std::env::var("CROSSOVER_PREFIX_CACHE").as_deref(),
-                Ok("0" | "off" | "false")
-            ),
+            prefix_cache: true,
         }
     }
 }
