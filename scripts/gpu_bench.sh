@@ -13,7 +13,7 @@
 # llama-bench still fits in a 600 s device call. AGREE lists the agreement runs as FILE:GEMM_MIN
 # (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s).
 set -uo pipefail
-G=.gpu
+G=${GPU_DIR:-.gpu}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache

@@ -4,7 +4,7 @@
 # `serve` answering over HTTP from the GPU actor with the routing headers, /health and /metrics.
 # Usage there: OUT=$OUT bash scripts/gpu_e2e.sh
 set -u
-G=.gpu; export CROSSOVER_CUDA_CACHE=/tmp/cc
+G=${GPU_DIR:-.gpu}; export CROSSOVER_CUDA_CACHE=/tmp/cc
 T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 $G/crossover synth --preset smollm2-135m --quant q4_1 --vocab-from $G/ggml-vocab-starcoder.gguf -o /tmp/smol.gguf -q -t 8 || exit 1
 t synth

@@ -8,7 +8,7 @@
 # llama-perplexity --kl-divergence prints mean KL and "Same top p" (top-1 agreement).
 # Usage there: OUT=$OUT bash scripts/gpu_llama_kld.sh
 set -uo pipefail
-G=.gpu; OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+G=${GPU_DIR:-.gpu}; OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 (
   mkdir -p /tmp/llama && tar xzf $G/llama-src.tar.gz -C /tmp/llama && cd /tmp/llama &&

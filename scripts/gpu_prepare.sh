@@ -5,26 +5,28 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-mkdir -p .gpu
+# GPU_DIR: the folder to fill (default .gpu); helpers working side by side each carry their own.
+G=${GPU_DIR:-.gpu}
+mkdir -p "$G"
 cargo build --release -p crossover
 cargo build --release -p cuda --tests --examples
-cp "$CARGO_TARGET_DIR/release/crossover" .gpu/
-cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" "$CARGO_TARGET_DIR/release/examples/cuda_trace" .gpu/
+cp "$CARGO_TARGET_DIR/release/crossover" "$G"/
+cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" "$CARGO_TARGET_DIR/release/examples/cuda_trace" "$G"/
 for t in kernels model_agree conformance; do
   exe=$(cargo test --release -p cuda --test "$t" --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
-  cp "$exe" ".gpu/$t"
+  cp "$exe" "$G/$t"
 done
-strip .gpu/crossover .gpu/cuda_bench .gpu/cuda_trace .gpu/kernels .gpu/model_agree .gpu/conformance
+strip "$G"/crossover "$G"/cuda_bench "$G"/cuda_trace "$G"/kernels "$G"/model_agree "$G"/conformance
 L=${LLAMA_SRC:-/work/cache/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp}
 # NO_LLAMA_SRC=1: leave the llama.cpp source out (a call that does not build llama.cpp carries less).
-[[ -n "${NO_LLAMA_SRC:-}" ]] && rm -f .gpu/llama-src.tar.gz
-[[ -n "${NO_LLAMA_SRC:-}" || -f .gpu/llama-src.tar.gz ]] || tar czf .gpu/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
-cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" .gpu/
+[[ -n "${NO_LLAMA_SRC:-}" ]] && rm -f "$G"/llama-src.tar.gz
+[[ -n "${NO_LLAMA_SRC:-}" || -f "$G"/llama-src.tar.gz ]] || tar czf "$G"/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
+cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" "$G"/
 # The chat template `crossover synth --preset llama-3.2-1b` completes the vocabulary with
 # (scripts/fetch_vocabs.sh fetches it), for the conformance fixture's model.
-mkdir -p .gpu/templates && cp .cache/vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja .gpu/templates/
-du -sh .gpu
+mkdir -p "$G"/templates && cp .cache/vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja "$G"/templates/
+du -sh "$G"
