@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One run on the GPU machine (see docs/perf/cuda.md): builds llama.cpp's CUDA llama-bench in the
+# One run on the GPU machine (see docs/perf/cuda.md): builds llama.cpp's CUDA llama-bench and
+# llama-batched-bench (scripts/gpu_llama_build.sh) in the
 # background, makes the synthetic models there, runs the CUDA kernel tests, benchmarks our
 # backend, runs the CPU-vs-GPU agreement tests, then llama-bench on the same file. Results go
 # to $OUT.
@@ -29,12 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
 
 BUILD=
 if has build; then
-  (
-    mkdir -p /tmp/llama && tar xzf $G/llama-src.tar.gz -C /tmp/llama && cd /tmp/llama &&
-    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build build -j12 --target llama-bench
-  ) >"$OUT/llama_build.log" 2>&1 &
+  GPU_DIR=$G bash scripts/gpu_llama_build.sh llama-bench llama-batched-bench >"$OUT/llama_build.log" 2>&1 &
   BUILD=$!
   t "llama.cpp build started"
 fi
@@ -125,5 +121,14 @@ if has llama && [[ -n "$BUILD" ]]; then
   timeout "$LB" /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
     -d 0,4096 -o md 2>&1 | tee "$OUT/llama_bench.log"
   t "llama-bench done"
+  # Aggregate generation at 4/16/64 parallel sequences after 512-token prompts (the issue's
+  # reference shape): LLAMA_PAR=0 skips it.
+  if [[ "${LLAMA_PAR:-1}" != 0 ]]; then
+    LB=$(( ${END:-590} - ($(date +%s) - T0) )); (( LB > 120 )) && LB=120
+    (( LB > 20 )) && timeout "$LB" /tmp/llama/build/bin/llama-batched-bench -m /tmp/l3b.gguf \
+      -c 41984 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 4,16,64 -fa on -ngl 99 2>&1 \
+      | grep -E '^\|' | tee "$OUT/llama_batched.log"
+    t "llama-batched-bench done"
+  fi
 fi
 

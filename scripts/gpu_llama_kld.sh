@@ -10,12 +10,7 @@
 set -uo pipefail
 G=${GPU_DIR:-.gpu}; OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-(
-  mkdir -p /tmp/llama && tar xzf $G/llama-src.tar.gz -C /tmp/llama && cd /tmp/llama &&
-  cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DCMAKE_BUILD_TYPE=Release && cmake --build build -j14 --target llama-perplexity
-) >"$OUT/llama_build.log" 2>&1 &
+GPU_DIR=$G JOBS=14 bash scripts/gpu_llama_build.sh llama-perplexity >"$OUT/llama_build.log" 2>&1 &
 BUILD=$!
 $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t 2 || { t "synth failed"; exit 1; }
