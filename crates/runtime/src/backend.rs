@@ -98,6 +98,85 @@ impl StepBatch {
     pub fn n_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.tokens.len()).sum()
     }
+
+    /// Checks the batch against a backend's limits (`info`), its vocabulary and its KV cache
+    /// before any work starts, so a bad batch changes nothing: at most `max_batch_tokens`
+    /// tokens and `max_batch_seqs` sequences, one chunk per sequence, each chunk starting where
+    /// its sequence's cache ends and staying within `max_seq_tokens`, every token id below
+    /// `n_vocab`, and enough free KV blocks for all chunks together. Every backend calls this
+    /// first in `step`.
+    pub fn validate(
+        &self,
+        info: &BackendInfo,
+        n_vocab: usize,
+        kv: &crate::kv::BlockAllocator,
+    ) -> Result<(), BackendError> {
+        let n = self.n_tokens();
+        if n > info.max_batch_tokens {
+            return Err(BackendError::BatchTooLarge {
+                what: "tokens",
+                got: n,
+                max: info.max_batch_tokens,
+            });
+        }
+        if self.chunks.len() > info.max_batch_seqs {
+            return Err(BackendError::BatchTooLarge {
+                what: "sequences",
+                got: self.chunks.len(),
+                max: info.max_batch_seqs,
+            });
+        }
+        let mut need = 0;
+        for (i, c) in self.chunks.iter().enumerate() {
+            if self.chunks[..i].iter().any(|o| o.seq == c.seq) {
+                return Err(BackendError::BatchTooLarge {
+                    what: "chunks of one sequence",
+                    got: 2,
+                    max: 1,
+                });
+            }
+            let have = kv.seq_len(c.seq);
+            if c.start_pos != have {
+                return Err(BackendError::PositionMismatch {
+                    seq: c.seq,
+                    got: c.start_pos,
+                    have,
+                });
+            }
+            let end = c.start_pos + c.tokens.len();
+            if end > info.max_seq_tokens {
+                return Err(BackendError::ContextOverflow {
+                    seq: c.seq,
+                    pos: end.saturating_sub(1),
+                    max: info.max_seq_tokens,
+                });
+            }
+            if let Some((index, &id)) = c
+                .tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id as usize >= n_vocab)
+            {
+                return Err(BackendError::InvalidToken {
+                    seq: c.seq,
+                    index,
+                    id,
+                    n_vocab,
+                });
+            }
+            need += kv.blocks_needed(c.seq, end);
+        }
+        let free = kv.stats().blocks_free();
+        if need > free {
+            let seq = self.chunks.first().map_or(0, |c| c.seq);
+            return Err(BackendError::KvFull {
+                seq,
+                needed: need,
+                free,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Logits of one step: rows in chunk order; a chunk with `Want::Last` contributes one row,
@@ -198,5 +277,108 @@ impl fmt::Display for Support {
             Support::Native => f.write_str("native"),
             Support::Fallback { to, why } => write!(f, "fallback to {to}: {why}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::BlockAllocator;
+
+    fn info() -> BackendInfo {
+        BackendInfo {
+            name: "t".into(),
+            device: "test".into(),
+            max_batch_tokens: 64,
+            max_batch_seqs: 4,
+            max_seq_tokens: 100,
+            kv_block_tokens: 16,
+        }
+    }
+
+    fn chunk(seq: SeqId, start_pos: usize, tokens: Vec<u32>) -> SeqChunk {
+        SeqChunk {
+            seq,
+            tokens,
+            start_pos,
+            want: Want::Last,
+        }
+    }
+
+    #[test]
+    fn validate_names_each_violation_and_accepts_a_good_batch() {
+        let mut kv = BlockAllocator::new(8, 16);
+        kv.grow(1, 20).unwrap();
+        let (info, n_vocab) = (info(), 50);
+        let check = |chunks: Vec<SeqChunk>| StepBatch { chunks }.validate(&info, n_vocab, &kv);
+
+        assert!(check(vec![chunk(1, 20, vec![3, 4]), chunk(2, 0, vec![49; 30])]).is_ok());
+        assert!(matches!(
+            check(vec![chunk(2, 0, vec![1; 65])]),
+            Err(BackendError::BatchTooLarge {
+                what: "tokens",
+                got: 65,
+                max: 64
+            })
+        ));
+        assert!(matches!(
+            check((2..7).map(|s| chunk(s, 0, vec![1])).collect()),
+            Err(BackendError::BatchTooLarge {
+                what: "sequences",
+                got: 5,
+                ..
+            })
+        ));
+        assert!(matches!(
+            check(vec![chunk(2, 0, vec![1]), chunk(2, 1, vec![1])]),
+            Err(BackendError::BatchTooLarge {
+                what: "chunks of one sequence",
+                ..
+            })
+        ));
+        assert!(matches!(
+            check(vec![chunk(1, 19, vec![1])]),
+            Err(BackendError::PositionMismatch {
+                seq: 1,
+                got: 19,
+                have: 20
+            })
+        ));
+        assert!(matches!(
+            check(vec![chunk(4, 0, vec![1, 2, 50])]),
+            Err(BackendError::InvalidToken {
+                seq: 4,
+                index: 2,
+                id: 50,
+                n_vocab: 50
+            })
+        ));
+        // 8 blocks of 16: sequence 1 holds 2 (20 tokens), so 6 are free: 96 new tokens of
+        // sequence 2 fit, 112 (7 blocks) do not.
+        let mut big = info.clone();
+        big.max_batch_tokens = 200;
+        big.max_seq_tokens = 200;
+        let one = |c: SeqChunk, info: &BackendInfo| {
+            StepBatch { chunks: vec![c] }.validate(info, n_vocab, &kv)
+        };
+        assert!(one(chunk(2, 0, vec![1; 96]), &big).is_ok());
+        assert!(matches!(
+            one(chunk(2, 0, vec![1; 112]), &big),
+            Err(BackendError::KvFull {
+                seq: 2,
+                needed: 7,
+                free: 6
+            })
+        ));
+        big.max_seq_tokens = 100;
+        assert!(matches!(
+            one(chunk(1, 20, vec![1; 81]), &big),
+            Err(BackendError::ContextOverflow {
+                seq: 1,
+                pos: 100,
+                max: 100
+            })
+        ));
+        assert!(one(chunk(1, 20, vec![1; 80]), &big).is_ok());
     }
 }
