@@ -1,9 +1,23 @@
 //! Packed against GGUF-layout matmul speed, one thread, one shape: prefill (64 tokens, the
-//! matrix stays in cache) and decode (1 token, a rotation of copies streamed from memory).
+//! matrix stays in cache) and decode (1 token, a rotation of copies streamed from memory). For
+//! many tokens the packed legacy types run twice, with the `vpdpbusd` kernel (`packed`) and
+//! with AMX (`amx`, where the CPU has it), alternating, best of `ROUNDS` rounds each.
 //!
-//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS]`
-//! (defaults: q4_k 8192 2048 1 64).
+//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS] [ROUNDS]`
+//! (defaults: q4_k 8192 2048 1 64 3).
 use std::time::Instant;
+
+/// CPU seconds this process has used: on a shared machine, with one thread, a steadier
+/// measure of a kernel than wall time (time the thread waited for a core is not counted).
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
 
 use gguf::GgmlType;
 use quant::dot::{self, ActBuf, PackedMat, Pool};
@@ -11,6 +25,7 @@ use quant::dot::{self, ActBuf, PackedMat, Pool};
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let ty = match a.first().map(|s| s.as_str()).unwrap_or("q4_k") {
+        "q4_0" => GgmlType::Q4_0,
         "q4_1" => GgmlType::Q4_1,
         "q6_k" => GgmlType::Q6K,
         "q8_0" => GgmlType::Q8_0,
@@ -39,31 +54,49 @@ fn main() {
         .map(|w| PackedMat::pack(ty, w, rows, cols).unwrap())
         .collect();
     let ntok: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let rounds: usize = a.get(5).and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
+    println!("amx available: {}", dot::amx_available());
     for n in [ntok, 1] {
         let xs: Vec<f32> = (0..n).flat_map(|_| x.iter().copied()).collect();
         let mut acts = ActBuf::new();
         dot::quantize_acts(ty, &xs, n, cols, &mut acts).unwrap();
         let mut out = vec![0f32; rows * n];
         let reps = if n == 1 { 200 } else { 20 };
-        for packed in [false, true] {
-            if packed && ps[0].is_none() {
-                continue;
-            }
-            let t = Instant::now();
-            for i in 0..reps {
-                let c = if n == 1 { i % copies } else { 0 };
-                match (&ps[c], packed) {
-                    (Some(p), true) => dot::matmul_packed(p, &acts, &mut out, &pool).unwrap(),
-                    _ => dot::matmul(ty, &ws[c], rows, cols, &acts, &mut out, &pool).unwrap(),
+        // 0: GGUF layout; 1: packed, vpdpbusd; 2: packed, AMX allowed.
+        let variants: Vec<usize> = (0..3)
+            .filter(|&v| v == 0 || ps[0].is_some())
+            .filter(|&v| v < 2 || (n > 1 && dot::amx_available()))
+            .collect();
+        let mut best = [f64::INFINITY; 3];
+        let mut best_cpu = [f64::INFINITY; 3];
+        for _ in 0..rounds {
+            for &v in &variants {
+                let t = Instant::now();
+                let c0 = cpu_seconds();
+                for i in 0..reps {
+                    let c = if n == 1 { i % copies } else { 0 };
+                    match (&ps[c], v) {
+                        (Some(p), 1 | 2) => {
+                            dot::matmul_packed_with_amx(p, &acts, &mut out, &pool, v == 2).unwrap()
+                        }
+                        _ => dot::matmul(ty, &ws[c], rows, cols, &acts, &mut out, &pool).unwrap(),
+                    }
                 }
+                best[v] = best[v].min(t.elapsed().as_secs_f64() / reps as f64);
+                best_cpu[v] = best_cpu[v].min((cpu_seconds() - c0) / reps as f64);
             }
-            let s = t.elapsed().as_secs_f64() / reps as f64;
+        }
+        for &v in &variants {
+            let s = best[v];
+            let macs = (rows * cols * n) as f64;
             println!(
-                "{ty} {rows}x{cols} tokens {n} {}: {:.3} ms, {:.1} GMAC/s, {:.1} GB/s",
-                if packed { "packed" } else { "gguf  " },
+                "{ty} {rows}x{cols} tokens {n} {}: {:.3} ms, {:.1} GMAC/s, {:.1} GB/s; CPU time {:.3} ms, {:.1} GMAC/s per CPU-second",
+                ["gguf  ", "packed", "amx   "][v],
                 s * 1e3,
-                (rows * cols * n) as f64 / s / 1e9,
-                w.len() as f64 / s / 1e9
+                macs / s / 1e9,
+                w.len() as f64 / s / 1e9,
+                best_cpu[v] * 1e3,
+                macs / best_cpu[v] / 1e9
             );
         }
     }

@@ -888,3 +888,63 @@ fn dot_packed_is_bit_identical_to_scalar() {
         .is_none());
     assert!(dot::PackedMat::pack_with_isa(GgmlType::Q4K, &w, 1, 255, Isa::Avx512).is_err());
 }
+
+/// The AMX kernels of the packed types (many-token products: tile-unit integer sums, the
+/// vector unit's float order): legacy types and `Q4_K` give the scalar reference's results bit
+/// for bit, and the `vpdpbusd` packed kernels', over token counts that fill, split and pad
+/// 16-token groups (and, for `Q4_K`, leave 1-3 tokens to the gemv order), odd and even block
+/// counts (stretches of 2 blocks), and random bytes (every f16 scale, `Q8_0`'s -128, every
+/// 6-bit scale and min) as well as quantized weights.
+#[test]
+fn dot_amx_is_bit_identical_to_scalar_and_vnni() {
+    if !dot::amx_available() {
+        println!("skipping: AMX-INT8 not available on this CPU (or not permitted by the OS)");
+        return;
+    }
+    let seed = 0xa3c5_0017_u64;
+    println!("seed {seed:#x}");
+    let mut rng = Rng(seed);
+    let pool = Pool::new(2).unwrap();
+    for (ty, rows, cols, random_bytes) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+        .into_iter()
+        .flat_map(|ty| {
+            [
+                (ty, 16usize, 32usize, true),
+                (ty, 32, 96, false),
+                (ty, 48, 576, true),
+                (ty, 64, 1536, false),
+            ]
+        })
+        .chain([
+            (GgmlType::Q4K, 16, 256, true),
+            (GgmlType::Q4K, 32, 512, false),
+            (GgmlType::Q4K, 48, 768, true),
+            (GgmlType::Q4K, 64, 2048, false),
+        ])
+    {
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
+            .collect();
+        let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
+            .unwrap()
+            .expect("16-row groups pack on AVX-512");
+        for n_tokens in [8usize, 15, 16, 17, 33, 64, 70, 130] {
+            let x = rng.acts(n_tokens * cols);
+            let acts = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
+            let mut want = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut want, &pool, Isa::Scalar).unwrap();
+            let mut amx = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_packed_with_amx(&p, &acts, &mut amx, &pool, true).unwrap();
+            let mut vnni = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_packed_with_amx(&p, &acts, &mut vnni, &pool, false).unwrap();
+            for (i, ((a, b), c)) in want.iter().zip(&amx).zip(&vnni).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{ty} {rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs amx {b}"
+                );
+                assert_eq!(b.to_bits(), c.to_bits(), "element {i}: amx {b} vs vnni {c}");
+            }
+        }
+    }
+}

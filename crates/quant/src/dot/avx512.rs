@@ -1306,7 +1306,7 @@ unsafe fn dpbusd_bcast2(acc: __m512i, w0: __m512i, w1: __m512i, p: *const u8) ->
 /// `p` valid for 4 bytes; AVX-512 F and VNNI available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+pub(crate) unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
     let mut acc = acc;
     // SAFETY: reads 4 bytes at `p` (caller's contract); an instruction of an enabled feature.
     unsafe {

@@ -77,7 +77,7 @@ pub fn matmul_with_isa(
         rows,
         out,
     }];
-    run_jobs(&mut jobs, &[acts], pool, isa, None)
+    run_jobs(&mut jobs, &[acts], pool, isa, None, None)
 }
 
 /// [`matmul`] of a packed matrix ([`PackedMat`]): the same results, bit for bit, as
@@ -101,7 +101,40 @@ pub fn matmul_packed(
         rows: w.rows(),
         out,
     }];
-    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels())
+    let amx = if super::amx_enabled() {
+        w.amx_kernel(false)
+    } else {
+        None
+    };
+    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx)
+}
+
+/// [`matmul_packed`] with the AMX kernels allowed (`amx`: every type that has one, those
+/// measured slower than the `vpdpbusd` kernels included, where [`super::amx_available`]) or
+/// not, whatever [`super::amx_enabled`] says: for tests and comparisons. The results are the
+/// same bit for bit either way.
+pub fn matmul_packed_with_amx(
+    w: &PackedMat,
+    acts: &ActBuf,
+    out: &mut [f32],
+    pool: &Pool,
+    amx: bool,
+) -> Result<(), DotError> {
+    if acts.cols() != w.cols() {
+        return Err(DotError::Cols {
+            weight_ty: w.weight_type(),
+            expected: w.cols(),
+            got: acts.cols(),
+        });
+    }
+    let mut jobs = [MatJob {
+        weight_ty: w.weight_type(),
+        w: w.bytes(),
+        rows: w.rows(),
+        out,
+    }];
+    let amx_k = if amx { w.amx_kernel(true) } else { None };
+    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx_k)
 }
 
 /// [`matmul_f32`] of a packed matrix ([`PackedMat`]).
@@ -118,7 +151,12 @@ pub fn matmul_f32_packed(
         rows: w.rows(),
         out,
     }];
-    f32_jobs(&mut jobs, x, n_tokens, w.cols(), pool, w.kernels())
+    let amx = if super::amx_enabled() {
+        w.amx_kernel(false)
+    } else {
+        None
+    };
+    f32_jobs(&mut jobs, x, n_tokens, w.cols(), pool, w.kernels(), amx)
 }
 
 /// Run several products over the same activations in one dispatch. `acts` holds the input
@@ -129,7 +167,7 @@ pub fn matmul_multi(
     acts: &[&ActBuf],
     pool: &Pool,
 ) -> Result<(), DotError> {
-    run_jobs(jobs, acts, pool, best_isa(), None)
+    run_jobs(jobs, acts, pool, best_isa(), None, None)
 }
 
 thread_local! {
@@ -179,7 +217,7 @@ pub fn matmul_f32_multi(
     cols: usize,
     pool: &Pool,
 ) -> Result<(), DotError> {
-    f32_jobs(jobs, x, n_tokens, cols, pool, None)
+    f32_jobs(jobs, x, n_tokens, cols, pool, None, None)
 }
 
 fn f32_jobs(
@@ -189,6 +227,7 @@ fn f32_jobs(
     cols: usize,
     pool: &Pool,
     packed: Option<(Kernel, Kernel)>,
+    amx: Option<(Kernel, bool)>,
 ) -> Result<(), DotError> {
     let isa = best_isa();
     SCRATCH.with(|s| {
@@ -225,7 +264,7 @@ fn f32_jobs(
             .filter(|(n, _)| n.is_some())
             .map(|(_, b)| b)
             .collect();
-        run_jobs(jobs, &acts, pool, isa, packed)
+        run_jobs(jobs, &acts, pool, isa, packed, amx)
     })
 }
 
@@ -307,13 +346,17 @@ unsafe impl Send for Prepared {}
 unsafe impl Sync for Prepared {}
 
 /// `packed`: the kernels of a packed layout (groups of 4 tokens, tokens left over), which then
-/// apply to every job (the weights are packed bytes); `None` for GGUF-layout weights.
+/// apply to every job (the weights are packed bytes); `None` for GGUF-layout weights. `amx`:
+/// the packed layout's AMX kernel and whether it reads transposed activations, taken for
+/// products of at least [`AMX_MIN_TOKENS`] tokens (the packed tail kernel still takes the
+/// tokens left over from groups of 4).
 fn run_jobs(
     jobs: &mut [MatJob<'_>],
     acts: &[&ActBuf],
     pool: &Pool,
     isa: Isa,
     packed: Option<(Kernel, Kernel)>,
+    amx: Option<(Kernel, bool)>,
 ) -> Result<(), DotError> {
     if !isa.available() {
         return Err(DotError::IsaUnavailable { isa });
@@ -388,15 +431,23 @@ fn run_jobs(
             continue;
         }
         let nb = cols / j.weight_ty.block_size();
-        let wide = if packed.is_none() && n_tokens >= WIDE_MIN_TOKENS {
-            wide_kernel(j.weight_ty, isa)
-        } else {
-            None
+        let amx = amx.filter(|_| n_tokens >= AMX_MIN_TOKENS && isa == Isa::Avx512);
+        let wide = match amx {
+            Some((k, true)) => Some(k),
+            Some((_, false)) => None,
+            None if packed.is_none() && n_tokens >= WIDE_MIN_TOKENS => {
+                wide_kernel(j.weight_ty, isa)
+            }
+            None => None,
         };
-        let (k, tail) = match (packed, wide) {
-            (Some((k, t)), _) => (k, Some(t)),
-            (None, Some(k)) => (k, None),
-            (None, None) => (
+        let (k, tail) = match (amx, packed, wide) {
+            // A kernel over transposed activations takes every token (the tail kernels read
+            // plain rows).
+            (Some((k, false)), Some((_, t)), _) => (k, Some(t)),
+            (Some((k, _)), _, _) => (k, None),
+            (None, Some((k, t)), _) => (k, Some(t)),
+            (None, None, Some(k)) => (k, None),
+            (None, None, None) => (
                 kernels::kernel(j.weight_ty, isa)
                     .ok_or(DotError::Unsupported { ty: j.weight_ty })?,
                 kernels::tail_kernel(j.weight_ty, isa),
@@ -481,6 +532,10 @@ fn run_jobs(
 /// Products of at least this many tokens use the wide kernels of the legacy types (tokens
 /// across the vector lanes), where one exists.
 const WIDE_MIN_TOKENS: usize = 8;
+
+/// Products of packed legacy matrices with at least this many tokens use the AMX kernel where
+/// it is enabled.
+const AMX_MIN_TOKENS: usize = 8;
 
 thread_local! {
     /// Transposed activations for the wide kernels, per activation type (Q8_0, Q8_1), reused

@@ -26,6 +26,8 @@ mod pool;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -33,10 +35,27 @@ mod avx512;
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{
     matmul, matmul_f32, matmul_f32_multi, matmul_f32_packed, matmul_multi, matmul_packed,
-    matmul_with_isa, MatJob,
+    matmul_packed_with_amx, matmul_with_isa, MatJob,
 };
 pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS, Q6K_GROUP_BYTES};
 pub use pool::Pool;
+
+#[cfg(target_arch = "x86_64")]
+pub use amx::{amx_available, amx_enabled, set_amx};
+
+/// Whether this CPU has AMX-INT8 and the OS lets this process use it (never, off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn amx_available() -> bool {
+    false
+}
+/// Whether the many-token packed products use AMX (never, off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn amx_enabled() -> bool {
+    false
+}
+/// Turn the AMX path on or off (no effect off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn set_amx(_on: bool) {}
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
