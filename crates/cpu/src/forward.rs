@@ -3,11 +3,12 @@
 use gguf::{GgmlType, GgufFile, TensorInfo};
 use half::f16;
 use model::{ModelConfig, ModelWeights};
-use quant::dot::{self, ggml, Pool};
+use quant::dot::{self, Pool};
 use runtime::fallback::{HostMatMul, HostWeight};
 use runtime::kv::BlockAllocator;
 use runtime::{BackendError, SeqId};
 
+use crate::attention::{attend, AttnScratch, KvLayer, Order, Span};
 use crate::ops::{rms_norm, swiglu, Rope};
 
 /// A weight matrix: `rows` rows of `cols` elements of `ty`, located in the model file.
@@ -333,21 +334,6 @@ pub(crate) struct Scratch {
 fn resize(v: &mut Vec<f32>, n: usize) {
     v.clear();
     v.resize(n, 0.0);
-}
-
-/// Raw output pointer shared by workers that write disjoint parts.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: only used to hand disjoint index ranges of one buffer to pool workers (see uses).
-unsafe impl Send for SyncPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the raw field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 fn matmul(
@@ -683,98 +669,51 @@ pub(crate) fn forward(
                     );
                 }
             }
-            // Attention: one work item per (token, head).
+            // Attention: one work item per (token, KV head), the query heads sharing that KV
+            // head together (`attention`: llama.cpp's float order, bit for bit).
             resize(&mut s.att, m * nh * hd);
             {
-                let kc = &kv.k[li];
-                let vc = &kv.v[li];
+                let layer = KvLayer {
+                    k: &kv.k[li],
+                    v: &kv.v[li],
+                    row,
+                    block_tokens: kv.alloc.block_tokens(),
+                };
                 let alloc = &kv.alloc;
-                // Chosen once per layer: the per-position calls below are a few dozen
-                // instructions each, so the dispatch showed in profiles.
+                // Chosen once per layer, not per call.
                 let isa = dot::best_isa();
-                let bt = alloc.block_tokens();
                 let q = &s.q;
-                let out = SyncPtr(s.att.as_mut_ptr());
-                pool.par_for(m * nh, |item| {
-                    let (i, h) = (item / nh, item % nh);
+                let out = Rows::new(&mut s.att, gqa * hd);
+                pool.par_for(m * nkv, |item| {
+                    let (i, kvh) = (item / nkv, item % nkv);
                     let t = &toks[i];
-                    let blocks = alloc.blocks(chunks[t.chunk].seq);
-                    let kvh = h / gqa;
-                    // ggml's batched path, mirrored for llama.cpp's rounding (the teacher-forced
-                    // tests hold us to it): the query is rounded to f16, each score is tinyBLAS's
-                    // 16-lane f16 dot times the scale, the softmax is ggml's, and the weights are
-                    // rounded to f16 and meet the values in tinyBLAS's lane order (position j in
-                    // lane j % 16, lanes reduced at the end).
-                    let mut qbuf = [f16::ZERO; 256];
-                    let qh = &mut qbuf[..hd];
-                    for (d, &v) in qh.iter_mut().zip(&q[(i * nh + h) * hd..(i * nh + h + 1) * hd]) {
-                        *d = f16::from_f32(v);
-                    }
-                    let qh = &*qh;
-                    let len = t.pos + 1;
-                    // A one-token chunk (a decode step) takes ggml's `vec_dot_f16` order, as
-                    // llama.cpp's single-token decode does (llamafile's kernel refuses single-token
-                    // products): 64 lanes instead of 16. Chosen per chunk, not per step, so a
-                    // sequence decodes to the same tokens alone or batched with others.
-                    let single = chunks[t.chunk].tokens.len() == 1;
-                    let nl = if single { 64 } else { 16 };
-                    thread_local! {
-                        static SCORES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-                    }
-                    SCORES.with(|sc| {
-                        let (sc, lanes) = &mut *sc.borrow_mut();
-                        sc.clear();
-                        sc.resize(len, 0.0);
-                        // Positions 0..len in cache order, block by block: a division per
-                        // position (the block size is not a constant) was a visible share of
-                        // the attention.
-                        let slots_of = || {
-                            blocks
-                                .iter()
-                                .flat_map(|&b| {
-                                    let base = b as usize * bt;
-                                    base..base + bt
-                                })
-                                .take(len)
-                        };
-                        debug_assert!(blocks.len() * bt >= len);
-                        for (s, slot) in sc.iter_mut().zip(slots_of()) {
-                            let kr = &kc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                            *s = if single {
-                                ggml::dot_f16_vec_isa(isa, kr, qh)
-                            } else {
-                                ggml::dot_f16_isa(isa, kr, qh)
-                            } * scale;
-                        }
-                        ggml::softmax(sc);
-                        lanes.clear();
-                        lanes.resize(nl * hd, 0.0);
-                        // Position j goes to lane j % nl.
-                        let mut l = 0;
-                        for (&p, slot) in sc.iter().zip(slots_of()) {
-                            let vr = &vc[slot * row + kvh * hd..slot * row + (kvh + 1) * hd];
-                            ggml::fma_f16_row_isa(
-                                isa,
-                                &mut lanes[l * hd..(l + 1) * hd],
-                                f16::from_f32(p).to_f32(),
-                                vr,
-                            );
-                            l += 1;
-                            if l == nl {
-                                l = 0;
-                            }
-                        }
-                        // SAFETY: item (i, h) owns exactly out[(i*nh+h)*hd .. +hd]; items are
-                        // distinct, the buffer outlives par_for, and nothing else touches it meanwhile.
-                        let o = unsafe {
-                            std::slice::from_raw_parts_mut(out.get().add((i * nh + h) * hd), hd)
-                        };
-                        if single {
-                            ggml::reduce_lanes64(lanes, o);
+                    let c = &chunks[t.chunk];
+                    let sp = Span {
+                        blocks: alloc.blocks(c.seq),
+                        kv_head: kvh,
+                        head_dim: hd,
+                        len: t.pos + 1,
+                        scale,
+                        // A one-token chunk (a decode step) takes ggml's `vec_dot_f16` order,
+                        // as llama.cpp's single-token decode does (llamafile's kernel refuses
+                        // single-token products); a token of a longer chunk tinyBLAS's. Chosen
+                        // per chunk, not per step, so a sequence decodes to the same tokens
+                        // alone or batched with others.
+                        order: if c.tokens.len() == 1 {
+                            Order::Vec64
                         } else {
-                            ggml::reduce_lanes(lanes, o);
-                        }
-                    });
+                            Order::Tiny16
+                        },
+                    };
+                    thread_local! {
+                        static SCRATCH: std::cell::RefCell<AttnScratch> =
+                            std::cell::RefCell::new(AttnScratch::default());
+                    }
+                    let qg = &q[(i * nh + kvh * gqa) * hd..(i * nh + (kvh + 1) * gqa) * hd];
+                    // SAFETY: the heads kvh * gqa .. (kvh + 1) * gqa of token i (row
+                    // i * nkv + kvh of width gqa * hd) belong to this item alone.
+                    let o = unsafe { out.row(item) };
+                    SCRATCH.with(|sc| attend(isa, &layer, &sp, qg, o, &mut sc.borrow_mut()));
                 });
             }
             if let Some(t) = s.trace.as_mut() {

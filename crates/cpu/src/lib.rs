@@ -8,6 +8,7 @@
 //! kernels: slower, bit-identical logits. The KV cache is f16, paged in blocks, and sized from
 //! the context length asked for, not the model's maximum.
 
+mod attention;
 mod forward;
 pub mod ops;
 
