@@ -1,23 +1,34 @@
-//! AMX (Advanced Matrix Extensions) int8 tiles for the many-token products of the packed legacy
-//! types (`Q4_0`, `Q4_1`, `Q8_0` in the 16-row layout of `super::packed`).
+//! AMX (Advanced Matrix Extensions) int8 tiles for the many-token products of the packed
+//! matrices (`Q4_0`, `Q4_1`, `Q8_0`, `Q4_K` in the 16-row layouts of `super::packed`), with
+//! results bit-identical to the `vpdpbusd` kernels of `super::avx512`.
 //!
-//! The float order these products must keep is ggml's `vec_dot` (see
-//! `super::avx512::legacy_x16`): per (row, token) eight accumulators, accumulator `j` taking
-//! `fma(d_w * d_y, isum_j, acc_j)` block by block, where `isum_j` is the integer dot product
-//! of the block's 4-element group `j`. Integer sums are exact whichever unit computes them, so
-//! the AMX unit computes them and the vector unit does exactly the float work the `vpdpbusd`
-//! kernel does, no more: `tdpbssd` of a 16-token × 4-byte activation tile (one group of one
-//! block, from the transposed activations of `super::avx512::wide_acts`) with a 1 × 64-byte
-//! weight tile (the same group of the 16 rows, unpacked to signed bytes) gives the 16 × 16
-//! group sums of one (block, group), stored to an L1 scratch; the vector side reads a token's
-//! 16 rows' sums as one vector, converts and fmas them as `legacy_x16` does. Only one group
-//! per tile product is needed because the order keeps one float accumulator per group: a
-//! whole-block (K = 32) product would be cheaper but would change the rounding.
+//! Integer sums are exact whichever unit computes them, so the tile unit computes them and the
+//! vector unit does exactly the float work of the `vpdpbusd` kernel, in its order. What that
+//! order needs decides what AMX can do:
+//! - Legacy types (`super::avx512::legacy_x16`, ggml's `vec_dot`): per (row, token) eight
+//!   accumulators, accumulator `j` taking `fma(d_w * d_y, isum_j, acc_j)` block by block,
+//!   `isum_j` the dot product of the block's 4-element group `j`. So each tile product may only
+//!   sum 4 elements: `tdpbssd` of a 16-token × 4-byte activation tile (one group of one block,
+//!   from the transposed activations of `super::avx512::wide_acts`) with a 1 × 64-byte weight
+//!   tile (that group of the 16 rows, unpacked to signed bytes) gives 16 × 16 group sums. A
+//!   whole-block (K = 32) or longer product would be far cheaper but would change the rounding.
+//! - `Q4_K` (`super::avx512::q4k_x16`, gemm order): the integer unit of the order is the
+//!   32-element sub-block (its sum is multiplied by the row's 6-bit scale before the pair's
+//!   fma), so one product (`tdpbssd`, 16 tokens × 32 bytes read straight from the Q8_K rows,
+//!   8 × 64-byte weight tile of unpacked nibbles) gives the 16 × 16 sub-block sums.
+//!
+//! Each 16 × 16 tile of sums goes to an L1 scratch (`tilestored`) and the vector side reads a
+//! token's 16 rows' sums as one vector. Measured on this machine (Xeon with AMX under KVM, 2
+//! cores; docs/perf/cpu.md "Session 5: AMX"), a tile product with its loads and store costs
+//! 12-20 ns (4-element groups) and 39-67 ns (32-element sub-blocks), so the tile side alone
+//! takes about as long as the whole `vpdpbusd` kernel; with the float work beside it both AMX
+//! kernels are slower (legacy 0.5x, `Q4_K` 0.7-0.9x). They are therefore not used by default
+//! ([`amx_enabled`] is false unless asked for): `CROSSOVER_AMX=1` (or [`set_amx`]) turns them on
+//! for comparisons, and `super::matmul_packed_with_amx` takes them explicitly.
 //!
 //! Using AMX needs the CPU (CPUID leaf 7: AMX-TILE, AMX-INT8) and the kernel's permission for
 //! the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked for once per
-//! process; Linux refuses the instructions with SIGILL until then). `CROSSOVER_AMX=0` turns the
-//! path off (for comparisons); [`set_amx`] does the same from code.
+//! process by [`amx_available`]; Linux refuses the instructions with SIGILL until then).
 
 #![allow(clippy::needless_range_loop)]
 
@@ -84,15 +95,16 @@ fn detect() -> bool {
     false
 }
 
-/// Whether the packed legacy products of many tokens use AMX: [`amx_available`] and not turned
-/// off by `CROSSOVER_AMX=0` (read once) or [`set_amx`].
+/// Whether the engine's packed products of many tokens use the AMX kernels: only when asked
+/// for, with `CROSSOVER_AMX=1` (read once) or [`set_amx`], and [`amx_available`]. Off by default
+/// because they measured slower than the `vpdpbusd` kernels here (see the module docs).
 pub fn amx_enabled() -> bool {
     let e = match ENABLED.load(Ordering::Relaxed) {
         0 => {
-            let off = std::env::var("CROSSOVER_AMX")
-                .map(|v| matches!(v.trim(), "0" | "off" | "false" | "no"))
+            let on = std::env::var("CROSSOVER_AMX")
+                .map(|v| matches!(v.trim(), "1" | "on" | "true" | "yes"))
                 .unwrap_or(false);
-            let e = if off { 1 } else { 2 };
+            let e = if on { 2 } else { 1 };
             ENABLED.store(e, Ordering::Relaxed);
             e
         }
@@ -101,7 +113,7 @@ pub fn amx_enabled() -> bool {
     e == 2 && amx_available()
 }
 
-/// Turn the AMX path on (where available) or off for the whole process, overriding
+/// Turn the AMX kernels on (where available) or off for the whole process, overriding
 /// `CROSSOVER_AMX`; results are the same bit for bit either way, only the speed differs.
 pub fn set_amx(on: bool) {
     ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
@@ -582,12 +594,39 @@ unsafe fn subblock_sums(q: usize, a: *const u8, astride: usize, w: *const u8, c:
     }
 }
 
+/// Issue the tile products `i0..i1` of a prepared `Q4_K` stage (product `i`: super-block
+/// `i / 8` of the stretch, sub-block `i % 8`), whose first super-block's activations are at
+/// `ab` in token rows `astride` apart.
+///
+/// # Safety
+/// Tiles configured by [`q4k_cfg`] for the token rows that exist at `ab`; `st` prepared for
+/// the super-blocks `i1` reaches.
+#[inline(always)]
+unsafe fn q4k_issue(st: &mut KStage, ab: *const u8, astride: usize, i0: usize, i1: usize) {
+    for i in i0..i1 {
+        let (s, j) = (i / 8, i % 8);
+        // SAFETY: super-block s of the stage exists and its activations (292 bytes per token
+        // row, quants at 4) too (caller's contract); the stage's lines are ours to write.
+        unsafe {
+            subblock_sums(
+                i,
+                ab.add(s * 292 + 4 + 32 * j),
+                astride,
+                st.wq[s][j].as_ptr() as *const u8,
+                st.sums[s][j].as_mut_ptr() as *mut u8,
+            );
+        }
+    }
+}
+
 /// A tile of 16 packed `Q4_K` rows × up to [`AMX_NT`] tokens in llama.cpp's gemm order (one
 /// fma per pair of sub-blocks, `super::avx512::q4k_x16::<T, true>`), the sub-block sums from
 /// the tile unit: per (row, token) and pair `p` of sub-blocks, `ip = sc_2p S_2p + sc_2p+1
 /// S_2p+1`, `ms = m_2p bsum_2p + m_2p+1 bsum_2p+1`, `acc = fma(ip, d d_y, acc)`,
 /// `accm = fma(ms, dmin d_y, accm)`, finally `acc - accm`. Activations are the plain Q8_K rows
 /// (`t.a`, `t.a_stride` apart): a tile reads each sub-block's 32 bytes of up to 16 tokens.
+/// Stretches of [`K_STRETCH`] super-blocks are double-buffered: the next stretch's products
+/// are issued between the tokens of the vector side's work on the current one.
 ///
 /// # Safety
 /// The [`Tile`] contract with `t.rows == 16`, `1 <= t.toks <= AMX_NT`, `t.w` at a packed
@@ -597,8 +636,8 @@ unsafe fn amx_q4k_tile(t: &Tile) {
     let zf = _mm512_setzero_ps();
     let zi = _mm512_setzero_si512();
     // SAFETY: a zeroed `KStage` is valid (plain bytes and vectors).
-    let mut st: Box<KStage> = KSTAGE.with(|c| c.take()).unwrap_or_else(|| unsafe {
-        Box::new(std::mem::MaybeUninit::<KStage>::zeroed().assume_init())
+    let mut stages: Box<[KStage; 2]> = KSTAGE.with(|c| c.take()).unwrap_or_else(|| unsafe {
+        Box::new(std::mem::MaybeUninit::<[KStage; 2]>::zeroed().assume_init())
     });
     let mut park = [[zf; 2]; WIDE_LANES];
     let mut cfg_rows = 0;
@@ -614,27 +653,36 @@ unsafe fn amx_q4k_tile(t: &Tile) {
             cfg_rows = valid;
         }
         let ag = t.a.wrapping_add(g * WIDE_LANES * t.a_stride);
+        let first = t.nb.min(K_STRETCH);
+        // SAFETY: super-blocks 0..first exist, and the group's `valid` token rows.
+        unsafe {
+            q4k_prepare(t.w, 0, first, &mut stages[0]);
+            q4k_issue(&mut stages[0], ag, t.a_stride, 0, 8 * first);
+        }
         let mut b0 = 0;
+        let mut cur = 0;
         while b0 < t.nb {
             let sn = (t.nb - b0).min(K_STRETCH);
-            let last = b0 + sn == t.nb;
-            // SAFETY: super-blocks b0..b0 + sn exist; the activation rows of the group's
-            // `valid` tokens hold them (292 bytes each, quants at 4).
-            unsafe {
-                q4k_prepare(t.w, b0, sn, &mut st);
-                for s in 0..sn {
-                    for j in 0..8 {
-                        subblock_sums(
-                            8 * s + j,
-                            ag.add((b0 + s) * 292 + 4 + 32 * j),
-                            t.a_stride,
-                            st.wq[s][j].as_ptr() as *const u8,
-                            st.sums[s][j].as_mut_ptr() as *mut u8,
-                        );
-                    }
-                }
+            let nb0 = b0 + sn;
+            let nsn = (t.nb - nb0).min(K_STRETCH);
+            let last = nsn == 0;
+            let (lo, hi) = stages.split_at_mut(1);
+            let (sc, sx) = if cur == 0 {
+                (&lo[0], &mut hi[0])
+            } else {
+                (&hi[0], &mut lo[0])
+            };
+            let nab = ag.wrapping_add(nb0 * 292);
+            let total = 8 * nsn;
+            let per = total.div_ceil(valid);
+            if !last {
+                // SAFETY: super-blocks nb0..nb0 + nsn exist.
+                unsafe { q4k_prepare(t.w, nb0, nsn, sx) };
             }
             for k in 0..valid {
+                let i0 = (k * per).min(total);
+                // SAFETY: `sx` was prepared for the nsn super-blocks at `nab` above.
+                unsafe { q4k_issue(sx, nab, t.a_stride, i0, (i0 + per).min(total)) };
                 let (mut acc, mut accm) = if b0 > 0 {
                     (park[k][0], park[k][1])
                 } else {
@@ -642,12 +690,12 @@ unsafe fn amx_q4k_tile(t: &Tile) {
                 };
                 for s in 0..sn {
                     // SAFETY: token k's super-block b0 + s (292 bytes: d at 0, bsums at 260)
-                    // exists; the stage's sums rows k < valid were stored above.
+                    // exists; the stage's sums rows k < valid were stored by its products.
                     unsafe {
                         let ys = ag.add(k * t.a_stride + (b0 + s) * 292);
                         let yd = _mm512_set1_ps(std::ptr::read_unaligned(ys as *const f32));
-                        let dd = _mm512_mul_ps(st.d[s], yd);
-                        let dm = _mm512_mul_ps(st.dmin[s], yd);
+                        let dd = _mm512_mul_ps(sc.d[s], yd);
+                        let dm = _mm512_mul_ps(sc.dmin[s], yd);
                         let bs = _mm256_madd_epi16(
                             _mm256_loadu_si256(ys.add(260) as *const __m256i),
                             _mm256_set1_epi16(1),
@@ -661,14 +709,14 @@ unsafe fn amx_q4k_tile(t: &Tile) {
                             let mut ip = zi;
                             for j in [2 * p, 2 * p + 1] {
                                 let sj = _mm512_load_si512(
-                                    st.sums[s][j][k].0.as_ptr() as *const __m512i
+                                    sc.sums[s][j][k].0.as_ptr() as *const __m512i
                                 );
-                                ip = _mm512_add_epi32(ip, _mm512_mullo_epi32(sj, st.sc[s][j]));
+                                ip = _mm512_add_epi32(ip, _mm512_mullo_epi32(sj, sc.sc[s][j]));
                             }
                             let lane = [0usize, 1, 4, 5][p];
                             let ms = super::avx512::dpwssd_bcast(
                                 zi,
-                                st.mp[s][p],
+                                sc.mp[s][p],
                                 sp.as_ptr().add(lane) as *const u8,
                             );
                             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), dd, acc);
@@ -686,17 +734,18 @@ unsafe fn amx_q4k_tile(t: &Tile) {
                     park[k] = [acc, accm];
                 }
             }
-            b0 += sn;
+            b0 = nb0;
+            cur ^= 1;
         }
     }
     // SAFETY: releases the tile state configured above.
     unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
-    KSTAGE.with(|c| c.set(Some(st)));
+    KSTAGE.with(|c| c.set(Some(stages)));
 }
 
 thread_local! {
-    /// The `Q4_K` tile's scratch (28 KiB), kept per thread between calls.
-    static KSTAGE: std::cell::Cell<Option<Box<KStage>>> = const { std::cell::Cell::new(None) };
+    /// The `Q4_K` tile's double-buffered scratch (2 × 28 KiB), kept per thread between calls.
+    static KSTAGE: std::cell::Cell<Option<Box<[KStage; 2]>>> = const { std::cell::Cell::new(None) };
 }
 
 /// # Safety

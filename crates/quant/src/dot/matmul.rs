@@ -102,17 +102,17 @@ pub fn matmul_packed(
         out,
     }];
     let amx = if super::amx_enabled() {
-        w.amx_kernel(false)
+        w.amx_kernel()
     } else {
         None
     };
     run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx)
 }
 
-/// [`matmul_packed`] with the AMX kernels allowed (`amx`: every type that has one, those
-/// measured slower than the `vpdpbusd` kernels included, where [`super::amx_available`]) or
-/// not, whatever [`super::amx_enabled`] says: for tests and comparisons. The results are the
-/// same bit for bit either way.
+/// [`matmul_packed`] with the AMX kernels allowed (`amx`: for the types that have one, where
+/// [`super::amx_available`], for products of 8 or more tokens) or not, whatever
+/// [`super::amx_enabled`] says: for tests and comparisons. The results are the same bit for
+/// bit either way.
 pub fn matmul_packed_with_amx(
     w: &PackedMat,
     acts: &ActBuf,
@@ -133,7 +133,7 @@ pub fn matmul_packed_with_amx(
         rows: w.rows(),
         out,
     }];
-    let amx_k = if amx { w.amx_kernel(true) } else { None };
+    let amx_k = if amx { w.amx_kernel() } else { None };
     run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx_k)
 }
 
@@ -152,7 +152,7 @@ pub fn matmul_f32_packed(
         out,
     }];
     let amx = if super::amx_enabled() {
-        w.amx_kernel(false)
+        w.amx_kernel()
     } else {
         None
     };

@@ -289,19 +289,15 @@ impl PackedMat {
     }
 
     /// The AMX kernel for products of many tokens, where AMX is usable, and whether it reads
-    /// transposed activations (`super::avx512::wide_acts`). `all`: also the kernels that
-    /// measured slower than the `vpdpbusd` ones on this machine (so far all of them; see
-    /// `super::amx`), for comparisons; without it, only those that pay.
-    pub(crate) fn amx_kernel(&self, all: bool) -> Option<(Kernel, bool)> {
+    /// transposed activations (`super::avx512::wide_acts`); `None` for other types.
+    pub(crate) fn amx_kernel(&self) -> Option<(Kernel, bool)> {
         #[cfg(target_arch = "x86_64")]
-        if self.interleaved && all && super::amx::amx_available() {
+        if self.interleaved && super::amx::amx_available() {
             if self.ty == GgmlType::Q4K {
                 return Some((super::amx::packed_q4k_amx_kernel(), false));
             }
             return super::amx::packed_legacy_amx_kernel(self.ty).map(|k| (k, true));
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = all;
         None
     }
 
