@@ -753,7 +753,7 @@ unsafe fn amx_q4k_tile(t: &Tile) {
 }
 
 thread_local! {
-    /// The `Q4_K` tile's double-buffered scratch (2 × 28 KiB), kept per thread between calls.
+    /// The `Q4_K` tile's double-buffered scratch (2 × 26 KiB), kept per thread between calls.
     static KSTAGE: std::cell::Cell<Option<Box<[KStage; 2]>>> = const { std::cell::Cell::new(None) };
 }
 
