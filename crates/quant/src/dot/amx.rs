@@ -43,8 +43,8 @@ use super::kernels::{Kernel, Tile, TileFn};
 /// Tokens per AMX tile call at most (four 16-token groups of transposed activations).
 pub(crate) const AMX_NT: usize = 64;
 
-/// Blocks whose group sums are computed (phase 1) before the vector side consumes them
-/// (phase 2): 8 KiB of sums per block, so the scratch stays in L1.
+/// Blocks per stretch of the legacy tile (8 KiB of group sums each; two stretches in flight,
+/// so the scratch stays in L1).
 const STRETCH: usize = 2;
 
 /// 0: not yet detected; 1: absent or refused; 2: present and permitted.
