@@ -179,46 +179,6 @@ unsafe fn unpack_groups<L: LegacyX16>(x: *const u8, out: &mut [Line64; 8]) {
     }
 }
 
-/// The 16 × 16 sums of one (block, group): row `t` of the 64 bytes at `c` gets token `t`'s
-/// sums of the group for the 16 rows (`tdpbssd` of 16 tokens × 4 activation bytes with
-/// 16 rows × 4 weight bytes). `q` (0..4) picks the sum tile (`tmm0..3`) and the operand pair
-/// (`tmm4/5` or `tmm6/7`), so four products can be in flight.
-///
-/// # Safety
-/// Tiles configured with [`CFG`]; `a` valid for 64 bytes (16 tokens × 4), `w` for 64 bytes
-/// (16 rows × 4), `c` for 1 KiB of writes.
-#[inline(always)]
-unsafe fn group_sums(q: usize, a: *const u8, w: *const u8, c: *mut u8) {
-    macro_rules! product {
-        ($c:literal, $a:literal, $b:literal) => {
-            // SAFETY: reads 64 bytes at `a` (16 rows of 4 at stride 4) and at `w` (one row),
-            // writes 16 rows of 64 bytes at `c` (stride 64), as the caller guarantees; the
-            // tiles are configured by `CFG`.
-            unsafe {
-                std::arch::asm!(
-                    concat!("tilezero ", $c),
-                    concat!("tileloadd ", $a, ", [{a} + {s4}*1]"),
-                    concat!("tileloadd ", $b, ", [{w} + {s64}*1]"),
-                    concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
-                    concat!("tilestored [{c} + {s64}*1], ", $c),
-                    a = in(reg) a,
-                    w = in(reg) w,
-                    c = in(reg) c,
-                    s4 = in(reg) 4usize,
-                    s64 = in(reg) 64usize,
-                    options(nostack, preserves_flags),
-                )
-            }
-        };
-    }
-    match q & 3 {
-        0 => product!("tmm0", "tmm4", "tmm5"),
-        1 => product!("tmm1", "tmm6", "tmm7"),
-        2 => product!("tmm2", "tmm4", "tmm5"),
-        _ => product!("tmm3", "tmm6", "tmm7"),
-    }
-}
-
 /// One stretch of blocks, prepared for the vector side: the unpacked weight groups, the rows'
 /// `d` and `m` as f32 vectors, and the group sums of the tile unit.
 #[repr(C, align(64))]
@@ -263,9 +223,10 @@ unsafe fn issue(st: &mut Stage, ab: *const u8, i0: usize, i1: usize) {
         // SAFETY: block s of the stage exists (caller's contract); its transposed activations
         // hold group j's 64 bytes at 64 j; the stage's lines are ours to write.
         unsafe {
-            group_sums(
+            tile_product(
                 i,
                 ab.add(s * WIDE_BLOCK + 64 * j),
+                4,
                 st.wq[s][j].0.as_ptr(),
                 st.sums[s][j].as_mut_ptr() as *mut u8,
             );
@@ -278,7 +239,7 @@ unsafe fn issue(st: &mut Stage, ab: *const u8, i0: usize, i1: usize) {
 /// `super::avx512::legacy_x16` per (row, token), in the same order: per block
 /// `dd = d_w * d_y`, the min term `fma(m_w, s_y, summs)`, per group
 /// `acc_j = fma(dd, isum_j, acc_j)`; at the end `((a4 + a0) + (a6 + a2)) + ((a5 + a1) +
-/// (a7 + a3)) + summs`. The integer group sums come from the tile unit ([`group_sums`]), a
+/// (a7 + a3)) + summs`. The integer group sums come from the tile unit ([`tile_product`]), a
 /// stretch of [`STRETCH`] blocks at a time, double-buffered: the products of the next stretch
 /// are issued between the token pairs of the vector side's work on the current one, so the
 /// two units run side by side. The vector side runs two tokens at a time over a stretch, their
@@ -386,17 +347,7 @@ unsafe fn amx_legacy<L: LegacyX16>(t: &Tile) {
                             continue;
                         }
                         let tok = g * WIDE_LANES + p + k;
-                        let a = &acc[k];
-                        let h = [
-                            _mm512_add_ps(a[4], a[0]),
-                            _mm512_add_ps(a[5], a[1]),
-                            _mm512_add_ps(a[6], a[2]),
-                            _mm512_add_ps(a[7], a[3]),
-                        ];
-                        let r = _mm512_add_ps(
-                            _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])),
-                            summs[k],
-                        );
+                        let r = super::avx512::legacy_x16_finish(&acc[k], summs[k]);
                         // SAFETY: outputs (tok, 0..16) are inside the tile (tok < toks).
                         unsafe { _mm512_storeu_ps(t.out.add(tok * t.out_stride), r) };
                     } else {
@@ -555,15 +506,19 @@ unsafe fn q4k_prepare(w: *const u8, b0: usize, sn: usize, st: &mut KStage) {
     }
 }
 
-/// The 16 × 16 sums of one `Q4_K` sub-block: `tdpbssd` of `rows` tokens × 32 activation bytes
-/// (at `a`, `astride` apart) with the sub-block's 8 × 64-byte weight tile at `w`, stored at `c`.
-/// `q` picks the tiles as in [`group_sums`].
+/// One tile product of sums: `tdpbssd` of the configured token rows of activation bytes (at
+/// `a`, `astride` apart: 4 bytes of one 4-element group for the legacy kernel, 32 of one
+/// `Q4_K` sub-block) with the weight tile at `w` (1 or 8 rows of 64 bytes: 16 weight rows × 4),
+/// the 16 × 16 int32 sums stored at `c` (row `t`: token `t`'s sums for the 16 weight rows).
+/// `q` (0..4) picks the sum tile (`tmm0..3`) and the operand pair (`tmm4/5` or `tmm6/7`), so
+/// four products can be in flight.
 ///
 /// # Safety
-/// Tiles configured by [`q4k_cfg`]; `a` valid for the configured rows of 32 bytes at `astride`;
-/// `w` for 512 bytes; `c` for 1 KiB of writes.
+/// Tiles configured ([`CFG`] or [`q4k_cfg`]); `a` valid for the configured rows and columns at
+/// `astride`; `w` for the configured weight rows of 64 bytes; `c` for the configured rows of
+/// 64 bytes of writes.
 #[inline(always)]
-unsafe fn subblock_sums(q: usize, a: *const u8, astride: usize, w: *const u8, c: *mut u8) {
+unsafe fn tile_product(q: usize, a: *const u8, astride: usize, w: *const u8, c: *mut u8) {
     macro_rules! product {
         ($c:literal, $a:literal, $b:literal) => {
             // SAFETY: reads the configured rows of 32 bytes at `a` (stride `astride`) and 8
@@ -608,7 +563,7 @@ unsafe fn q4k_issue(st: &mut KStage, ab: *const u8, astride: usize, i0: usize, i
         // SAFETY: super-block s of the stage exists and its activations (292 bytes per token
         // row, quants at 4) too (caller's contract); the stage's lines are ours to write.
         unsafe {
-            subblock_sums(
+            tile_product(
                 i,
                 ab.add(s * 292 + 4 + 32 * j),
                 astride,

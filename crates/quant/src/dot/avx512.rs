@@ -1446,20 +1446,28 @@ unsafe fn legacy_x16<L: LegacyX16, const T: usize>(t: &Tile) {
         }
     }
     for k in 0..T {
-        let a = &acc[k];
-        let h = [
-            _mm512_add_ps(a[4], a[0]),
-            _mm512_add_ps(a[5], a[1]),
-            _mm512_add_ps(a[6], a[2]),
-            _mm512_add_ps(a[7], a[3]),
-        ];
-        let r = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])),
-            summs[k],
-        );
+        let r = legacy_x16_finish(&acc[k], summs[k]);
         // SAFETY: outputs (k, 0..16) are inside the tile.
         unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), r) };
     }
+}
+
+/// The end of a 16-row legacy dot product: ggml's `hsum_float_8` of the eight group
+/// accumulators, `((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))`, plus the min sum, lane
+/// by lane (shared by [`legacy_x16`] and the AMX kernel so both keep this order).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn legacy_x16_finish(a: &[__m512; 8], summs: __m512) -> __m512 {
+    let h = [
+        _mm512_add_ps(a[4], a[0]),
+        _mm512_add_ps(a[5], a[1]),
+        _mm512_add_ps(a[6], a[2]),
+        _mm512_add_ps(a[7], a[3]),
+    ];
+    _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3])),
+        summs,
+    )
 }
 
 /// `acc + dot4(w, bcast(p[0..4]))` per i32 lane (`vpdpbusd`, `w` unsigned, the activation

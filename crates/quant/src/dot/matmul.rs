@@ -88,25 +88,7 @@ pub fn matmul_packed(
     out: &mut [f32],
     pool: &Pool,
 ) -> Result<(), DotError> {
-    if acts.cols() != w.cols() {
-        return Err(DotError::Cols {
-            weight_ty: w.weight_type(),
-            expected: w.cols(),
-            got: acts.cols(),
-        });
-    }
-    let mut jobs = [MatJob {
-        weight_ty: w.weight_type(),
-        w: w.bytes(),
-        rows: w.rows(),
-        out,
-    }];
-    let amx = if super::amx_enabled() {
-        w.amx_kernel()
-    } else {
-        None
-    };
-    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx)
+    matmul_packed_with_amx(w, acts, out, pool, super::amx_enabled())
 }
 
 /// [`matmul_packed`] with the AMX kernels allowed (`amx`: for the types that have one, where
