@@ -450,8 +450,6 @@ struct KStage {
 #[inline]
 unsafe fn q4k_prepare(w: *const u8, b0: usize, sn: usize, st: &mut KStage) {
     let m4 = _mm512_set1_epi8(0x0f);
-    let c63 = _mm512_set1_epi8(63);
-    let c30 = _mm512_set1_epi8(0x30);
     for s in 0..sn {
         // SAFETY: super-block b0 + s of the group (2304 bytes) exists (caller's contract); the
         // stage's lines are ours.
@@ -459,23 +457,8 @@ unsafe fn q4k_prepare(w: *const u8, b0: usize, sn: usize, st: &mut KStage) {
             let x = w.add((b0 + s) * super::packed::Q4K_GROUP_BYTES);
             st.d[s] = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
             st.dmin[s] = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(32) as *const __m256i));
-            let z0 = _mm512_loadu_si512(x.add(64) as *const __m512i);
-            let z1 = _mm512_loadu_si512(x.add(128) as *const __m512i);
-            let z2 = _mm512_loadu_si512(x.add(192) as *const __m512i);
-            let sc_hi = _mm512_or_si512(
-                _mm512_and_si512(z2, m4),
-                _mm512_and_si512(_mm512_srli_epi16::<2>(z0), c30),
-            );
-            let m_hi = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(z2), m4),
-                _mm512_and_si512(_mm512_srli_epi16::<2>(z1), c30),
-            );
             let mut sm = [Line64([0; 64]); 4];
-            let smp = sm.as_mut_ptr() as *mut __m512i;
-            _mm512_store_si512(smp, _mm512_and_si512(z0, c63));
-            _mm512_store_si512(smp.add(1), sc_hi);
-            _mm512_store_si512(smp.add(2), _mm512_and_si512(z1, c63));
-            _mm512_store_si512(smp.add(3), m_hi);
+            super::avx512::q4k_x16_scales(x, &mut sm);
             let smb = sm.as_ptr() as *const u8;
             for j in 0..8 {
                 let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(smb.add(16 * j) as *const __m128i));

@@ -1181,27 +1181,7 @@ unsafe fn q4k_x16<const T: usize, const PAIRS: bool>(t: &Tile) {
             }
             let d = _mm512_cvtph_ps(ld256(x));
             let dmin = _mm512_cvtph_ps(ld256(x.add(32)));
-            // Scale bytes k = 0..4 (z0), 4..8 (z1), 8..12 (z2), 16 rows each. The scalar form
-            // is `scalar::k4_scale_min`: sc_j = s[j] & 63 and m_j = s[j+4] & 63 for j < 4;
-            // sc_j = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m_j = (s[j+4] >> 4) | (s[j] >> 6) << 4.
-            let z0 = _mm512_loadu_si512(x.add(64) as *const __m512i);
-            let z1 = _mm512_loadu_si512(x.add(128) as *const __m512i);
-            let z2 = _mm512_loadu_si512(x.add(192) as *const __m512i);
-            let c63 = _mm512_set1_epi8(63);
-            let c30 = _mm512_set1_epi8(0x30);
-            let sc_hi = _mm512_or_si512(
-                _mm512_and_si512(z2, m4),
-                _mm512_and_si512(_mm512_srli_epi16::<2>(z0), c30),
-            );
-            let m_hi = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(z2), m4),
-                _mm512_and_si512(_mm512_srli_epi16::<2>(z1), c30),
-            );
-            let smp = sm.as_mut_ptr() as *mut __m512i;
-            _mm512_storeu_si512(smp, _mm512_and_si512(z0, c63));
-            _mm512_storeu_si512(smp.add(1), sc_hi);
-            _mm512_storeu_si512(smp.add(2), _mm512_and_si512(z1, c63));
-            _mm512_storeu_si512(smp.add(3), m_hi);
+            q4k_x16_scales(x, &mut sm);
             let smb = sm.as_ptr() as *const u8;
             let mut ys = [t.a; T];
             let mut dd = [_mm512_setzero_ps(); T];
@@ -1271,6 +1251,42 @@ unsafe fn q4k_x16<const T: usize, const PAIRS: bool>(t: &Tile) {
     for k in 0..T {
         // SAFETY: outputs (k, 0..16) are inside the tile.
         unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), _mm512_sub_ps(acc[k], accm[k])) };
+    }
+}
+
+/// The 6-bit scales and mins of the 16 rows of the packed `Q4_K` group block at `x`, unpacked
+/// into `sm`: byte `16 j + r` is row `r`'s scale of sub-block `j`, byte `128 + 16 j + r` its
+/// min. The scalar form is `scalar::k4_scale_min` of the 12 scale bytes `s` (bytes k = 0..4,
+/// 4..8, 8..12 of the 16 rows in `z0`, `z1`, `z2`): sc_j = s[j] & 63 and m_j = s[j+4] & 63 for
+/// j < 4; sc_j = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m_j = (s[j+4] >> 4) | (s[j] >> 6) << 4.
+///
+/// # Safety
+/// `x` at a packed `Q4_K` group block (2304 bytes); AVX-512 F/BW available.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub(crate) unsafe fn q4k_x16_scales(x: *const u8, sm: &mut [Line64; 4]) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let c63 = _mm512_set1_epi8(63);
+    let c30 = _mm512_set1_epi8(0x30);
+    // SAFETY: the group block holds the 12 scale vectors' bytes at 64..256 (caller's
+    // contract); `sm` holds 4 vectors.
+    unsafe {
+        let z0 = _mm512_loadu_si512(x.add(64) as *const __m512i);
+        let z1 = _mm512_loadu_si512(x.add(128) as *const __m512i);
+        let z2 = _mm512_loadu_si512(x.add(192) as *const __m512i);
+        let sc_hi = _mm512_or_si512(
+            _mm512_and_si512(z2, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(z0), c30),
+        );
+        let m_hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(z2), m4),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(z1), c30),
+        );
+        let smp = sm.as_mut_ptr() as *mut __m512i;
+        _mm512_store_si512(smp, _mm512_and_si512(z0, c63));
+        _mm512_store_si512(smp.add(1), sc_hi);
+        _mm512_store_si512(smp.add(2), _mm512_and_si512(z1, c63));
+        _mm512_store_si512(smp.add(3), m_hi);
     }
 }
 
