@@ -179,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -297,6 +297,54 @@ fn main() {
         }
     }
     b.set_kernels(mvr0, pdl0);
+    // --ab-prep: v7's one-token fusions (products preparing their own activations, attention
+    // merging its own slices) on with several slice lengths and block counts, and off.
+    if args.iter().any(|a| a == "--ab-prep") {
+        let g = b.gpu();
+        let (p0, m0, s0, k0) = (
+            g.fuse_prep.get(),
+            g.fuse_merge.get(),
+            g.dec_slice.get(),
+            g.prep_blocks.get(),
+        );
+        let combos = [
+            (p0, m0, s0, k0),
+            (p0, false, s0, k0),
+            (p0, true, 96, k0),
+            (p0, true, 192, k0),
+            (!p0, m0, s0, k0),
+            (p0, m0, s0, k0),
+        ];
+        for (prep, merge, slice, blocks) in combos {
+            b.set_decode_fusion(prep, merge, slice, blocks);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+                println!(
+                    "a/b prep={prep} merge={merge} slice={slice} blocks/SM={blocks}: tg128 @ \
+                     depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_decode_fusion(p0, m0, s0, k0);
+        // With the preparing products: the down projection on the block-wide kernel that
+        // quantizes its own activation (mvw) against quantize_act + the block-per-row kernel.
+        let w0 = b.gpu().wide.get();
+        b.gpu().wide.set(!w0);
+        b.set_decode_fusion(true, m0, s0, k0);
+        for d in [0usize, depth] {
+            let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+            println!(
+                "a/b prep=true wide={}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                !w0,
+                m * 1e3 / 128.0,
+                128.0 / m
+            );
+        }
+        b.gpu().wide.set(w0);
+        b.set_decode_fusion(p0, m0, s0, k0);
+    }
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",
         b.stats.graph_steps,
@@ -318,7 +366,11 @@ fn main() {
     } else {
         integer_path(b, path, &opts, &mut r2, &mut seq);
     }
-    aggregate(path, &par, graphs, quick, &mut toks);
+    let prof = !quick || args.iter().any(|a| a == "--profile");
+    // --ab-mmq: each aggregate also with the batched products on cuBLAS (f16 copies) instead of
+    // the tensor-core integer GEMM, same process, same file.
+    let mmq_ab = args.iter().any(|a| a == "--ab-mmq");
+    aggregate(path, &par, graphs, prof, mmq_ab, &mut toks);
 }
 
 /// Prompt steps through cuBLAS against the integer path at 16..128 and 512 tokens.
@@ -356,7 +408,8 @@ fn aggregate(
     path: &str,
     par: &[usize],
     graphs: bool,
-    quick: bool,
+    prof: bool,
+    mmq_ab: bool,
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
 ) {
     let pmax = par.iter().copied().max().unwrap_or(1);
@@ -369,7 +422,14 @@ fn aggregate(
             ..Default::default()
         };
         let mut b = CudaBackend::load(path, &opts).unwrap_or_else(|e| panic!("{e}"));
-        for &p in par {
+        let mmq0 = b.gpu().mmq.get();
+        // (integer GEMM, many-sequence attention): the default, then the integer GEMM switched
+        // over and the many-sequence attention off.
+        let ab = [(mmq0, true), (!mmq0, true), (mmq0, false)];
+        let modes: &[(bool, bool)] = if mmq_ab { &ab } else { &ab[..1] };
+        for (&p, &(mmq, battn)) in par.iter().flat_map(|p| modes.iter().map(move |m| (p, m))) {
+            b.set_mmq(mmq);
+            b.set_batch_attn(battn);
             let mut last = Vec::new();
             for s in 0..p {
                 let batch = StepBatch {
@@ -398,8 +458,10 @@ fn aggregate(
                 last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"));
             }
             let dt = t.elapsed().as_secs_f64();
-            if p == pmax && p > 8 && !quick {
-                // Where one step of the widest batch goes (it runs eagerly: no graph that wide).
+            let (gs, es) = (b.stats.graph_steps, b.stats.eager_steps);
+            if p == pmax && p > 8 && prof && mmq == mmq0 && battn {
+                // Where one step of the widest batch goes (eagerly, to time each kernel).
+                b.set_graphs(false);
                 let batch = StepBatch {
                     chunks: (0..p)
                         .map(|s| SeqChunk {
@@ -411,14 +473,18 @@ fn aggregate(
                         .collect(),
                 };
                 report_profile(&mut b, &format!("aggregate decode step x {p}"), batch);
+                b.set_graphs(graphs);
             }
             for s in 0..p {
                 b.release(s as u64);
             }
             println!(
-                "aggregate tg128 x {p} sequences: {:.0} tok/s ({:.3} ms/step)",
+                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
                 (p * 128) as f64 / dt,
-                dt * 1e3 / 128.0
+                dt * 1e3 / 128.0,
+                gs,
+                es,
+                b.graph_failure()
             );
         }
     }

@@ -115,7 +115,9 @@ extern "C" __global__ void attn_combine(const float* part, const int* tok_pos, i
                                         u32* qcnt, i8* qso, float2* dso) { PDL_ENTRY();
     int t = blockIdx.x, h = blockIdx.y;
     int len = tok_pos[t] + 1;
-    int ns = min(n_split, (len + split_len - 1) / split_len);
+    // split_len 0: attn_batch's slices (equal parts of the token's own length, whole 64-tiles).
+    int sl = split_len > 0 ? split_len : ((len + n_split - 1) / n_split + 63) / 64 * 64;
+    int ns = min(n_split, (len + sl - 1) / sl);
     const float* pp = part + ((long long)t * n_head + h) * n_split * (hd + 2);
     float M = NEG_INF;
 #pragma unroll 8
@@ -351,7 +353,8 @@ DEF_ATTN_PREFILL(4)
 template <int HD>
 __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                  const int* tok_seq, const int* btab, int max_blocks, int bt,
-                                 int n_head, int n_kv, float scale, int split_len, float* part) {
+                                 int n_head, int n_kv, float scale, int split_len, float* part,
+                                 float* merged, u32* cnt) {
     constexpr int KS = HD + 8, VS = FA_BK + 8, CH = HD / 8;
     __shared__ __align__(16) u16 Ks[FA_BK * KS];
     __shared__ __align__(16) u16 Vt[HD * VS];
@@ -383,27 +386,33 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = NEG_INF, l0 = 0.0f;
+    constexpr int LD = FA_BK * CH / 128;  // 16-byte loads of K (and of V) per thread per tile
     for (int base = p0; base < p1; base += FA_BK) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
-            int pr = i / CH, ch = i % CH;
-            int p = base + pr;
-            uint4 kv = make_uint4(0, 0, 0, 0);
-            if (p < p1) {
-                long long row = (long long)bl[p / bt] * bt + p % bt;
-                kv = *(const uint4*)(kc + row * kv_row + kvh * HD + ch * 8);
+        // v7: every K and V load of the tile is issued before the first is stored (one memory
+        // round trip per tile, not one per loop).
+        uint4 kr[LD], vr[LD];
+#pragma unroll
+        for (int k = 0; k < LD; k++) {
+            int i = threadIdx.x + k * 128;
+            int pk = base + i / CH, pv = base + i % FA_BK;
+            kr[k] = make_uint4(0, 0, 0, 0);
+            vr[k] = make_uint4(0, 0, 0, 0);
+            if (pk < p1) {
+                long long row = (long long)bl[pk / bt] * bt + pk % bt;
+                kr[k] = *(const uint4*)(kc + row * kv_row + kvh * HD + (i % CH) * 8);
             }
-            *(uint4*)(Ks + pr * KS + ch * 8) = kv;
+            if (pv < p1) {
+                long long row = (long long)bl[pv / bt] * bt + pv % bt;
+                vr[k] = *(const uint4*)(vc + row * kv_row + kvh * HD + (i / FA_BK) * 8);
+            }
         }
-        for (int i = threadIdx.x; i < FA_BK * CH; i += 128) {
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < LD; k++) {
+            int i = threadIdx.x + k * 128;
+            *(uint4*)(Ks + (i / CH) * KS + (i % CH) * 8) = kr[k];
             int pr = i % FA_BK, ch = i / FA_BK;
-            int p = base + pr;
-            uint4 vv = make_uint4(0, 0, 0, 0);
-            if (p < p1) {
-                long long row = (long long)bl[p / bt] * bt + p % bt;
-                vv = *(const uint4*)(vc + row * kv_row + kvh * HD + ch * 8);
-            }
-            u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+            u32 w[4] = {vr[k].x, vr[k].y, vr[k].z, vr[k].w};
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 Vt[(ch * 8 + e) * VS + pr] = (u16)(w[e >> 1] >> ((e & 1) * 16));
@@ -490,15 +499,69 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
         out[2 + d] = A;
         if (d == 0) { out[0] = M; out[1] = L; }
     }
+    if (!merged) return;
+    // v7: the last block of (t, kvh) to finish merges the slices of its G heads into
+    // merged[t, h*HD + d] with attn_combine's operations in attn_combine's order (same bits),
+    // so the merge needs no launch; it resets the counter for the next graph replay.
+    __shared__ int last;
+    int ns = min(n_split, (len + split_len - 1) / split_len);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* cp = cnt + (long long)t * n_kv + kvh;
+        u32 old = atomicAdd(cp, 1u);
+        last = old + 1 == (u32)ns;
+        if (last) *cp = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // Slices in chunks of MC, each chunk's loads issued together (the sums still run in slice
+    // order: attn_combine's bits).
+    constexpr int MC = 16;
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD, h = kvh * G + r;
+        const float* pp = part + ((long long)t * n_head + h) * n_split * (HD + 2);
+        float M = NEG_INF;
+        for (int k0 = 0; k0 < ns; k0 += MC) {
+            float mv[MC];
+#pragma unroll
+            for (int j = 0; j < MC; j++)
+                mv[j] = k0 + j < ns ? ld_cg(pp + (k0 + j) * (HD + 2)) : NEG_INF;
+#pragma unroll
+            for (int j = 0; j < MC; j++) M = fmaxf(M, mv[j]);
+        }
+        float L = 0.0f, A = 0.0f;
+        for (int k0 = 0; k0 < ns; k0 += MC) {
+            float mv[MC], lv[MC], av[MC];
+#pragma unroll
+            for (int j = 0; j < MC; j++) {
+                const float* ps = pp + (k0 + j) * (HD + 2);
+                bool ok = k0 + j < ns;
+                mv[j] = ok ? ld_cg(ps) : NEG_INF;
+                lv[j] = ok ? ld_cg(ps + 1) : 0.0f;
+                av[j] = ok ? ld_cg(ps + 2 + d) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < MC; j++) {
+                if (k0 + j < ns) {
+                    float c = mv[j] == NEG_INF ? 0.0f : expf(mv[j] - M);
+                    L += lv[j] * c;
+                    A += av[j] * c;
+                }
+            }
+        }
+        merged[((long long)t * n_head + h) * HD + d] = A / L;
+    }
 }
 
 #define DEF_ATTN_DECODE(D) \
     extern "C" __global__ void __launch_bounds__(128) attn_decode_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, int split_len, \
-        float* part) { PDL_ENTRY(); \
+        float* part, float* merged, u32* cnt) { PDL_ENTRY(); \
         attn_decode_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
-                                 scale, split_len, part); \
+                                 scale, split_len, part, merged, cnt); \
     }
 DEF_ATTN_DECODE(2)
 DEF_ATTN_DECODE(4)

@@ -103,6 +103,27 @@ __device__ __forceinline__ double block_sum_d(double v, double* sh) {
     return t;
 }
 
+// RMSNorm's scale 1 / sqrt(mean(x^2) + eps) of a row of n, computed by the whole block as
+// cpu::ops::rms_norm computes it (sum of squares in f64, mean rounded to f32, correctly rounded
+// reciprocal square root). The f64 sum's order depends on blockDim.x only (each thread's strided
+// partial sum, then block_sum_d), so every kernel that calls this with 256 threads gets the
+// bits rms_norm gets. `sh` holds 32 doubles.
+__device__ __forceinline__ float rms_scale(const float* xr, int n, float eps, double* sh) {
+    double s = 0.0;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < n; c += blockDim.x) s += (double)xr[c] * (double)xr[c];
+    s = block_sum_d(s, sh);
+    float mean = (float)(s / (double)n);
+    return 1.0f / sqrtf(mean + eps);
+}
+
+// A load that skips L1 (data other blocks of the running kernel wrote, after a fence).
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 // ggml's vector expf (quant::dot::ggml::expf, the CPU backend's SwiGLU and softmax), bit for
 // bit: the same fused multiply-adds in the same order, then j * 2^n with one rounding.
 __device__ __forceinline__ float ggml_expf(float x) {

@@ -101,6 +101,10 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
 // ACT_Q8_32) with one warp, 8 consecutive elements per lane, to the same bytes quant_act_elem
 // writes (max and sums are exact, and each element's value takes the same operations). x is
 // read around L1 (other multiprocessors wrote it in this kernel).
+// quant_group_vals does the work on values already in registers: lane i holds elements
+// c0 = 256 g + 8 i .. c0 + 7 in v (zeros where !valid); qs/ds may point to shared memory.
+__device__ __forceinline__ void quant_group_vals(const float* v, bool valid, int c0, int fmt,
+                                                 i8* qs, float2* ds);
 __device__ void quant_group_warp(const float* x, int n, int g, int fmt, i8* qs, float2* ds) {
     int lane = threadIdx.x & 31;
     int c0 = g * 256 + lane * 8;
@@ -110,7 +114,13 @@ __device__ void quant_group_warp(const float* x, int n, int g, int fmt, i8* qs, 
         int c = c0 + i;
         v[i] = c < n ? *(volatile const float*)(x + c) : 0.0f;
     }
-    bool valid = c0 < n;  // n is a multiple of 32: a lane's 8 are all in or all out
+    quant_group_vals(v, c0 < n, c0, fmt, qs, ds);
+}
+
+__device__ __forceinline__ void quant_group_vals(const float* v, bool valid, int c0, int fmt,
+                                                 i8* qs, float2* ds) {
+    // n is a multiple of 32: a lane's 8 are all in or all out
+    int lane = threadIdx.x & 31;
     if (fmt == ACT_Q8_32) {
         float am = 0.0f;
 #pragma unroll
@@ -547,38 +557,55 @@ struct RopeArgs {
     u16* vc;
 };
 
-template <int T, bool GLU>
-__device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
-                         const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
-                         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y0,
-                         float* y1, float* y2, int accumulate, int prefetch, int qfmt,
-                         u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int units = cols / 32;
-    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
-    int total = GLU ? r0 : r0 + r1 + r2;
-    int per_warp = GLU ? 1 : 2;
-    int first = blockIdx.x * nw * per_warp;
-    if (prefetch) {
-        int last = min(first + nw * per_warp, total);
-        if (GLU) {
-            prefetch_l2(w0 + (long long)first * rb, (long long)(last - first) * rb);
-            prefetch_l2(w1 + (long long)first * rb, (long long)(last - first) * rb);
-        } else {
-            // The block's rows are contiguous within each matrix they touch.
-            int bounds[4] = {0, r0, r0 + r1, total};
-            const u8* ws[3] = {w0, w1, w2};
-            for (int s = 0; s < 3; s++) {
-                int a = max(first, bounds[s]), b = min(last, bounds[s + 1]);
-                if (a < b)
-                    prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
+// Widest row whose activation a one-token product prepares itself in shared memory (v7).
+#define MVR_PREP_MAX 4096
+
+// v7: the one-token products take their activation as f32 (`px`) and prepare it themselves,
+// so neither RMSNorm nor quantize_act needs a launch of its own: each block computes the row's
+// RMSNorm (with weight `pw`; none when pw is null) exactly as rms_norm does (rms_scale, 256
+// threads, the same per-element products) and quantizes it to shared memory exactly as
+// quantize_act does (quant_group_vals: a warp per 256-element group). The row is read from L2
+// by every block (12 KB for 3072 columns), which is why the fused launches give each warp
+// several row pairs (`loops`) rather than one.
+template <int T>
+__device__ __forceinline__ void mvr_prep(const float* __restrict__ x, const float* __restrict__ nw,
+                                         float eps, int n, i8* sq, float2* sd, double* shd) {
+    constexpr int fmt = Q<T>::BE == 256 ? ACT_Q8_K : ACT_Q8_32;
+    float scale = nw ? rms_scale(x, n, eps, shd) : 1.0f;
+    int lane = threadIdx.x & 31;
+    for (int g = threadIdx.x >> 5; g * 256 < n; g += blockDim.x >> 5) {
+        int c0 = g * 256 + lane * 8;
+        bool valid = c0 < n;
+        float v[8];
+        if (valid) {
+            float4 a = *(const float4*)(x + c0), b = *(const float4*)(x + c0 + 4);
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+            v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+            if (nw) {
+                float4 wa = *(const float4*)(nw + c0), wb = *(const float4*)(nw + c0 + 4);
+                float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = __fmul_rn(__fmul_rn(v[i], scale), w[i]);
             }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = 0.0f;
         }
+        quant_group_vals(v, valid, c0, fmt, sq, sd);
     }
-    pdl_wait();
-    pdl_launch();
-    int row = first + warp * per_warp;
-    if (row >= total) return;
+    __syncthreads();
+}
+
+// The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU).
+template <int T, bool GLU>
+__device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
+                                         const u8* __restrict__ w1, const u8* __restrict__ w2,
+                                         int r0, int r1, int total, int units, long long rb,
+                                         const i8* __restrict__ aq, const float2* __restrict__ ad,
+                                         float* y0, float* y1, float* y2, int accumulate,
+                                         int qfmt, u32* qcnt, i8* qso, float2* dso,
+                                         const RopeArgs* rp) {
+    int lane = threadIdx.x & 31;
     const u8* wr[2];
     bool second = GLU || row + 1 < total;
     if (GLU) {
@@ -654,25 +681,77 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     }
 }
 
+// Block b takes the contiguous row pairs [b * nw * loops, (b + 1) * nw * loops) (pairs of rows,
+// or gate/up rows for GLU); warp w of it pairs b * nw * loops + w + k * nw, k < loops.
+template <int T, bool GLU>
+__device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                         const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
+                         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y0,
+                         float* y1, float* y2, int accumulate, int prefetch, int qfmt,
+                         u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp,
+                         const float* __restrict__ px, const float* __restrict__ pw, float eps,
+                         int loops) {
+    __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
+    __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
+    __shared__ double shd[32];
+    int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int units = cols / 32;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    int total = GLU ? r0 : r0 + r1 + r2;
+    int per_warp = GLU ? 1 : 2;
+    int first = blockIdx.x * nw * loops * per_warp;
+    if (prefetch) {
+        int last = min(first + nw * loops * per_warp, total);
+        if (GLU) {
+            prefetch_l2(w0 + (long long)first * rb, (long long)(last - first) * rb);
+            prefetch_l2(w1 + (long long)first * rb, (long long)(last - first) * rb);
+        } else {
+            // The block's rows are contiguous within each matrix they touch.
+            int bounds[4] = {0, r0, r0 + r1, total};
+            const u8* ws[3] = {w0, w1, w2};
+            for (int s = 0; s < 3; s++) {
+                int a = max(first, bounds[s]), b = min(last, bounds[s + 1]);
+                if (a < b)
+                    prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
+            }
+        }
+    }
+    pdl_wait();
+    pdl_launch();
+    if (px) {
+        mvr_prep<T>(px, pw, eps, cols, sq, sd, shd);
+        aq = sq;
+        ad = sd;
+    }
+    for (int k = 0; k < loops; k++) {
+        int row = first + (warp + k * nw) * per_warp;
+        if (row >= total) return;
+        mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
+                         accumulate, qfmt, qcnt, qso, dso, rp);
+    }
+}
+
 #define DEF_MVR(name, T) \
     extern "C" __global__ void __launch_bounds__(256) mvr_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
-        int prefetch) { \
+        int prefetch, const float* px, const float* pw, float eps, int loops) { \
         mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
-                           prefetch, 0, 0, 0, 0, 0); \
+                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops); \
     } \
     extern "C" __global__ void __launch_bounds__(256) mvr_rope_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
-        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp) { \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, const float* px, \
+        const float* pw, float eps, int loops) { \
         mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, yq, yq, 0, prefetch, 0, 0, \
-                           0, 0, &rp); \
+                           0, 0, &rp, px, pw, eps, loops); \
     } \
     extern "C" __global__ void __launch_bounds__(256) mvr_swiglu_##name( \
         const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, \
-        float* y, int prefetch, int qfmt, u32* qcnt, i8* qso, float2* dso) { \
+        float* y, int prefetch, int qfmt, u32* qcnt, i8* qso, float2* dso, const float* px, \
+        const float* pw, float eps, int loops) { \
         mvr_impl<T, true>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, y, y, 0, prefetch, qfmt, \
-                          qcnt, qso, dso, 0); \
+                          qcnt, qso, dso, 0, px, pw, eps, loops); \
     }
 
 #define DEF_MVQ_NT(name, T, NT) \
@@ -697,3 +776,71 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
 FOR_EACH_QTYPE(DEF_MVR)
+
+// v7: one-token product for wide rows (the down projection, 8192 columns) that quantizes its
+// f32 activation in the launch (px; or reads it quantized from aq/ad when px is null): block =
+// 256 threads and MVW_ROWS rows; thread i takes units i, i + 256, ... of every row (each
+// thread's MVW_ROWS weight units in flight at once, one activation unit for all of them), then
+// a block reduction per row. Each block reads the whole f32 row (32 KB for 8192 columns) from
+// L2 to quantize it, hence several rows per block.
+#define MVW_ROWS 8
+#define MVW_MAX 16384
+template <int T>
+__device__ void mvw_impl(const u8* __restrict__ w, int rows, int cols,
+                         const i8* __restrict__ aq, const float2* __restrict__ ad,
+                         const float* __restrict__ px, float* y, int accumulate, int prefetch) {
+    __shared__ __align__(16) i8 sq[MVW_MAX];
+    __shared__ __align__(16) float2 sd[MVW_MAX / 32];
+    __shared__ double shd[32];
+    __shared__ float red[8][MVW_ROWS];
+    constexpr int UPB = Q<T>::BE / 32;
+    int units = cols / 32;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    int first = blockIdx.x * MVW_ROWS;
+    int nr = min(MVW_ROWS, rows - first);
+    if (prefetch) prefetch_l2(w + (long long)first * rb, (long long)nr * rb);
+    pdl_wait();
+    pdl_launch();
+    if (px) {
+        mvr_prep<T>(px, (const float*)0, 0.0f, cols, sq, sd, shd);
+        aq = sq;
+        ad = sd;
+    }
+    const u8* wr = w + (long long)first * rb;
+    float acc[MVW_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVW_ROWS; r++) acc[r] = 0.0f;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        long long off = (long long)(u / UPB) * Q<T>::BB;
+        int j = u % UPB;
+        int q[MVW_ROWS][8];
+        typename QI<T>::P p[MVW_ROWS];
+#pragma unroll
+        for (int r = 0; r < MVW_ROWS; r++)
+            if (r < nr) QI<T>::unit(wr + r * rb + off, j, q[r], p[r]);
+#pragma unroll
+        for (int r = 0; r < MVW_ROWS; r++)
+            if (r < nr) acc[r] += unit_dot<T>(q[r], p[r], aq + 32 * u, ad + u);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < MVW_ROWS; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nr) {
+        float s = 0.0f;
+        for (int k = 0; k < (int)(blockDim.x >> 5); k++) s += red[k][threadIdx.x];
+        float* o = y + first + threadIdx.x;
+        *o = accumulate ? *o + s : s;
+    }
+}
+
+#define DEF_MVW(name, T) \
+    extern "C" __global__ void __launch_bounds__(256) mvw_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, const float* px, \
+        float* y, int accumulate, int prefetch) { \
+        mvw_impl<T>(w, rows, cols, aq, ad, px, y, accumulate, prefetch); \
+    }
+FOR_EACH_QTYPE(DEF_MVW)

@@ -17,11 +17,7 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     long long i = blockIdx.x;
     long long r = rows ? rows[i] : i;
     const float* xr = x + r * n;
-    double s = 0.0;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) s += (double)xr[c] * (double)xr[c];
-    s = block_sum_d(s, sh);
-    float mean = (float)(s / (double)n);
-    float scale = 1.0f / sqrtf(mean + eps);
+    float scale = rms_scale(xr, n, eps, sh);
     for (int cb = blockIdx.y; cb * 256 < n; cb += gridDim.y) {
         int c = cb * blockDim.x + threadIdx.x;
         bool valid = c < n;

@@ -1,10 +1,11 @@
 //! The CUDA backend: a Llama-family forward pass over a paged f16 KV cache, on one GPU.
 //!
-//! Decode steps (one new token per sequence, at most 8 sequences) run fused dequantize+matvec
-//! kernels and are replayed from CUDA graphs captured per batch-size bucket (1, 2, 4, 8); every
-//! per-step value those graphs read (token ids, positions, cache slots, block tables) lives in
-//! device buffers refreshed before each replay. Larger steps (prefill, wide batches) run eagerly
-//! with cuBLAS GEMMs over f16 copies of the weights.
+//! Decode steps (one new token per sequence, up to 64 sequences) are replayed from CUDA graphs
+//! captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64): up to 8 sequences on the fused
+//! dequantize+matvec kernels, more on cuBLAS GEMMs over f16 copies of the weights (or the
+//! tensor-core integer GEMM, opt-in) and the pipelined many-sequence attention; every per-step
+//! value those graphs read (token ids, positions, cache slots, block tables) lives in device
+//! buffers refreshed before each replay. Prompt steps run eagerly with cuBLAS.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use runtime::{
 use crate::device::{DevBuf, Gpu};
 use crate::error::CudaError;
 use crate::host::{HostExec, HostMat, HostPlan};
-use crate::kernels::{self, matrix_bytes, ActFormat, RopeParams, MV_MAX_NT};
+use crate::kernels::{self, matrix_bytes, ActFormat, RopeParams, MMQ_MAX_N, MV_MAX_NT};
 
 /// How f16 weight copies for the GEMM (prefill) path are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +114,9 @@ struct Scratch {
     /// Zeroed group counters of the kernels that quantize their own output (every kernel leaves
     /// them zeroed).
     qcnt: DevBuf,
+    /// Zeroed per-(token, KV head) counters of the split attention that merges its own slices
+    /// (the kernel leaves them zeroed).
+    acnt: DevBuf,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
@@ -175,6 +179,9 @@ struct Graph {
 pub struct CudaBackend {
     graphs: Vec<Graph>,
     graph_failed: Option<String>,
+    /// Why capturing a decode step of more than 8 sequences failed, if it did (such steps then
+    /// launch eagerly; the narrow buckets keep their graphs).
+    wide_graph_failed: Option<String>,
     s: Scratch,
     kc: Vec<DevBuf>,
     vc: Vec<DevBuf>,
@@ -204,6 +211,9 @@ pub struct CudaBackend {
     /// Other steps take the tensor-core split-K attention ([`Gpu::attn_decode`]) where the head
     /// size has one (`CROSSOVER_CUDA_DECODE_MMA=0` turns it off).
     decode_mma: bool,
+    /// Steps of more than 8 tokens that are not prompt-sized take the pipelined many-sequence
+    /// attention ([`Gpu::attn_batch`], v7; `CROSSOVER_CUDA_ATTN_BATCH=0` turns it off).
+    batch_attn: bool,
     gpu: Gpu,
 }
 
@@ -422,6 +432,7 @@ impl CudaBackend {
             aq2: gpu.alloc(kernels::act_bytes(1, widest).0)?,
             ad2: gpu.alloc(kernels::act_bytes(1, widest).1)?,
             qcnt: gpu.alloc_zeroed(n * widest.div_ceil(256) * 4)?,
+            acnt: gpu.alloc_zeroed(n * cfg.n_head_kv * 4)?,
             q: gpu.alloc(n * qd * f4)?,
             k: gpu.alloc(n * kvd * f4)?,
             v: gpu.alloc(n * kvd * f4)?,
@@ -519,6 +530,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             graphs: Vec::new(),
             graph_failed: None,
+            wide_graph_failed: None,
             s,
             kc,
             vc,
@@ -546,6 +558,7 @@ impl CudaBackend {
             trace: None,
             prefill_mma: std::env::var("CROSSOVER_CUDA_PREFILL_MMA").as_deref() != Ok("0"),
             decode_mma: std::env::var("CROSSOVER_CUDA_DECODE_MMA").as_deref() != Ok("0"),
+            batch_attn: std::env::var("CROSSOVER_CUDA_ATTN_BATCH").as_deref() != Ok("0"),
             gpu,
         })
     }
@@ -724,14 +737,50 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// v7's one-token fusions: products that normalize and quantize their own activations
+    /// (`prep`), the split attention that merges its own slices (`merge`), the shortest slice
+    /// of that attention (`slice` positions) and the blocks per SM of the preparing products
+    /// (`blocks_per_sm`); drops the captured graphs so later steps use the choice.
+    pub fn set_decode_fusion(
+        &mut self,
+        prep: bool,
+        merge: bool,
+        slice: usize,
+        blocks_per_sm: usize,
+    ) {
+        self.gpu.fuse_prep.set(prep);
+        self.gpu.fuse_merge.set(merge);
+        self.gpu.dec_slice.set(slice.max(32));
+        self.gpu.prep_blocks.set(blocks_per_sm.max(1));
+        self.graphs.clear();
+    }
+
     /// Use the tensor-core prefill attention for prompt-sized steps (on by default).
     pub fn set_prefill_mma(&mut self, on: bool) {
         self.prefill_mma = on;
     }
 
-    /// Why graph capture was given up, if it was.
+    /// Why graph capture was given up, if it was (for every step, or for steps of more than 8
+    /// sequences).
     pub fn graph_failure(&self) -> Option<&str> {
-        self.graph_failed.as_deref()
+        self.graph_failed
+            .as_deref()
+            .or(self.wide_graph_failed.as_deref())
+    }
+
+    /// Use the pipelined many-sequence attention for wide decode steps (on by default; off:
+    /// the split-K one-tile kernel), dropping captured graphs.
+    pub fn set_batch_attn(&mut self, on: bool) {
+        self.batch_attn = on;
+        self.graphs.clear();
+    }
+
+    /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on
+    /// the f16 copies), dropping captured graphs so later steps use the choice.
+    pub fn set_mmq(&mut self, on: bool) {
+        self.gpu.mmq.set(on);
+        self.graphs.clear();
+        self.wide_graph_failed = None;
     }
 
     fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
@@ -887,8 +936,21 @@ impl CudaBackend {
             .min(max_len.div_ceil(32))
             .min(self.max_split)
             .max(1);
-        let split_len = max_len.div_ceil(n_split).div_ceil(32) * 32;
+        let mut split_len = max_len.div_ceil(n_split).div_ceil(32) * 32;
+        if self.merge_in_split(n) {
+            // The last block merges every slice itself: fewer, longer slices (v7).
+            split_len = split_len.max(self.gpu.dec_slice.get().div_ceil(32) * 32);
+        }
         (max_len.div_ceil(split_len), split_len)
+    }
+
+    /// Whether an `n`-token step's split attention merges its slices itself
+    /// ([`Gpu::attn_decode_merge`], v7: one-token steps, `CROSSOVER_CUDA_FUSE_MERGE`).
+    fn merge_in_split(&self, n: usize) -> bool {
+        n == 1
+            && self.gpu.fuse_merge.get()
+            && self.decode_mma
+            && kernels::PREFILL_HEAD_DIMS.contains(&self.cfg.head_dim)
     }
 
     /// `y (+)= W x` for `n` tokens, choosing GEMM, integer matvec (quantized weights: `x` is
@@ -913,6 +975,32 @@ impl CudaBackend {
             CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
             o => o,
         };
+        // Batched decode (9..64 tokens): integer products on the tensor cores, one pass over
+        // the quantized weights for all tokens.
+        if let Some(f) = kernels::act_format(m.ty).filter(|_| mmq_tokens(gpu, n)) {
+            if acts.q != Some((x, f)) {
+                if gpu.warp_quant.get() {
+                    gpu.act_quant_w(x, 0, n, m.cols, Some(f), s.aq.ptr(), s.ad.ptr(), 0)
+                } else {
+                    gpu.quantize_act(x, n, m.cols, f, s.aq.ptr(), s.ad.ptr())
+                }
+                .map_err(name)?;
+                acts.q = Some((x, f));
+            }
+            return gpu
+                .matmul_q(
+                    m.ty,
+                    m.q.ptr(),
+                    m.rows,
+                    m.cols,
+                    s.aq.ptr(),
+                    s.ad.ptr(),
+                    n,
+                    y,
+                    acc,
+                )
+                .map_err(name);
+        }
         if n > opts.gemm_min_tokens && gpu.has_blas() {
             let w = match (&m.f16, s.wf16.as_ref()) {
                 (Some(b), _) => b.ptr(),
@@ -929,6 +1017,9 @@ impl CudaBackend {
                 let key = (x, kernels::act_format(m.ty));
                 if acts.h != Some(key) {
                     match key.1 {
+                        Some(f) if gpu.warp_quant.get() => gpu
+                            .act_f16_w(x, 0, n, m.cols, Some(f), s.xh.ptr())
+                            .map_err(name)?,
                         Some(f) => gpu
                             .quantize_act_f16(x, n, m.cols, f, s.xh.ptr())
                             .map_err(name)?,
@@ -1100,6 +1191,29 @@ impl CudaBackend {
         }
     }
 
+    /// RMSNorm of the step's `n` rows of `x` (see [`Gpu::rms_norm`]): prompt-sized steps that
+    /// want the f16 GEMM operand take the warp-quantizing kernel ([`Gpu::rms_norm_w`]).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        gpu: &Gpu,
+        x: u64,
+        w: u64,
+        e: usize,
+        eps: f32,
+        n: usize,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        let blk = quant.map_or(32, |q| q.0.block().max(32));
+        let wide = (out_h != 0 && n >= 32) || (quant.is_some() && n > MV_MAX_NT);
+        if gpu.warp_quant.get() && wide && e.is_multiple_of(blk) {
+            gpu.rms_norm_w(x, w, e, eps, n, out, out_h, quant)
+        } else {
+            gpu.rms_norm(x, 0, w, e, eps, n, out, out_h, quant)
+        }
+    }
+
     /// Queue the whole forward pass for `n` tokens whose metadata is on the device; logits of
     /// the `n_out` rows listed in `out_rows` land in `logits`.
     fn enqueue(
@@ -1109,6 +1223,7 @@ impl CudaBackend {
         n_split: usize,
         split_len: usize,
     ) -> Result<(), CudaError> {
+        let merge = self.merge_in_split(n);
         let gpu = &self.gpu;
         let cfg = &self.cfg;
         let s = &self.s;
@@ -1128,29 +1243,21 @@ impl CudaBackend {
             s.x.ptr(),
         )?;
         let matvec_path = n <= o.gemm_min_tokens || !gpu.has_blas();
+        // Activations are quantized (not converted to f16) for the integer products: the
+        // matrix-vector kernels, or the tensor-core integer GEMM of batched decode steps.
+        let int_path = matvec_path || mmq_tokens(gpu, n);
         // Prompt-sized steps whose every chunk fills a good part of a 64-query tile.
         let mma = self.prefill_mma
             && n > MV_MAX_NT
             && kernels::PREFILL_HEAD_DIMS.contains(&hd)
             && self.meta.chunks.iter().all(|c| c.1 >= 16)
             && self.meta.ids.len() == n;
+        // One token: the products normalize and quantize their own activations (v7).
+        let prep = n == 1 && gpu.fuse_prep.get() && matvec_path && tr.is_none();
         for (li, l) in self.layers.iter().enumerate() {
-            let (nh16, nq) = Self::norm_outputs(s, &l.wq, matvec_path, s.xn.ptr(), &mut qc);
-            gpu.rms_norm(
-                s.x.ptr(),
-                0,
-                l.attn_norm.ptr(),
-                e,
-                cfg.rms_norm_eps,
-                n,
-                s.xn.ptr(),
-                nh16,
-                nq,
-            )?;
-            Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
             let qf = kernels::act_format(l.wq.ty);
-            let fused_rope = n == 1
+            let rope_ok = n == 1
                 && gpu.fuse.get()
                 && matvec_path
                 && tr.is_none()
@@ -1164,8 +1271,25 @@ impl CudaBackend {
                 && l.bk.is_none()
                 && l.bv.is_none()
                 && cfg.rope_style != RopeStyle::Neox
-                && qf.is_some()
-                && qc.q == qf.map(|f| (s.xn.ptr(), f));
+                && qf.is_some();
+            // ... with the RMSNorm and quantization inside that launch too.
+            let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
+            if !prep_qkv {
+                let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, s.xn.ptr(), &mut qc);
+                Self::norm_rows(
+                    gpu,
+                    s.x.ptr(),
+                    l.attn_norm.ptr(),
+                    e,
+                    cfg.rms_norm_eps,
+                    n,
+                    s.xn.ptr(),
+                    nh16,
+                    nq,
+                )?;
+                Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
+            }
+            let fused_rope = rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
             if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
@@ -1177,24 +1301,49 @@ impl CudaBackend {
                 if !same {
                     launches.push((l.wv.ty, [0, 0, l.wv.q.ptr()], [0, 0, l.wv.rows]));
                 }
+                let ap = kernels::ActPrep {
+                    x: s.x.ptr(),
+                    norm: l.attn_norm.ptr(),
+                    eps: cfg.rms_norm_eps,
+                };
                 for (ty, w, rows) in launches {
-                    gpu.matvec_q_qkv_rope(
-                        ty,
-                        w,
-                        rows,
-                        l.wq.cols,
-                        s.aq.ptr(),
-                        s.ad.ptr(),
-                        s.q.ptr(),
-                        &self.rope,
-                        s.tok_pos.ptr(),
-                        s.tok_slot.ptr(),
-                        hd,
-                        kvd,
-                        self.kc[li].ptr(),
-                        self.vc[li].ptr(),
-                    )
-                    .map_err(|e| match e {
+                    let (pos, slot) = (s.tok_pos.ptr(), s.tok_slot.ptr());
+                    let (kcl, vcl) = (self.kc[li].ptr(), self.vc[li].ptr());
+                    let r = if prep_qkv {
+                        gpu.matvec_q_qkv_rope_prep(
+                            ty,
+                            w,
+                            rows,
+                            l.wq.cols,
+                            &ap,
+                            s.q.ptr(),
+                            &self.rope,
+                            pos,
+                            slot,
+                            hd,
+                            kvd,
+                            kcl,
+                            vcl,
+                        )
+                    } else {
+                        gpu.matvec_q_qkv_rope(
+                            ty,
+                            w,
+                            rows,
+                            l.wq.cols,
+                            s.aq.ptr(),
+                            s.ad.ptr(),
+                            s.q.ptr(),
+                            &self.rope,
+                            pos,
+                            slot,
+                            hd,
+                            kvd,
+                            kcl,
+                            vcl,
+                        )
+                    };
+                    r.map_err(|e| match e {
                         CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
                         o => o,
                     })?;
@@ -1243,6 +1392,63 @@ impl CudaBackend {
                         s.att.ptr(),
                     )?;
                 }
+            } else if merge {
+                // One token: the split attention merges its slices itself (v7).
+                gpu.attn_decode_merge(
+                    n,
+                    s.q.ptr(),
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                    s.tok_pos.ptr(),
+                    s.tok_seq.ptr(),
+                    s.btab.ptr(),
+                    self.max_blocks,
+                    o.block_tokens,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    split_len,
+                    s.part.ptr(),
+                    Some((s.att.ptr(), s.acnt.ptr())),
+                )?;
+            } else if self.batch_attn
+                && n > MV_MAX_NT
+                && kernels::PREFILL_HEAD_DIMS.contains(&hd)
+                && nh / nkv <= 8
+            {
+                // Many sequences (v7): each block walks a slice of several tiles, the next
+                // tile's copy in flight; slices from each token's own length.
+                let ab_split = (8 * gpu.sms as usize)
+                    .div_ceil(n * nkv)
+                    .min((n_split * split_len).div_ceil(64))
+                    .clamp(1, self.max_split);
+                gpu.attn_batch(
+                    n,
+                    s.q.ptr(),
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                    s.tok_pos.ptr(),
+                    s.tok_seq.ptr(),
+                    s.btab.ptr(),
+                    self.max_blocks,
+                    o.block_tokens,
+                    nh,
+                    nkv,
+                    hd,
+                    ab_split,
+                    s.part.ptr(),
+                )?;
+                gpu.attn_combine(
+                    n,
+                    s.part.ptr(),
+                    s.tok_pos.ptr(),
+                    nh,
+                    hd,
+                    ab_split,
+                    0,
+                    s.att.ptr(),
+                )?;
             } else {
                 let attn = if self.decode_mma && kernels::PREFILL_HEAD_DIMS.contains(&hd) {
                     Gpu::attn_decode
@@ -1271,6 +1477,7 @@ impl CudaBackend {
                 // merge itself (one launch fewer per layer).
                 let of = kernels::act_format(l.wo.ty).filter(|f| {
                     matvec_path
+                        && !prep
                         && gpu.fuse.get()
                         && gpu.fuse_quant.get()
                         && l.wo.host.is_none()
@@ -1294,33 +1501,69 @@ impl CudaBackend {
                 }
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("kqv_out", li, 0), &s.att, n, qd)?;
-            Self::linear(
-                gpu,
-                o,
-                s,
-                &l.wo,
-                s.att.ptr(),
-                n,
-                s.x.ptr(),
-                true,
-                st,
-                &mut qc,
-            )?;
+            if prep
+                && l.wo.host.is_none()
+                && kernels::act_format(l.wo.ty).is_some()
+                && gpu.mvr_prep_fits(l.wo.cols)
+            {
+                // One token: the output projection quantizes the attention output itself (v7).
+                let ap = kernels::ActPrep {
+                    x: s.att.ptr(),
+                    norm: 0,
+                    eps: 0.0,
+                };
+                gpu.matvec_q_prep(
+                    l.wo.ty,
+                    l.wo.q.ptr(),
+                    l.wo.rows,
+                    l.wo.cols,
+                    &ap,
+                    s.x.ptr(),
+                    true,
+                )
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wo.name)),
+                    o => o,
+                })?;
+            } else {
+                Self::linear(
+                    gpu,
+                    o,
+                    s,
+                    &l.wo,
+                    s.att.ptr(),
+                    n,
+                    s.x.ptr(),
+                    true,
+                    st,
+                    &mut qc,
+                )?;
+            }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_inp", li, 0), &s.x, n, e)?;
-            let (nh16, nq) = Self::norm_outputs(s, &l.gate, matvec_path, s.xn.ptr(), &mut qc);
-            gpu.rms_norm(
-                s.x.ptr(),
-                0,
-                l.ffn_norm.ptr(),
-                e,
-                cfg.rms_norm_eps,
-                n,
-                s.xn.ptr(),
-                nh16,
-                nq,
-            )?;
-            Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
+            // One token: the gate/up product normalizes and quantizes its activation itself (v7).
+            let prep_ffn = prep
+                && !(gpu.fuse.get() && gpu.fuse_quant.get())
+                && l.gate.host.is_none()
+                && l.up.host.is_none()
+                && l.gate.ty == l.up.ty
+                && gf.is_some()
+                && gpu.mvr_prep_fits(l.gate.cols);
+            if !prep_ffn {
+                let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, s.xn.ptr(), &mut qc);
+                Self::norm_rows(
+                    gpu,
+                    s.x.ptr(),
+                    l.ffn_norm.ptr(),
+                    e,
+                    cfg.rms_norm_eps,
+                    n,
+                    s.xn.ptr(),
+                    nh16,
+                    nq,
+                )?;
+                Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
+            }
             // One token: gate, up, SwiGLU and the down projection's activation quantization in
             // one launch, then the down product from the second activation buffers.
             let df = kernels::act_format(l.down.ty).filter(|f| {
@@ -1369,7 +1612,24 @@ impl CudaBackend {
                 qc = Acts::default();
                 continue;
             }
-            if matvec_path
+            if prep_ffn {
+                let ap = kernels::ActPrep {
+                    x: s.x.ptr(),
+                    norm: l.ffn_norm.ptr(),
+                    eps: cfg.rms_norm_eps,
+                };
+                gpu.matvec_q_swiglu_prep(
+                    l.gate.ty,
+                    l.gate.q.ptr(),
+                    l.up.q.ptr(),
+                    ff,
+                    l.gate.cols,
+                    &ap,
+                    s.g.ptr(),
+                )?;
+                qc = Acts::default();
+            } else if matvec_path
+                && !mmq_tokens(gpu, n)
                 && l.gate.host.is_none()
                 && l.up.host.is_none()
                 && l.gate.ty == l.up.ty
@@ -1416,28 +1676,73 @@ impl CudaBackend {
                 for (m, y) in [(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())] {
                     Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
                 }
-                if matvec_path {
+                let dq = kernels::act_format(l.down.ty).filter(|f| {
+                    mmq_tokens(gpu, n) && gpu.warp_quant.get() && ff.is_multiple_of(f.block())
+                });
+                if let Some(f) = dq {
+                    // The down product's activation quantized with the SwiGLU (one launch).
+                    gpu.act_quant_w(
+                        s.g.ptr(),
+                        s.u.ptr(),
+                        n,
+                        ff,
+                        Some(f),
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        0,
+                    )?;
+                    qc.q = Some((s.g.ptr(), f));
+                } else if int_path {
                     gpu.swiglu(s.g.ptr(), s.u.ptr(), n * cfg.n_ff)?;
                 } else {
                     // The down projection's f16 operand comes with the product (one launch).
                     let df = kernels::act_format(l.down.ty);
-                    gpu.swiglu_f16(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
+                    if gpu.warp_quant.get()
+                        && ff.is_multiple_of(df.map_or(32, |f| f.block().max(32)))
+                    {
+                        gpu.act_f16_w(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
+                    } else {
+                        gpu.swiglu_f16(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
+                    }
                     qc.h = Some((s.g.ptr(), df));
                 }
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_swiglu", li, 0), &s.g, n, ff)?;
-            Self::linear(
-                gpu,
-                o,
-                s,
-                &l.down,
-                s.g.ptr(),
-                n,
-                s.x.ptr(),
-                true,
-                st,
-                &mut qc,
-            )?;
+            if prep
+                && gpu.wide.get()
+                && l.down.host.is_none()
+                && kernels::act_format(l.down.ty).is_some()
+                && !gpu.mvr_fits(l.down.cols)
+                && gpu.mvw_fits(l.down.cols)
+            {
+                // One token: the down projection quantizes the SwiGLU output itself (v7).
+                gpu.matvec_q_wide_prep(
+                    l.down.ty,
+                    l.down.q.ptr(),
+                    l.down.rows,
+                    l.down.cols,
+                    s.g.ptr(),
+                    s.x.ptr(),
+                    true,
+                )
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                    o => o,
+                })?;
+            } else {
+                Self::linear(
+                    gpu,
+                    o,
+                    s,
+                    &l.down,
+                    s.g.ptr(),
+                    n,
+                    s.x.ptr(),
+                    true,
+                    st,
+                    &mut qc,
+                )?;
+            }
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
             Self::trace_point(gpu, tr, s, &mut qc, ("l_out", li, 0), &s.x, n, e)?;
@@ -1446,7 +1751,7 @@ impl CudaBackend {
             return Ok(());
         }
         let out = self.output.as_ref().unwrap_or(&self.embd);
-        let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas();
+        let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas() || mmq_tokens(gpu, n_out);
         let (nh16, nq) = Self::norm_outputs(s, out, out_path, s.hn.ptr(), &mut qc);
         gpu.rms_norm(
             s.x.ptr(),
@@ -1480,7 +1785,7 @@ impl CudaBackend {
             && self.graph_failed.is_none()
             && !self.any_host()
             && n > 0
-            && n <= MV_MAX_NT
+            && (n <= MV_MAX_NT || (n <= MMQ_MAX_N && self.wide_graph_failed.is_none()))
             && batch
                 .chunks
                 .iter()
@@ -1498,11 +1803,11 @@ impl CudaBackend {
             return Ok(0);
         }
         if self.is_decode(batch) {
-            let bucket = kernels::MV_NT
+            let bucket = DECODE_BUCKETS
                 .iter()
                 .copied()
                 .find(|&b| n <= b)
-                .unwrap_or(MV_MAX_NT);
+                .unwrap_or(MMQ_MAX_N);
             let (n_out, _) = self.build_meta(batch, bucket, true);
             self.upload_meta().map_err(dev)?;
             match self.replay(bucket, n_out) {
@@ -1510,6 +1815,12 @@ impl CudaBackend {
                     self.stats.graph_steps += 1;
                     // Rows of padding tokens are computed but never read.
                     return Ok(n);
+                }
+                Err(e) if bucket > MV_MAX_NT => {
+                    // A wide step's capture failing (cuBLAS where the integer GEMM does not
+                    // apply) leaves the narrow buckets' graphs in use.
+                    self.wide_graph_failed = Some(e.to_string());
+                    self.graphs.retain(|g| g.bucket <= MV_MAX_NT);
                 }
                 Err(e) => {
                     // Capture can fail on drivers or tools that forbid it: fall back to eager
@@ -1576,6 +1887,17 @@ impl CudaBackend {
         self.gpu.sync()
     }
 }
+
+/// Whether a product over `n` tokens takes the tensor-core integer GEMM ([`Gpu::matmul_q`]):
+/// steps of 9..64 tokens, while it is switched on (`Gpu::mmq`, off by default).
+fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
+    gpu.mmq.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
+}
+
+/// Batch sizes decode graphs are captured for: a step of `n` sequences replays the smallest
+/// bucket that holds it, the rest padding. Past 8 the products take cuBLAS (or the integer
+/// GEMM), whose time grows slowly with the token count, so padding costs little.
+const DECODE_BUCKETS: [usize; 9] = [1, 2, 4, 8, 16, 24, 32, 48, 64];
 
 /// Most attention splits any step uses: enough to spread one token's context over twice the
 /// multiprocessors, never slices shorter than 32 positions.

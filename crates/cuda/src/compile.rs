@@ -19,8 +19,11 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("matvec_q.cu", include_str!("../kernels/matvec_q.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("prefill.cu", include_str!("../kernels/prefill.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
 ];
 
 /// The whole program: every kernel file, each preceded by a `#line` directive so NVRTC's error

@@ -124,6 +124,47 @@ pub struct Gpu {
     /// (on the H200 they cost more than the two launches per layer they save: tg128 1.896 ms
     /// per token without, 2.045 with, docs/perf/cuda.md v6).
     pub fuse_quant: std::cell::Cell<bool>,
+    /// Products of 9..64 tokens (batched decode) take the tensor-core integer GEMM
+    /// ([`Gpu::matmul_q`], v7) rather than cuBLAS on f16 copies: off unless
+    /// `CROSSOVER_CUDA_MMQ=1` (correct, but on the H200 it runs at ~0.1 TB/s: a 64-sequence step
+    /// took 46 ms against cuBLAS's 5.1, docs/perf/cuda.md v7).
+    pub mmq: std::cell::Cell<bool>,
+    /// The prompt path's f16 operands (RMSNorm, SwiGLU, attention output) are quantized a warp
+    /// per 256-element group (prefill.cu, v7) rather than a block per group with three
+    /// barriers: on unless `CROSSOVER_CUDA_WARPQ=0`.
+    pub warp_quant: std::cell::Cell<bool>,
+    /// One-token products prepare their own activations (v7: RMSNorm and quantization inside
+    /// the Q/K/V, O and gate/up launches): off unless `CROSSOVER_CUDA_FUSE_PREP=1` (on the H200
+    /// every block's own pass over the row cost more than the launches it saves: tg128 2.17
+    /// against 2.04 ms per token with the fused merge on in both, docs/perf/cuda.md v7).
+    pub fuse_prep: std::cell::Cell<bool>,
+    /// One-token split attention merges its own slices (v7: the last block of each KV head
+    /// merges, no `attn_combine` launch) over slices of at least `dec_slice` positions: off
+    /// unless `CROSSOVER_CUDA_FUSE_MERGE=1` (on the H200 the merging block's tail costs what
+    /// the launch did, and the longer slices cost short contexts: tg128 2.04 against 1.88 ms
+    /// per token at depth 0, equal at 4096, docs/perf/cuda.md v7).
+    pub fuse_merge: std::cell::Cell<bool>,
+    /// Blocks per SM the products that prepare their own activation aim for (each block reads
+    /// the whole f32 row, so fewer blocks with more rows each): `CROSSOVER_CUDA_PREP_BLOCKS`,
+    /// default 4.
+    pub prep_blocks: std::cell::Cell<usize>,
+    /// Shortest context slice of a one-token attention block when the merge is fused
+    /// (`CROSSOVER_CUDA_DEC_SLICE`, default 128 positions).
+    pub dec_slice: std::cell::Cell<usize>,
+    /// With `fuse_prep`, one-token products of rows wider than the `mvr` kernels take (down)
+    /// run the block-wide kernel that quantizes its own activation (`mvw_*`, v7): off unless
+    /// `CROSSOVER_CUDA_WIDE=1` (slower than quantize_act + the block-per-row kernel on the
+    /// H200: 2.44 against 2.20 ms per token with `fuse_prep`).
+    pub wide: std::cell::Cell<bool>,
+}
+
+/// A positive integer from the environment, or `default` when unset or not one.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 /// Build a kernel argument list: pointers to each value, alive for the enclosing statement.
@@ -212,9 +253,22 @@ impl Gpu {
             fuse_quant: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_FUSE_QUANT").as_deref() == Ok("1"),
             ),
+            mmq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MMQ").as_deref() == Ok("1")),
+            warp_quant: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_WARPQ").as_deref() != Ok("0"),
+            ),
             pdl: std::cell::Cell::new(
                 cc.0 >= 9 && std::env::var("CROSSOVER_CUDA_PDL").as_deref() != Ok("0"),
             ),
+            fuse_prep: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_FUSE_PREP").as_deref() == Ok("1"),
+            ),
+            fuse_merge: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_FUSE_MERGE").as_deref() == Ok("1"),
+            ),
+            prep_blocks: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_PREP_BLOCKS", 4)),
+            dec_slice: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_DEC_SLICE", 128)),
+            wide: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WIDE").as_deref() == Ok("1")),
         })
     }
 
@@ -398,12 +452,33 @@ impl Gpu {
         Ok(out)
     }
 
+    /// The number of the kernel called `name` in [`all_kernel_names`].
+    pub(crate) fn kernel_id(&self, name: &str) -> Result<usize, CudaError> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| CudaError::Arg(format!("no kernel {name}")))
+    }
+
     /// Launch kernel number `id` of [`all_kernel_names`] on the stream.
     pub(crate) fn launch_id(
         &self,
         id: usize,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        self.launch_id_smem(id, grid, block, 0, args)
+    }
+
+    /// [`Gpu::launch_id`] with `smem` bytes of dynamic shared memory (over 48 KiB the kernel's
+    /// limit is raised first).
+    pub(crate) fn launch_id_smem(
+        &self,
+        id: usize,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
         let f = self
@@ -413,6 +488,19 @@ impl Gpu {
         let name = self.names.get(id).map_or("?", String::as_str);
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        if smem > 48 * 1024 {
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle of this context; the attribute takes a byte count.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .result()
+            .map_err(drv(format!("shared memory limit of {name}")))?;
         }
         // SAFETY: the argument list matches the kernel's C signature (each launch site in
         // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
@@ -432,7 +520,7 @@ impl Gpu {
                 blockDimX: block.0,
                 blockDimY: block.1,
                 blockDimZ: block.2,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: self.stream.cu_stream(),
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -457,7 +545,7 @@ impl Gpu {
                 f.cu_function(),
                 grid,
                 block,
-                0,
+                smem,
                 self.stream.cu_stream(),
                 args,
             )

@@ -170,8 +170,27 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvr_swiglu_{t}"));
         v.push(format!("mvr_rope_{t}"));
     }
+    for (_, t) in QTYPES {
+        for nb in MMQ_NB {
+            v.push(format!("mmq_{t}_{nb}"));
+        }
+    }
+    v.push("rms_norm_w".into());
+    for (_, t) in QTYPES {
+        v.push(format!("mvw_{t}"));
+    }
+    v.push("act_quant_w".into());
+    v.push("attn_batch_d2".into());
+    v.push("attn_batch_d4".into());
     v
 }
+
+/// Token tiles of 8 per block of the tensor-core integer GEMM kernels (`mmq_<type>_<nb>`,
+/// mmq.cu).
+pub const MMQ_NB: [usize; 3] = [2, 4, 8];
+/// Most tokens a step may have for its products to take [`Gpu::matmul_q`] (decode steps of
+/// many sequences); longer steps (prompts) take cuBLAS, which wins there.
+pub const MMQ_MAX_N: usize = 64;
 
 /// The one-token, two-rows-per-warp form of [`mvq_id`]'s kernels (`mvr_*`).
 fn mvr_id(ty: GgmlType, glu: bool) -> Result<usize, CudaError> {
@@ -197,8 +216,57 @@ fn mvq_id(ty: GgmlType, glu: bool, nt: usize) -> Result<usize, CudaError> {
         + nt_bucket(nt)?)
 }
 
-/// Warps per block of the one-token `mvr_*` kernels (two rows per warp).
+/// Warps per block of the one-token `mvr_*` kernels (two rows per warp). Also the block size
+/// (256 threads) that makes their RMSNorm sum the squares in rms_norm's order.
 const MVR_WARPS: usize = 8;
+/// Widest activation row an `mvr_*` launch prepares in shared memory (`MVR_PREP_MAX` in
+/// matvec_q.cu).
+const MVR_PREP_MAX: usize = 4096;
+
+/// Rows per block of the wide one-token product (`MVW_ROWS` in matvec_q.cu).
+const MVW_ROWS: usize = 8;
+/// Widest rows of the wide one-token product (`MVW_MAX` in matvec_q.cu).
+const MVW_MAX_COLS: usize = 16384;
+
+/// An f32 activation row that a one-token product normalizes (optionally) and quantizes in its
+/// own launch, rather than reading activations [`Gpu::quantize_act`] or [`Gpu::rms_norm`]
+/// quantized before it.
+#[derive(Clone, Copy, Debug)]
+pub struct ActPrep {
+    /// The row (f32, the product's `cols` wide).
+    pub x: u64,
+    /// RMSNorm weight (f32, `cols`), or 0 to quantize `x` as it is.
+    pub norm: u64,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+}
+
+/// Where an `mvr_*` launch finds its activation.
+enum ActIn {
+    Quantized { qs: u64, ds: u64 },
+    Prep(ActPrep),
+}
+
+impl ActIn {
+    /// Kernel arguments (qs, ds, px, pw, eps).
+    fn args(&self) -> (u64, u64, u64, u64, f32) {
+        match *self {
+            ActIn::Quantized { qs, ds } => (qs, ds, 0, 0, 0.0),
+            ActIn::Prep(p) => (0, 0, p.x, p.norm, p.eps),
+        }
+    }
+}
+
+fn check_prep(act: &ActIn, cols: usize) -> Result<(), CudaError> {
+    if let ActIn::Prep(p) = act {
+        if cols > MVR_PREP_MAX || p.x == 0 {
+            return Err(CudaError::Arg(format!(
+                "a product preparing its own activation: {cols} columns (at most {MVR_PREP_MAX})"
+            )));
+        }
+    }
+    Ok(())
+}
 /// Widest rows the one-token products send to the `mvr_*` kernels ([`Gpu::mvr_fits`]).
 const MVR_MAX_COLS: usize = 4096;
 
@@ -510,6 +578,222 @@ impl Gpu {
         )
     }
 
+    /// `y[t, :] (+)= W x[t, :]` for any number of tokens `n` on the tensor cores (int8 `mma`),
+    /// activations quantized as for [`Gpu::matvec_q`]: the batched-decode product (9..64
+    /// tokens). Blocks take 64 rows and 16, 32 or 64 tokens, the widest token tile that still
+    /// gives two blocks per multiprocessor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_q(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let blocks = |nb: usize| rows.div_ceil(64) * n.div_ceil(8 * nb);
+        let nb = [8usize, 4]
+            .into_iter()
+            .find(|&nb| n > 4 * nb && blocks(nb) >= 2 * self.sms as usize)
+            .unwrap_or(2);
+        self.matmul_q_nb(ty, w, rows, cols, qs, ds, n, y, accumulate, nb)
+    }
+
+    /// [`Gpu::matmul_q`] with blocks of `8 * nb` tokens (`nb` one of [`MMQ_NB`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_q_nb(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+        nb: usize,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let t = QTYPES
+            .iter()
+            .find(|(q, _)| *q == ty)
+            .map(|(_, name)| *name)
+            .ok_or_else(|| CudaError::Arg(format!("no integer GEMM kernel for {ty}")))?;
+        if !MMQ_NB.contains(&nb) {
+            return Err(CudaError::Arg(format!(
+                "token tile {nb} (kernels: {MMQ_NB:?})"
+            )));
+        }
+        if n == 0 || rows == 0 {
+            return Ok(());
+        }
+        let k = self.kernel_id(&format!("mmq_{t}_{nb}"))?;
+        let (rr, c, nn, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            i32_of(n, "tokens")?,
+            accumulate as i32,
+        );
+        // mmq.cu's shared memory: decoded weights (64 rows of 272 bytes), unit parameters (16
+        // bytes each), then two stages of activations (272 bytes per token), their scales and
+        // the raw weight bytes (mmq_rawb per row).
+        let ntok = 8 * nb;
+        let rawb = ((8 / (ty.block_size() / 32)) * ty.type_size() + 4).div_ceil(16) * 16;
+        let smem = 64 * 272 + 64 * 8 * 16 + 2 * (ntok * 272 + ntok * 8 * 8 + 64 * rawb);
+        self.launch_id_smem(
+            k,
+            (
+                u32_of(n.div_ceil(8 * nb), "token tiles")?,
+                u32_of(rows.div_ceil(64), "row tiles")?,
+                1,
+            ),
+            (128, 1, 1),
+            u32_of(smem, "shared memory")?,
+            kargs![w, rr, c, qs, ds, nn, y, a],
+        )
+    }
+
+    /// [`Gpu::rms_norm`] of `n_rows` consecutive rows (no row list) for prompt-sized steps:
+    /// one block per row, the quantization a warp per 256-element group (no block barriers);
+    /// the same bits as [`Gpu::rms_norm`]. `n` must be a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_w(
+        &self,
+        x: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        let (fmt, qs, ds) = match quant {
+            Some((f, q, d)) => (f as i32, q, d),
+            None => (0i32, 0u64, 0u64),
+        };
+        let blk = quant.map_or(32, |q| q.0.block().max(32));
+        if n == 0 || !n.is_multiple_of(blk) {
+            return Err(CudaError::Arg(format!(
+                "rms_norm_w: {n} columns is not a multiple of {blk}"
+            )));
+        }
+        let nn = i32_of(n, "width")?;
+        self.launch_id(
+            self.kernel_id("rms_norm_w")?,
+            (u32_of(n_rows, "rows")?, 1, 1),
+            (256, 1, 1),
+            kargs![x, w, nn, eps, out, out_h, fmt, qs, ds],
+        )
+    }
+
+    /// The f16 GEMM operand `xh` of `rows` rows of `x` (`n` columns, a multiple of 32):
+    /// quantized in `fmt` as [`Gpu::quantize_act_f16`] does (same bits), or plain f16 for
+    /// `None`; with `u` != 0, `x = silu(x) * u` first (written back to `x`, as
+    /// [`Gpu::swiglu_f16`]). A warp per 256-element group.
+    pub fn act_f16_w(
+        &self,
+        x: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        fmt: Option<ActFormat>,
+        xh: u64,
+    ) -> Result<(), CudaError> {
+        self.act_quant_w(x, u, rows, n, fmt, 0, 0, xh)
+    }
+
+    /// [`Gpu::act_f16_w`] that also (or only: `xh` = 0) writes the int8 values `qs` and scales
+    /// `ds` of [`Gpu::quantize_act`] (same bytes; either may be 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_quant_w(
+        &self,
+        x: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        fmt: Option<ActFormat>,
+        qs: u64,
+        ds: u64,
+        xh: u64,
+    ) -> Result<(), CudaError> {
+        let blk = fmt.map_or(32, |f| f.block().max(32));
+        if n == 0 || !n.is_multiple_of(blk) {
+            return Err(CudaError::Arg(format!(
+                "act_f16_w: {n} columns is not a multiple of {blk}"
+            )));
+        }
+        let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32));
+        self.launch_id(
+            self.kernel_id("act_quant_w")?,
+            (
+                u32_of(rows, "rows")?,
+                u32_of(n.div_ceil(2048), "chunks")?,
+                1,
+            ),
+            (256, 1, 1),
+            kargs![x, u, nn, f, qs, ds, xh],
+        )
+    }
+
+    /// Decode attention for many sequences ([`Gpu::attn_decode`]'s arithmetic and partial
+    /// results): block (t, kvh, s) walks split `s` of `n_split` equal parts (whole 64-position
+    /// tiles) of token `t`'s own context with the next tile's K/V copy in flight (cp.async,
+    /// two shared-memory stages). Merge with [`Gpu::attn_combine`] and `split_len` 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_batch(
+        &self,
+        n: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        tok_pos: u64,
+        tok_seq: u64,
+        btab: u64,
+        max_blocks: usize,
+        block_tokens: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        part: u64,
+    ) -> Result<(), CudaError> {
+        let d = PREFILL_HEAD_DIMS
+            .iter()
+            .position(|&h| h == hd)
+            .ok_or_else(|| CudaError::Arg(format!("head size {hd} (mma kernels: 64, 128)")))?;
+        if n_kv == 0 || !n_head.is_multiple_of(n_kv) || n_head / n_kv > 8 {
+            return Err(CudaError::Arg(format!(
+                "{n_head} query heads over {n_kv} KV heads (at most 8 per KV head)"
+            )));
+        }
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let (mb, bt, nh, nk) = (
+            i32_of(max_blocks, "max_blocks")?,
+            i32_of(block_tokens, "block_tokens")?,
+            n_head as i32,
+            n_kv as i32,
+        );
+        // Two stages of K and V tiles (64 rows of hd + 8 halves each).
+        let smem = (2 * 2 * 64 * (hd + 8) * 2) as u32;
+        self.launch_id_smem(
+            self.kernel_id(["attn_batch_d2", "attn_batch_d4"][d])?,
+            (
+                u32_of(n, "tokens")?,
+                n_kv as u32,
+                u32_of(n_split, "splits")?,
+            ),
+            (128, 1, 1),
+            smem,
+            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part],
+        )
+    }
+
     /// One token's Q, K and V products (`w`, `rows`: matrices of type `ty`; any may have 0 rows,
     /// so a V of another type takes a second launch) in one launch that also does
     /// [`Gpu::rope_store`]'s work for models without biases and with adjacent rotation pairs:
@@ -534,7 +818,57 @@ impl Gpu {
         kc: u64,
         vc: u64,
     ) -> Result<(), CudaError> {
+        let a = ActIn::Quantized { qs, ds };
+        self.qkv_rope(
+            ty, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
+        )
+    }
+
+    /// [`Gpu::matvec_q_qkv_rope`] on the f32 row `prep` names: each block normalizes and
+    /// quantizes it itself (bit for bit what [`Gpu::rms_norm`] with quantization writes), so
+    /// the RMSNorm needs no launch (v7).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_qkv_rope_prep(
+        &self,
+        ty: GgmlType,
+        w: [u64; 3],
+        rows: [usize; 3],
+        cols: usize,
+        prep: &ActPrep,
+        yq: u64,
+        rope: &RopeParams,
+        pos: u64,
+        slot: u64,
+        hd: usize,
+        kv_row: usize,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
+        let a = ActIn::Prep(*prep);
+        self.qkv_rope(
+            ty, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope(
+        &self,
+        ty: GgmlType,
+        w: [u64; 3],
+        rows: [usize; 3],
+        cols: usize,
+        act: ActIn,
+        yq: u64,
+        rope: &RopeParams,
+        pos: u64,
+        slot: u64,
+        hd: usize,
+        kv_row: usize,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        check_prep(&act, cols)?;
         if !self.mvr_fits(cols)
             || rope.n_rot > hd
             || !rope.n_rot.is_multiple_of(2)
@@ -585,12 +919,27 @@ impl Gpu {
         );
         let (c, pf) = (i32_of(cols, "cols")?, self.pdl.get() as i32);
         let total = rows[0] + rows[1] + rows[2];
+        let (qs, ds, px, pw, eps) = act.args();
+        let (blocks, loops) = self.mvr_grid(total.div_ceil(2 * MVR_WARPS), &act);
         self.launch_id(
             mvr_id(ty, false)? + 2,
-            (u32_of(total.div_ceil(2 * MVR_WARPS), "rows")?, 1, 1),
+            (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
-            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp],
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
         )
+    }
+
+    /// Blocks and row pairs per warp of an `mvr` launch that needs `blocks` blocks at one pair
+    /// per warp: launches that prepare their own activation (every block reads the whole f32
+    /// row) take several pairs per warp, down to about [`Gpu::prep_blocks`] blocks per SM.
+    fn mvr_grid(&self, blocks: usize, act: &ActIn) -> (usize, i32) {
+        let loops = match act {
+            ActIn::Quantized { .. } => 1,
+            ActIn::Prep(_) => blocks
+                .div_ceil(self.prep_blocks.get().max(1) * self.sms as usize)
+                .max(1),
+        };
+        (blocks.div_ceil(loops), loops as i32)
     }
 
     /// Whether one-token products of rows `cols` wide take the `mvr_*` kernels: on the H200 they
@@ -598,6 +947,12 @@ impl Gpu {
     /// the 3B model) and lose on 8192-wide rows (down: 15.4 against 9.4 us, docs/perf/cuda.md v6).
     pub fn mvr_fits(&self, cols: usize) -> bool {
         self.mvr.get() && cols <= MVR_MAX_COLS
+    }
+
+    /// Whether one-token products of rows `cols` wide can prepare their own activation
+    /// ([`ActPrep`]: RMSNorm and quantization inside the product's launch, v7).
+    pub fn mvr_prep_fits(&self, cols: usize) -> bool {
+        self.mvr_fits(cols) && cols <= MVR_PREP_MAX
     }
 
     /// One token's `y_i (+)= W_i x` for up to three matrices of type `ty` with `cols` columns
@@ -614,7 +969,19 @@ impl Gpu {
         ds: u64,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        self.mvr_multi(ty, segs, cols, ActIn::Quantized { qs, ds }, accumulate)
+    }
+
+    fn mvr_multi(
+        &self,
+        ty: GgmlType,
+        segs: &[(u64, usize, u64)],
+        cols: usize,
+        act: ActIn,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        check_prep(&act, cols)?;
         if segs.is_empty() || segs.len() > 3 {
             return Err(CudaError::Arg(format!(
                 "{} matrices in one matrix-vector launch (1 to 3)",
@@ -637,12 +1004,32 @@ impl Gpu {
         );
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
+        let (qs, ds, px, pw, eps) = act.args();
+        let (blocks, loops) = self.mvr_grid(total.div_ceil(2 * MVR_WARPS), &act);
         self.launch_id(
             mvr_id(ty, false)?,
-            (u32_of(total.div_ceil(2 * MVR_WARPS), "rows")?, 1, 1),
+            (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
-            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf],
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf, px, pw, eps, loops],
         )
+    }
+
+    /// One token's `y (+)= W x` on the f32 row `prep` names, normalized (when it has a norm
+    /// weight) and quantized inside the launch exactly as [`Gpu::rms_norm`] /
+    /// [`Gpu::quantize_act`] would (v7: the output projection quantizes the attention output
+    /// itself). Only where [`Gpu::mvr_prep_fits`] `cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_prep(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        prep: &ActPrep,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        self.mvr_multi(ty, &[(w, rows, y)], cols, ActIn::Prep(*prep), accumulate)
     }
 
     /// `y[t, :] = silu(Wg x[t, :]) * (Wu x[t, :])` with integer dot products (see
@@ -692,21 +1079,8 @@ impl Gpu {
             }
         }
         if nt == 1 && self.mvr_fits(cols) {
-            let (r, c, pf) = (
-                i32_of(rows, "rows")?,
-                i32_of(cols, "cols")?,
-                self.pdl.get() as i32,
-            );
-            let (qf, qc, qq, qd) = match quant {
-                Some((f, c, q, d)) => (f as i32, c, q, d),
-                None => (0, 0, 0, 0),
-            };
-            return self.launch_id(
-                mvr_id(ty, true)?,
-                (u32_of(rows.div_ceil(MVR_WARPS), "rows")?, 1, 1),
-                (32 * MVR_WARPS as u32, 1, 1),
-                kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd],
-            );
+            let act = ActIn::Quantized { qs, ds };
+            return self.mvr_swiglu(ty, wg, wu, rows, cols, act, y, quant);
         }
         let k = mvq_id(ty, true, nt)?;
         let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, nt as i32);
@@ -715,6 +1089,133 @@ impl Gpu {
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![wg, wu, r, c, qs, ds, n, y],
+        )
+    }
+
+    /// One token's `y = silu(Wg x) * (Wu x)` on the f32 row `prep` names, normalized and
+    /// quantized inside the launch exactly as [`Gpu::rms_norm`] with quantization would (v7: the
+    /// FFN's RMSNorm needs no launch). Only where [`Gpu::mvr_prep_fits`] `cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu_prep(
+        &self,
+        ty: GgmlType,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        prep: &ActPrep,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        self.mvr_swiglu(ty, wg, wu, rows, cols, ActIn::Prep(*prep), y, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mvr_swiglu(
+        &self,
+        ty: GgmlType,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        act: ActIn,
+        y: u64,
+        quant: Option<(ActFormat, u64, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        check_prep(&act, cols)?;
+        let (r, c, pf) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            self.pdl.get() as i32,
+        );
+        let (qf, qc, qq, qd) = match quant {
+            Some((f, c, q, d)) => (f as i32, c, q, d),
+            None => (0, 0, 0, 0),
+        };
+        let (qs, ds, px, pw, eps) = act.args();
+        let (blocks, loops) = self.mvr_grid(rows.div_ceil(MVR_WARPS), &act);
+        self.launch_id(
+            mvr_id(ty, true)?,
+            (u32_of(blocks, "rows")?, 1, 1),
+            (32 * MVR_WARPS as u32, 1, 1),
+            kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd, px, pw, eps, loops],
+        )
+    }
+
+    /// One token's `y (+)= W x` over wide rows (the down projection) with the block-wide
+    /// kernel (`mvw_*`, v7: each thread one unit of each of 8 rows, then a block reduction), on
+    /// activations quantized by [`Gpu::quantize_act`] in `act_format(ty)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_wide(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        self.mvw(ty, w, rows, cols, qs, ds, 0, y, accumulate)
+    }
+
+    /// [`Gpu::matvec_q_wide`] on the f32 activation `x`, quantized inside the launch exactly as
+    /// [`Gpu::quantize_act`] would (v7: the down projection needs no quantization launch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_wide_prep(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        if x == 0 {
+            return Err(CudaError::Arg("wide product: no activation row".into()));
+        }
+        self.mvw(ty, w, rows, cols, 0, 0, x, y, accumulate)
+    }
+
+    /// Whether [`Gpu::matvec_q_wide`] takes rows `cols` wide (at most 16384 columns).
+    pub fn mvw_fits(&self, cols: usize) -> bool {
+        cols <= MVW_MAX_COLS
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mvw(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        x: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        qtype_index(ty)?;
+        if cols > MVW_MAX_COLS {
+            return Err(CudaError::Arg(format!(
+                "wide product: {cols} columns (at most {MVW_MAX_COLS})"
+            )));
+        }
+        let (r, c, a, pf) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            self.pdl.get() as i32,
+        );
+        let name = format!("mvw_{}", QTYPES[qtype_index(ty)?].1);
+        self.launch_id(
+            self.kernel_id(&name)?,
+            (u32_of(rows.div_ceil(MVW_ROWS), "rows")?, 1, 1),
+            (256, 1, 1),
+            kargs![w, r, c, qs, ds, x, y, a, pf],
         )
     }
 
@@ -938,6 +1439,51 @@ impl Gpu {
         split_len: usize,
         part: u64,
     ) -> Result<(), CudaError> {
+        self.attn_decode_merge(
+            n,
+            q,
+            kc,
+            vc,
+            tok_pos,
+            tok_seq,
+            btab,
+            max_blocks,
+            block_tokens,
+            n_head,
+            n_kv,
+            hd,
+            n_split,
+            split_len,
+            part,
+            None,
+        )
+    }
+
+    /// [`Gpu::attn_decode`] that also merges the splits, as [`Gpu::attn_combine`] would (same
+    /// bits), inside the same launch: `merge` = (output `[n, n_head * hd]`, `n * n_kv` zeroed
+    /// u32 counters, which the kernel leaves zeroed). The last block of each (token, KV head)
+    /// to finish does the merge (v7).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode_merge(
+        &self,
+        n: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        tok_pos: u64,
+        tok_seq: u64,
+        btab: u64,
+        max_blocks: usize,
+        block_tokens: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        part: u64,
+        merge: Option<(u64, u64)>,
+    ) -> Result<(), CudaError> {
+        let (merged, cnt) = merge.unwrap_or((0, 0));
         let d = PREFILL_HEAD_DIMS
             .iter()
             .position(|&h| h == hd)
@@ -963,7 +1509,7 @@ impl Gpu {
                 u32_of(n_split, "splits")?,
             ),
             (128, 1, 1),
-            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, sl, part],
+            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, sl, part, merged, cnt],
         )
     }
 

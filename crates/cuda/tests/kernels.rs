@@ -451,6 +451,105 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
 /// The one-token kernel over three matrices in one launch (a layer's Q, K and V), with row
 /// counts that put a warp's two rows across matrix boundaries, against the CPU's scalar
 /// `vec_dot`; every output row checked written (poisoned buffers), accumulate form too.
+/// The tensor-core integer GEMM of batched decode (`mmq_*`, 9..64 tokens) against the CPU's
+/// scalar `vec_dot` on the CPU's own quantized activations: every type, every token tile,
+/// row counts that leave a partial 64-row tile, token counts that leave a partial token tile,
+/// rows whose length is not a whole 256-element step (legacy types), plain and accumulating.
+#[test]
+fn matmul_q_matches_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("matmul_q") else {
+        return;
+    };
+    let mut r = rng("matmul_q");
+    for &(ty, name) in QTYPES {
+        let fmt = act_format(ty).unwrap();
+        let legacy = ty.block_size() == 32;
+        let shapes: &[(usize, usize)] = if legacy {
+            &[(100, 768), (70, 544)]
+        } else {
+            &[(100, 768), (70, 512)]
+        };
+        for &(rows, cols) in shapes {
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let rb = q.len() / rows;
+            for (n, nb) in [
+                (9usize, 2usize),
+                (16, 2),
+                (37, 4),
+                (64, 8),
+                (50, 2),
+                (20, 8),
+            ] {
+                let x = randn(&mut r, n * cols, 1.0);
+                let mut buf = quant::dot::ActBuf::new();
+                quant::dot::quantize_acts_with_isa(ty, &x, n, cols, &mut buf, Isa::Scalar).unwrap();
+                let mut want = vec![0f64; n * rows];
+                for t in 0..n {
+                    let a = buf.row(t).unwrap();
+                    for rr in 0..rows {
+                        want[t * rows + rr] = quant::dot::vec_dot(
+                            ty,
+                            &q[rr * rb..(rr + 1) * rb],
+                            a,
+                            cols,
+                            Isa::Scalar,
+                        )
+                        .unwrap() as f64;
+                    }
+                }
+                let xb = g.upload(&x).unwrap();
+                let (qb, db) = act_bufs(&g, n, cols);
+                g.quantize_act(xb.ptr(), n, cols, fmt, qb.ptr(), db.ptr())
+                    .unwrap();
+                let y = poisoned(&g, n * rows);
+                g.matmul_q_nb(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    n,
+                    y.ptr(),
+                    false,
+                    nb,
+                )
+                .unwrap();
+                let got: Vec<f32> = g.download(&y, n * rows).unwrap();
+                // Same integer sums; the K-quants fold them per super-block as the CPU does,
+                // the other types per unit as the matrix-vector kernels do (float order only).
+                let e = rel_err(&got, &want);
+                assert!(
+                    e < 5e-6,
+                    "{name} {rows}x{cols} n={n} nb={nb}: relative error {e:e}"
+                );
+                let y0 = randn(&mut r, n * rows, 1.0);
+                let yb = g.upload(&y0).unwrap();
+                g.matmul_q(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    n,
+                    yb.ptr(),
+                    true,
+                )
+                .unwrap();
+                let got: Vec<f32> = g.download(&yb, n * rows).unwrap();
+                let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+                let e = rel_err(&got, &want2);
+                assert!(
+                    e < 5e-6,
+                    "{name} {rows}x{cols} n={n} accumulate: relative error {e:e}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matvec_q_multi_matches_cpu_scalar_vec_dot() {
     let Some(g) = gpu_or_skip("matvec_q_multi") else {
@@ -1127,6 +1226,36 @@ fn paged_attention_matches_reference() {
                 e < 2e-3,
                 "mma hd {hd} splits {n_split}: relative error {e:e}"
             );
+            // The many-sequence form (v7): slices from each token's own length, merged by
+            // attn_combine with split_len 0; rows of other tokens' heads checked too.
+            let part = poisoned(&g, n * nh * n_split * (hd + 2));
+            let out = poisoned(&g, n * nh * hd);
+            g.attn_batch(
+                n,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                pb.ptr(),
+                sb.ptr(),
+                tb.ptr(),
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                part.ptr(),
+            )
+            .unwrap();
+            g.attn_combine(n, part.ptr(), pb.ptr(), nh, hd, n_split, 0, out.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
+            let e = rel_err(&got, &want);
+            eprintln!("attn_batch hd {hd} splits {n_split}: relative error {e:.2e}");
+            assert!(
+                e < 2e-3,
+                "attn_batch hd {hd} splits {n_split}: relative error {e:e}"
+            );
         }
     }
 }
@@ -1342,5 +1471,552 @@ fn swiglu_f16_operand_is_the_quantized_product() {
             }
         };
         assert_eq!(goth, wanth, "{fmt:?}: f16 operand");
+    }
+}
+
+/// v7: the one-token products that prepare their own activation (RMSNorm and quantization in
+/// the product's launch, `*_prep`) give the bits of the unfused path: `rms_norm` with
+/// quantization (or `quantize_act`) followed by the product. Q/K/V with RoPE (a V of another
+/// type in its own launch), SwiGLU, and the accumulating plain product without a norm; both
+/// activation formats; one and several row pairs per warp.
+#[test]
+fn prep_products_equal_norm_then_products() {
+    let Some(g) = gpu_or_skip("prep_products") else {
+        return;
+    };
+    let mut r = rng("prep_products");
+    let eps = 1e-5f32;
+    let cols = 1024usize;
+    let mk = |r: &mut ChaCha8Rng, ty: GgmlType, rows: usize| {
+        g.upload(&quantized(ty, &randn(r, rows * cols, 0.5)).0)
+            .unwrap()
+    };
+    let bits = |b: &DevBuf, n: usize| -> Vec<u32> { g.download(b, n).unwrap() };
+    for blocks_per_sm in [4usize, 1] {
+        g.prep_blocks.set(blocks_per_sm);
+        for ty in [GgmlType::Q4K, GgmlType::Q8_0] {
+            let fmt = act_format(ty).unwrap();
+            let x = randn(&mut r, cols, 2.0);
+            let nw: Vec<f32> = (0..cols).map(|_| 0.5 + r.gen::<f32>()).collect();
+            let (xb, nwb) = (g.upload(&x).unwrap(), g.upload(&nw).unwrap());
+            let prep = cuda::kernels::ActPrep {
+                x: xb.ptr(),
+                norm: nwb.ptr(),
+                eps,
+            };
+            let xn = poisoned(&g, cols);
+            let (qa, da) = act_bufs(&g, 1, cols);
+            g.rms_norm(
+                xb.ptr(),
+                0,
+                nwb.ptr(),
+                cols,
+                eps,
+                1,
+                xn.ptr(),
+                0,
+                Some((fmt, qa.ptr(), da.ptr())),
+            )
+            .unwrap();
+            // SwiGLU: 2304 rows take several rows per warp at one block per SM.
+            let rows = 2304;
+            let (wg, wu) = (mk(&mut r, ty, rows), mk(&mut r, ty, rows));
+            let (y1, y2) = (poisoned(&g, rows), poisoned(&g, rows));
+            g.matvec_q_swiglu(
+                ty,
+                wg.ptr(),
+                wu.ptr(),
+                rows,
+                cols,
+                qa.ptr(),
+                da.ptr(),
+                1,
+                y1.ptr(),
+            )
+            .unwrap();
+            g.matvec_q_swiglu_prep(ty, wg.ptr(), wu.ptr(), rows, cols, &prep, y2.ptr())
+                .unwrap();
+            assert_eq!(
+                bits(&y1, rows),
+                bits(&y2, rows),
+                "{ty} swiglu, {blocks_per_sm}/SM"
+            );
+            // Plain accumulating product on an un-normalized row (the output projection).
+            let rows = r.gen_range(2000..3000usize);
+            let w = mk(&mut r, ty, rows);
+            let a = randn(&mut r, cols, 1.0);
+            let ab = g.upload(&a).unwrap();
+            let (qa2, da2) = act_bufs(&g, 1, cols);
+            g.quantize_act(ab.ptr(), 1, cols, fmt, qa2.ptr(), da2.ptr())
+                .unwrap();
+            let y0 = randn(&mut r, rows, 1.0);
+            let (y1, y2) = (g.upload(&y0).unwrap(), g.upload(&y0).unwrap());
+            g.matvec_q(
+                ty,
+                w.ptr(),
+                rows,
+                cols,
+                qa2.ptr(),
+                da2.ptr(),
+                1,
+                y1.ptr(),
+                true,
+            )
+            .unwrap();
+            let p2 = cuda::kernels::ActPrep {
+                x: ab.ptr(),
+                norm: 0,
+                eps: 0.0,
+            };
+            g.matvec_q_prep(ty, w.ptr(), rows, cols, &p2, y2.ptr(), true)
+                .unwrap();
+            assert_eq!(
+                bits(&y1, rows),
+                bits(&y2, rows),
+                "{ty} accumulate, {rows} rows, {blocks_per_sm}/SM"
+            );
+            // Q/K/V with RoPE and the cache store (K-quants only: rotation pairs need the same
+            // format for V of another type).
+            if ty != GgmlType::Q4K {
+                continue;
+            }
+            let (nh, nkv, hd) = (24usize, 8usize, 64usize);
+            let (rq, rk) = (nh * hd, nkv * hd);
+            let rope = cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0);
+            for vty in [GgmlType::Q4K, GgmlType::Q6K] {
+                let (wq, wk, wv) = (mk(&mut r, ty, rq), mk(&mut r, ty, rk), mk(&mut r, vty, rk));
+                let pos = vec![r.gen_range(0..4000i32)];
+                let slot = vec![r.gen_range(0..8i32)];
+                let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+                let launches: Vec<(GgmlType, [u64; 3], [usize; 3])> = if vty == ty {
+                    vec![(ty, [wq.ptr(), wk.ptr(), wv.ptr()], [rq, rk, rk])]
+                } else {
+                    vec![
+                        (ty, [wq.ptr(), wk.ptr(), 0], [rq, rk, 0]),
+                        (vty, [0, 0, wv.ptr()], [0, 0, rk]),
+                    ]
+                };
+                let mut outs = Vec::new();
+                for fused in [false, true] {
+                    let q = poisoned(&g, rq);
+                    let kc = g.upload(&vec![0u16; 8 * rk]).unwrap();
+                    let vc = g.upload(&vec![0u16; 8 * rk]).unwrap();
+                    for &(lt, w, rows) in &launches {
+                        let (p, s) = (pb.ptr(), sb.ptr());
+                        if fused {
+                            g.matvec_q_qkv_rope_prep(
+                                lt,
+                                w,
+                                rows,
+                                cols,
+                                &prep,
+                                q.ptr(),
+                                &rope,
+                                p,
+                                s,
+                                hd,
+                                rk,
+                                kc.ptr(),
+                                vc.ptr(),
+                            )
+                        } else {
+                            g.matvec_q_qkv_rope(
+                                lt,
+                                w,
+                                rows,
+                                cols,
+                                qa.ptr(),
+                                da.ptr(),
+                                q.ptr(),
+                                &rope,
+                                p,
+                                s,
+                                hd,
+                                rk,
+                                kc.ptr(),
+                                vc.ptr(),
+                            )
+                        }
+                        .unwrap();
+                    }
+                    let kb: Vec<u16> = g.download(&kc, 8 * rk).unwrap();
+                    let vb: Vec<u16> = g.download(&vc, 8 * rk).unwrap();
+                    outs.push((bits(&q, rq), kb, vb));
+                }
+                assert_eq!(
+                    outs[0].0, outs[1].0,
+                    "V {vty}: rotated Q, {blocks_per_sm}/SM"
+                );
+                assert_eq!(outs[0].1, outs[1].1, "V {vty}: K cache");
+                assert_eq!(outs[0].2, outs[1].2, "V {vty}: V cache");
+            }
+        }
+    }
+    g.prep_blocks.set(4);
+}
+
+/// v7: the split attention that merges its own slices (the last block of each token and KV
+/// head) writes the bits of `attn_decode` followed by `attn_combine`, leaves its counters
+/// zeroed (so a replay works), and stays within the f64 reference's tolerance; one, several and
+/// many slices.
+#[test]
+fn attn_decode_merge_equals_decode_then_combine() {
+    let Some(g) = gpu_or_skip("attn_merge") else {
+        return;
+    };
+    let mut r = rng("attn_merge");
+    for hd in cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt) = (24usize, 8usize, 32usize);
+        let max_blocks = 40;
+        let n_seq = 3;
+        let n_blocks = n_seq * max_blocks;
+        let kv_row = nkv * hd;
+        let kh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_bits())
+            .collect();
+        let vh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_bits())
+            .collect();
+        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        // One token per sequence: a short context (one slice) and two long ones.
+        let pos: Vec<i32> = vec![
+            r.gen_range(0..100),
+            r.gen_range(600..1279),
+            r.gen_range(1000..1279),
+        ];
+        let seq: Vec<i32> = vec![0, 1, 2];
+        let n = pos.len();
+        let q = randn(&mut r, n * nh * hd, 1.0);
+        let up16 = |d: &[u16]| g.upload(d).unwrap();
+        let (qb, kb, vb) = (g.upload(&q).unwrap(), up16(&kh), up16(&vh));
+        let (pb, sb, tb) = (
+            g.upload(&pos).unwrap(),
+            g.upload(&seq).unwrap(),
+            g.upload(&btab).unwrap(),
+        );
+        let cnt = g.alloc_zeroed(n * nkv * 4).unwrap();
+        for (n_split, split_len) in [(1usize, 1280usize), (10, 128), (40, 32)] {
+            let part = poisoned(&g, n * nh * n_split * (hd + 2));
+            let run = |merge: Option<(u64, u64)>| {
+                g.attn_decode_merge(
+                    n,
+                    qb.ptr(),
+                    kb.ptr(),
+                    vb.ptr(),
+                    pb.ptr(),
+                    sb.ptr(),
+                    tb.ptr(),
+                    max_blocks,
+                    bt,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    split_len,
+                    part.ptr(),
+                    merge,
+                )
+                .unwrap()
+            };
+            run(None);
+            let want = poisoned(&g, n * nh * hd);
+            g.attn_combine(
+                n,
+                part.ptr(),
+                pb.ptr(),
+                nh,
+                hd,
+                n_split,
+                split_len,
+                want.ptr(),
+            )
+            .unwrap();
+            let want: Vec<u32> = g.download(&want, n * nh * hd).unwrap();
+            for rep in 0..2 {
+                let out = poisoned(&g, n * nh * hd);
+                run(Some((out.ptr(), cnt.ptr())));
+                let got: Vec<u32> = g.download(&out, n * nh * hd).unwrap();
+                assert_eq!(got, want, "hd {hd}, {n_split} x {split_len}, run {rep}");
+                let c: Vec<u32> = g.download(&cnt, n * nkv).unwrap();
+                assert!(c.iter().all(|&v| v == 0), "counters left non-zero");
+            }
+        }
+        // The merged output against a direct f64 softmax (attn_decode's rounding: query and
+        // probabilities as f16), for the token with the longest context.
+        let t = 2;
+        let out = poisoned(&g, n * nh * hd);
+        let part = poisoned(&g, n * nh * 10 * (hd + 2));
+        g.attn_decode_merge(
+            n,
+            qb.ptr(),
+            kb.ptr(),
+            vb.ptr(),
+            pb.ptr(),
+            sb.ptr(),
+            tb.ptr(),
+            max_blocks,
+            bt,
+            nh,
+            nkv,
+            hd,
+            10,
+            128,
+            part.ptr(),
+            Some((out.ptr(), cnt.ptr())),
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&out, n * nh * hd).unwrap();
+        let len = pos[t] as usize + 1;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut want = Vec::new();
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let row = |p: usize| {
+                let b = btab[seq[t] as usize * max_blocks + p / bt] as usize;
+                (b * bt + p % bt) * kv_row + kvh * hd
+            };
+            let s: Vec<f64> = (0..len)
+                .map(|p| {
+                    (0..hd)
+                        .map(|d| {
+                            f16::from_f32(q[(t * nh + h) * hd + d]).to_f64()
+                                * f16::from_bits(kh[row(p) + d]).to_f64()
+                        })
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..hd {
+                want.push(
+                    (0..len)
+                        .map(|p| e[p] / z * f16::from_bits(vh[row(p) + d]).to_f64())
+                        .sum::<f64>(),
+                );
+            }
+        }
+        let e = rel_err(&got[t * nh * hd..(t + 1) * nh * hd], &want);
+        assert!(
+            e < 2e-3,
+            "hd {hd}: merged attention off the f64 reference by {e:.2e}"
+        );
+    }
+}
+
+/// v7: the prompt path's warp-quantizing kernels (`rms_norm_w`, `act_f16_w`, prefill.cu) give
+/// the bits of the block kernels they replace: RMSNorm within the same ulps of
+/// `cpu::ops::rms_norm` and bit-identical to `rms_norm`; SwiGLU bit-identical to the CPU's; the
+/// f16 operands, int8 values and scales bit-identical to `quantize_act` / `quantize_act_f16`
+/// (themselves bit-identical to the CPU's quantizer). Both activation formats and plain f16,
+/// a width that is not a whole 256-element group (Q8_0 blocks), planted ties and zero groups.
+#[test]
+fn warp_quantized_operands_match_block_kernels() {
+    let Some(g) = gpu_or_skip("warp_operands") else {
+        return;
+    };
+    let mut r = rng("warp_operands");
+    let rows = 37usize;
+    for (n, fmts) in [
+        (
+            3072usize,
+            vec![None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)],
+        ),
+        (576, vec![None, Some(ActFormat::Q8x32)]),
+    ] {
+        let w = randn(&mut r, n, 1.0);
+        let wb = g.upload(&w).unwrap();
+        let mut x = randn(&mut r, rows * n, 2.0);
+        x[256..512].iter_mut().for_each(|v| *v = 0.0);
+        x[n + 3] = 9.5;
+        x[n + 200] = -9.5;
+        let xb = g.upload(&x).unwrap();
+        for fmt in fmts {
+            // RMSNorm: the block kernel's output, f16 operand, int8 values and scales.
+            let (outa, outb) = (poisoned(&g, rows * n), poisoned(&g, rows * n));
+            let (ha, hb) = (
+                g.upload(&vec![0xffffu16; rows * n]).unwrap(),
+                g.upload(&vec![0x1234u16; rows * n]).unwrap(),
+            );
+            let (qa, da) = act_bufs(&g, rows, n);
+            let (qb, db) = act_bufs(&g, rows, n);
+            g.rms_norm(
+                xb.ptr(),
+                0,
+                wb.ptr(),
+                n,
+                1e-5,
+                rows,
+                outa.ptr(),
+                ha.ptr(),
+                fmt.map(|f| (f, qa.ptr(), da.ptr())),
+            )
+            .unwrap();
+            g.rms_norm_w(
+                xb.ptr(),
+                wb.ptr(),
+                n,
+                1e-5,
+                rows,
+                outb.ptr(),
+                hb.ptr(),
+                fmt.map(|f| (f, qb.ptr(), db.ptr())),
+            )
+            .unwrap();
+            let (a, b): (Vec<u32>, Vec<u32>) = (
+                g.download(&outa, rows * n).unwrap(),
+                g.download(&outb, rows * n).unwrap(),
+            );
+            assert_eq!(a, b, "n {n} {fmt:?}: rms_norm_w output");
+            let mut c = vec![0f32; n];
+            let got: Vec<f32> = g.download(&outb, rows * n).unwrap();
+            for t in 0..rows {
+                cpu::ops::rms_norm(&x[t * n..(t + 1) * n], &w, 1e-5, &mut c);
+                for (i, (&a, &b)) in got[t * n..(t + 1) * n].iter().zip(&c).enumerate() {
+                    let d = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
+                    assert!(d <= 4, "n {n} row {t} element {i}: {a} vs cpu {b}");
+                }
+            }
+            let (a, b): (Vec<u16>, Vec<u16>) = (
+                g.download(&ha, rows * n).unwrap(),
+                g.download(&hb, rows * n).unwrap(),
+            );
+            assert_eq!(a, b, "n {n} {fmt:?}: rms_norm_w f16 operand");
+            if fmt.is_some() {
+                let (a, b): (Vec<u8>, Vec<u8>) = (
+                    g.download(&qa, rows * n).unwrap(),
+                    g.download(&qb, rows * n).unwrap(),
+                );
+                assert_eq!(a, b, "n {n} {fmt:?}: rms_norm_w int8 values");
+                let nd = act_bytes(rows, n).1 / 4;
+                let (a, b): (Vec<u32>, Vec<u32>) =
+                    (g.download(&da, nd).unwrap(), g.download(&db, nd).unwrap());
+                assert_eq!(a, b, "n {n} {fmt:?}: rms_norm_w scales and sums");
+            }
+
+            // The plain operand conversion, then SwiGLU with the operand.
+            let (ha, hb) = (
+                g.upload(&vec![0xffffu16; rows * n]).unwrap(),
+                g.upload(&vec![0x1234u16; rows * n]).unwrap(),
+            );
+            match fmt {
+                Some(f) => g.quantize_act_f16(xb.ptr(), rows, n, f, ha.ptr()).unwrap(),
+                None => g.to_f16(xb.ptr(), rows * n, ha.ptr()).unwrap(),
+            }
+            g.act_f16_w(xb.ptr(), 0, rows, n, fmt, hb.ptr()).unwrap();
+            if let Some(f) = fmt {
+                let (qa, da) = act_bufs(&g, rows, n);
+                let (qb, db) = act_bufs(&g, rows, n);
+                g.quantize_act(xb.ptr(), rows, n, f, qa.ptr(), da.ptr())
+                    .unwrap();
+                g.act_quant_w(xb.ptr(), 0, rows, n, fmt, qb.ptr(), db.ptr(), 0)
+                    .unwrap();
+                let (a, b): (Vec<u8>, Vec<u8>) = (
+                    g.download(&qa, rows * n).unwrap(),
+                    g.download(&qb, rows * n).unwrap(),
+                );
+                assert_eq!(a, b, "n {n} {fmt:?}: act_quant_w int8 values");
+                let nd = act_bytes(rows, n).1 / 4;
+                let (a, b): (Vec<u32>, Vec<u32>) =
+                    (g.download(&da, nd).unwrap(), g.download(&db, nd).unwrap());
+                assert_eq!(a, b, "n {n} {fmt:?}: act_quant_w scales and sums");
+            }
+            let (a, b): (Vec<u16>, Vec<u16>) = (
+                g.download(&ha, rows * n).unwrap(),
+                g.download(&hb, rows * n).unwrap(),
+            );
+            assert_eq!(a, b, "n {n} {fmt:?}: act_f16_w operand");
+
+            let up = randn(&mut r, rows * n, 3.0);
+            let mut want = x.clone();
+            quant::dot::ggml::swiglu_isa(Isa::Scalar, &mut want, &up);
+            let (gd, ud) = (g.upload(&x).unwrap(), g.upload(&up).unwrap());
+            let hs = g.upload(&vec![0x1234u16; rows * n]).unwrap();
+            g.act_f16_w(gd.ptr(), ud.ptr(), rows, n, fmt, hs.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&gd, rows * n).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{fmt:?} swiglu element {i}: {a} vs cpu {b}"
+                );
+            }
+            let hw = g.upload(&vec![0xffffu16; rows * n]).unwrap();
+            match fmt {
+                Some(f) => g.quantize_act_f16(gd.ptr(), rows, n, f, hw.ptr()).unwrap(),
+                None => g.to_f16(gd.ptr(), rows * n, hw.ptr()).unwrap(),
+            }
+            let (a, b): (Vec<u16>, Vec<u16>) = (
+                g.download(&hw, rows * n).unwrap(),
+                g.download(&hs, rows * n).unwrap(),
+            );
+            assert_eq!(a, b, "n {n} {fmt:?}: act_f16_w SwiGLU operand");
+        }
+    }
+}
+
+/// v7: the wide one-token product (`mvw_*`, the down projection) that quantizes its f32
+/// activation itself gives the bits of `quantize_act` followed by the same kernel reading the
+/// quantized activation, and agrees with the CPU's scalar `vec_dot` on the CPU's own quantized
+/// activations (every quantized type; plain and accumulating; a partial last block of rows).
+#[test]
+fn wide_product_prep_equals_quantize_then_product() {
+    let Some(g) = gpu_or_skip("wide_product") else {
+        return;
+    };
+    let mut r = rng("wide_product");
+    let cols = 8192usize;
+    for &(ty, name) in QTYPES {
+        let fmt = act_format(ty).unwrap();
+        let rows = r.gen_range(41..90usize);
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+        let rb = q.len() / rows;
+        let x = randn(&mut r, cols, 1.0);
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let a = buf.row(0).unwrap();
+        let want: Vec<f64> = (0..rows)
+            .map(|rr| {
+                quant::dot::vec_dot(ty, &q[rr * rb..(rr + 1) * rb], a, cols, Isa::Scalar).unwrap()
+                    as f64
+            })
+            .collect();
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        for acc in [false, true] {
+            let y0 = randn(&mut r, rows, 1.0);
+            let (y1, y2) = (g.upload(&y0).unwrap(), g.upload(&y0).unwrap());
+            g.matvec_q_wide(ty, w.ptr(), rows, cols, qb.ptr(), db.ptr(), y1.ptr(), acc)
+                .unwrap();
+            g.matvec_q_wide_prep(ty, w.ptr(), rows, cols, xb.ptr(), y2.ptr(), acc)
+                .unwrap();
+            let a: Vec<u32> = g.download(&y1, rows).unwrap();
+            let b: Vec<u32> = g.download(&y2, rows).unwrap();
+            assert_eq!(
+                a, b,
+                "{name} {rows}x{cols} accumulate={acc}: fused vs unfused"
+            );
+            let got: Vec<f32> = g.download(&y2, rows).unwrap();
+            let w2: Vec<f64> = want
+                .iter()
+                .zip(&y0)
+                .map(|(v, &b)| if acc { v + b as f64 } else { *v })
+                .collect();
+            let e = rel_err(&got, &w2);
+            assert!(
+                e < 5e-6,
+                "{name} {rows}x{cols} accumulate={acc}: relative error {e:e}"
+            );
+        }
     }
 }

@@ -1,0 +1,200 @@
+// Decode attention for many sequences at once (batched decode steps of 9..64 tokens, one token
+// per sequence, each sequence its own length in the paged cache). attn_decode takes one
+// 64-position tile per block, so a 64-sequence step launches thousands of short blocks that each
+// wait for their loads, then compute, then exit; here a block (t, kvh, s) walks its slice of
+// the context tile after tile with the next tile's K and V rows already on their way
+// (cp.async into a second shared-memory stage), so the memory system always has work. The
+// slice is chosen from the token's own length (n_split = gridDim.z equal parts, whole tiles), so
+// a graph captured for the longest context still spreads a short one over every split.
+//
+// Same arithmetic as attn_decode (query rounded to f16, scale after the dot, unnormalized
+// probabilities as f16 into P.V, online softmax per warp, warps merged at the end), and the same
+// partial-result format, merged by attn_combine with split_len = 0 (the same slice rule).
+// Warp w takes keys 16w..16w+15 of each 64-position tile; V stays row-major in shared memory and
+// its mma operand comes through ldmatrix.trans.
+
+#define AB_STAGES 2
+
+// The slice length attn_batch (and attn_combine with split_len 0) gives a token of `len`
+// positions over `n_split` splits: equal parts rounded up to whole 64-position tiles.
+__device__ __forceinline__ int ab_slice(int len, int n_split) {
+    int per = (len + n_split - 1) / n_split;
+    return (per + FA_BK - 1) / FA_BK * FA_BK;
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* smem) {
+    u32 s = smem_u32(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int HD>
+__device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
+                                const int* tok_seq, const int* btab, int max_blocks, int bt,
+                                int n_head, int n_kv, float scale, float* part, u16* sh) {
+    constexpr int KS = HD + 8, CH = HD / 8;
+    constexpr int TILE = FA_BK * KS;  // halves per K (or V) tile
+    u16* Ks = sh;                          // [AB_STAGES][FA_BK][KS]
+    u16* Vs = sh + AB_STAGES * TILE;       // [AB_STAGES][FA_BK][KS]
+    __shared__ float sm[4][8], sl[4][8];
+    int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_split = gridDim.z;
+    int G = n_head / n_kv;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, c = lane & 3;
+    int len = tok_pos[t] + 1;
+    int slen = ab_slice(len, n_split);
+    int p0 = s * slen, p1 = min(len, p0 + slen);
+    if (p0 >= len) return;
+    const int* bl = btab + (long long)tok_seq[t] * max_blocks;
+    long long kv_row = (long long)n_kv * HD;
+    int ntiles = (p1 - p0 + FA_BK - 1) / FA_BK;
+    // Loader: thread tid copies 16-byte piece (tid % CH) of rows tid / CH + (128 / CH) * j.
+    constexpr int RSTEP = 128 / CH;
+    auto issue = [&](int tile, int stage) {
+        int base = p0 + tile * FA_BK;
+#pragma unroll
+        for (int j = 0; j < FA_BK / RSTEP; j++) {
+            int pr = tid / CH + RSTEP * j, ch = tid % CH;
+            int p = base + pr;
+            bool ok = p < p1;
+            long long row = ok ? (long long)bl[p / bt] * bt + p % bt : 0;
+            const u16* ksrc = kc + row * kv_row + kvh * HD + ch * 8;
+            const u16* vsrc = vc + row * kv_row + kvh * HD + ch * 8;
+            cp_async16(Ks + stage * TILE + pr * KS + ch * 8, ksrc, ok ? 16 : 0);
+            cp_async16(Vs + stage * TILE + pr * KS + ch * 8, vsrc, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    pdl_wait();
+    pdl_launch();
+    issue(0, 0);
+    u32 qa[HD / 16][4];
+    {
+        bool real = g < G;
+        const float* qr = q + ((long long)t * n_head + kvh * G + (real ? g : 0)) * HD + 2 * c;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            float2 a = real ? *(const float2*)(qr + kk * 16) : make_float2(0.0f, 0.0f);
+            float2 a8 = real ? *(const float2*)(qr + kk * 16 + 8) : make_float2(0.0f, 0.0f);
+            qa[kk][0] = pack_h2(a.x, a.y);
+            qa[kk][1] = 0u;
+            qa[kk][2] = pack_h2(a8.x, a8.y);
+            qa[kk][3] = 0u;
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, l0 = 0.0f;
+    for (int tile = 0; tile < ntiles; tile++) {
+        int stage = tile % AB_STAGES;
+        // The next tile's copy goes out before this one is waited for (its stage was last read
+        // in the previous iteration, which every warp has left: the barrier at its end).
+        if (tile + 1 < ntiles) {
+            issue(tile + 1, (tile + 1) % AB_STAGES);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u16* K = Ks + stage * TILE;
+        const u16* V = Vs + stage * TILE;
+        int base = p0 + tile * FA_BK;
+        float sc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            const u16* kr = K + (warp * 16 + j * 8 + g) * KS + 2 * c;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+        }
+        float mx = m0;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int p = base + warp * 16 + j * 8 + 2 * c + e;
+                sc[j][e] = p < p1 ? sc[j][e] * scale : NEG_INF;
+                mx = fmaxf(mx, sc[j][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float cr = mx == NEG_INF ? 1.0f : expf(m0 - mx);
+        m0 = mx;
+        l0 *= cr;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= cr;
+            o[n][1] *= cr;
+        }
+        u32 pa[4];
+        {
+            float e[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    e[j][x] = mx == NEG_INF ? 0.0f : expf(sc[j][x] - mx);
+                    l0 += e[j][x];
+                }
+            }
+            pa[0] = pack_h2(e[0][0], e[0][1]);
+            pa[1] = 0u;
+            pa[2] = pack_h2(e[1][0], e[1][1]);
+            pa[3] = 0u;
+        }
+        // V rows of this warp's 16 keys: lane L addresses key (L / 8 % 2) * 8 + L % 8, dims
+        // n0 + (L / 16) * 8, so the four 8x8 matrices come back transposed as the B operands
+        // of dims n0..n0+7 (r0, r1) and n0+8..n0+15 (r2, r3).
+        const u16* vr = V + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (lane >> 4) * 8;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n += 2) {
+            u32 b[4];
+            ldsm_x4_trans(b, vr + n * 8);
+            mma_16816(o[n], pa, b[0], b[1]);
+            mma_16816(o[n + 1], pa, b[2], b[3]);
+        }
+        __syncthreads();
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
+    if (g < G) {
+        if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c] = o[n][0];
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < G * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);
+        float L = 0.0f, A = 0.0f;
+        for (int w = 0; w < 4; w++) {
+            float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
+            L += sl[w][r] * cw;
+            A += so[(w * 8 + r) * HD + d] * cw;
+        }
+        float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
+        out[2 + d] = A;
+        if (d == 0) { out[0] = M; out[1] = L; }
+    }
+}
+
+#define DEF_ATTN_BATCH(D) \
+    extern "C" __global__ void __launch_bounds__(128) attn_batch_d##D( \
+        const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
+        const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
+        float* part) { \
+        extern __shared__ __align__(16) u16 ab_sh[]; \
+        attn_batch_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
+                                scale, part, ab_sh); \
+    }
+DEF_ATTN_BATCH(2)
+DEF_ATTN_BATCH(4)
