@@ -784,71 +784,7 @@ impl CudaBackend {
     }
 
     fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
-        let n = batch.n_tokens();
-        if n > self.info.max_batch_tokens {
-            return Err(BackendError::BatchTooLarge {
-                what: "tokens",
-                got: n,
-                max: self.info.max_batch_tokens,
-            });
-        }
-        if batch.chunks.len() > self.info.max_batch_seqs {
-            return Err(BackendError::BatchTooLarge {
-                what: "sequences",
-                got: batch.chunks.len(),
-                max: self.info.max_batch_seqs,
-            });
-        }
-        let mut need = 0;
-        for (i, c) in batch.chunks.iter().enumerate() {
-            if batch.chunks[..i].iter().any(|o| o.seq == c.seq) {
-                return Err(BackendError::BatchTooLarge {
-                    what: "chunks of one sequence",
-                    got: 2,
-                    max: 1,
-                });
-            }
-            let have = self.alloc.seq_len(c.seq);
-            if c.start_pos != have {
-                return Err(BackendError::PositionMismatch {
-                    seq: c.seq,
-                    got: c.start_pos,
-                    have,
-                });
-            }
-            let end = c.start_pos + c.tokens.len();
-            if end > self.info.max_seq_tokens {
-                return Err(BackendError::ContextOverflow {
-                    seq: c.seq,
-                    pos: end.saturating_sub(1),
-                    max: self.info.max_seq_tokens,
-                });
-            }
-            if let Some((index, &id)) = c
-                .tokens
-                .iter()
-                .enumerate()
-                .find(|(_, &id)| id as usize >= self.cfg.n_vocab)
-            {
-                return Err(BackendError::InvalidToken {
-                    seq: c.seq,
-                    index,
-                    id,
-                    n_vocab: self.cfg.n_vocab,
-                });
-            }
-            need += self.alloc.blocks_needed(c.seq, end);
-        }
-        let free = self.alloc.stats().blocks_free();
-        if need > free {
-            let seq = batch.chunks.first().map_or(0, |c| c.seq);
-            return Err(BackendError::KvFull {
-                seq,
-                needed: need,
-                free,
-            });
-        }
-        Ok(())
+        batch.validate(&self.info, self.cfg.n_vocab, &self.alloc)
     }
 
     /// Fill the host metadata for `batch` padded to `padded` tokens; returns the number of
