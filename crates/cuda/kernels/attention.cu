@@ -350,6 +350,113 @@ DEF_ATTN_PREFILL(4)
 // write the same partial result (max, sum, weighted sum) attn_partial writes, so attn_combine
 // merges the splits unchanged. Each K/V row is read once for all G heads. Same rounding as
 // attn_prefill (query f16, scale after the dot, unnormalized probabilities as f16 into PV).
+// Pieces shared by the split decode attention kernels (attn_decode here, attn_batch in
+// attn_batch.cu): four warps per block, each taking 16 keys of a 64-key tile, the G query heads
+// of one KV head as the rows of the m16n8k16 products (rows past G are zero).
+
+// The G query heads of KV head `kvh` for token `t`, as f16 A fragments of Q . K^T.
+template <int HD>
+__device__ __forceinline__ void dec_load_q(u32 (&qa)[HD / 16][4], const float* q, int t, int n_head,
+                                           int kvh, int G, int g, int c) {
+    bool real = g < G;
+    const float* qr = q + ((long long)t * n_head + kvh * G + (real ? g : 0)) * HD + 2 * c;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        float2 a = real ? *(const float2*)(qr + kk * 16) : make_float2(0.0f, 0.0f);
+        float2 a8 = real ? *(const float2*)(qr + kk * 16 + 8) : make_float2(0.0f, 0.0f);
+        qa[kk][0] = pack_h2(a.x, a.y);
+        qa[kk][1] = 0u;
+        qa[kk][2] = pack_h2(a8.x, a8.y);
+        qa[kk][3] = 0u;
+    }
+}
+
+// One warp's 16 keys of the tile starting at position `base` (K rows in shared memory, row
+// stride KS): two n8 tiles of S, masked from p1 on and scaled, the online-softmax update of
+// (m0, l0, o), and the probabilities packed as the A operand of P . V.
+template <int HD, int KS>
+__device__ __forceinline__ void dec_tile_softmax(const u32 (&qa)[HD / 16][4], const u16* K, int base,
+                                                 int p1, float scale, int warp, int g, int c,
+                                                 float& m0, float& l0, float (&o)[HD / 8][4],
+                                                 u32 (&pa)[4]) {
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+        const u16* kr = K + (warp * 16 + j * 8 + g) * KS + 2 * c;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+    }
+    float mx = m0;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int p = base + warp * 16 + j * 8 + 2 * c + e;
+            sc[j][e] = p < p1 ? sc[j][e] * scale : NEG_INF;
+            mx = fmaxf(mx, sc[j][e]);
+        }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A warp whose keys so far are all past the slice has nothing to add yet.
+    float cr = mx == NEG_INF ? 1.0f : expf(m0 - mx);
+    m0 = mx;
+    l0 *= cr;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        o[n][0] *= cr;
+        o[n][1] *= cr;
+    }
+    float e[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            e[j][x] = mx == NEG_INF ? 0.0f : expf(sc[j][x] - mx);
+            l0 += e[j][x];
+        }
+    }
+    pa[0] = pack_h2(e[0][0], e[0][1]);
+    pa[1] = 0u;
+    pa[2] = pack_h2(e[1][0], e[1][1]);
+    pa[3] = 0u;
+}
+
+// The four warps' (m, l, o) of the G heads merged through shared memory `so` ([4][8][HD]
+// floats; the caller has synchronized after its last read of that space) into this split's
+// slice of `part`: [m, l, o[0..HD]] per (token, head, split).
+template <int HD>
+__device__ __forceinline__ void dec_merge_warps(float* so, float (&sm)[4][8], float (&sl)[4][8],
+                                                float m0, float l0, const float (&o)[HD / 8][4],
+                                                int G, int warp, int g, int c, float* part, int t,
+                                                int n_head, int kvh, int n_split, int s) {
+    if (g < G) {
+        if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c] = o[n][0];
+            so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);
+        float L = 0.0f, A = 0.0f;
+        for (int w = 0; w < 4; w++) {
+            float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
+            L += sl[w][r] * cw;
+            A += so[(w * 8 + r) * HD + d] * cw;
+        }
+        float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
+        out[2 + d] = A;
+        if (d == 0) { out[0] = M; out[1] = L; }
+    }
+}
+
 template <int HD>
 __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                  const int* tok_seq, const int* btab, int max_blocks, int bt,
@@ -369,19 +476,7 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
     const int* bl = btab + (long long)tok_seq[t] * max_blocks;
     long long kv_row = (long long)n_kv * HD;
     u32 qa[HD / 16][4];
-    {
-        bool real = g < G;
-        const float* qr = q + ((long long)t * n_head + kvh * G + (real ? g : 0)) * HD + 2 * c;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            float2 a = real ? *(const float2*)(qr + kk * 16) : make_float2(0.0f, 0.0f);
-            float2 a8 = real ? *(const float2*)(qr + kk * 16 + 8) : make_float2(0.0f, 0.0f);
-            qa[kk][0] = pack_h2(a.x, a.y);
-            qa[kk][1] = 0u;
-            qa[kk][2] = pack_h2(a8.x, a8.y);
-            qa[kk][3] = 0u;
-        }
-    }
+    dec_load_q<HD>(qa, q, t, n_head, kvh, G, g, c);
     float o[HD / 8][4];
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -418,53 +513,8 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
                 Vt[(ch * 8 + e) * VS + pr] = (u16)(w[e >> 1] >> ((e & 1) * 16));
         }
         __syncthreads();
-        // This warp's 16 keys: two n8 tiles of S.
-        float sc[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-            const u16* kr = Ks + (warp * 16 + j * 8 + g) * KS + 2 * c;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
-        }
-        float mx = m0;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int p = base + warp * 16 + j * 8 + 2 * c + e;
-                sc[j][e] = p < p1 ? sc[j][e] * scale : NEG_INF;
-                mx = fmaxf(mx, sc[j][e]);
-            }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A warp whose keys so far are all past the slice has nothing to add yet.
-        float cr = mx == NEG_INF ? 1.0f : expf(m0 - mx);
-        m0 = mx;
-        l0 *= cr;
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            o[n][0] *= cr;
-            o[n][1] *= cr;
-        }
         u32 pa[4];
-        {
-            float e[2][2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    e[j][x] = mx == NEG_INF ? 0.0f : expf(sc[j][x] - mx);
-                    l0 += e[j][x];
-                }
-            }
-            pa[0] = pack_h2(e[0][0], e[0][1]);
-            pa[1] = 0u;
-            pa[2] = pack_h2(e[1][0], e[1][1]);
-            pa[3] = 0u;
-        }
+        dec_tile_softmax<HD, KS>(qa, Ks, base, p1, scale, warp, g, c, m0, l0, o, pa);
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) {
             const u16* vr = Vt + (n * 8 + g) * VS + warp * 16 + 2 * c;
@@ -476,29 +526,7 @@ __device__ void attn_decode_impl(const float* q, const u16* kc, const u16* vc, c
     // Merge the warps through shared memory (the K tile's space, no longer needed).
     __syncthreads();
     float* so = (float*)Ks;  // [4][8][HD] floats = 4 * 8 * HD * 4 bytes <= sizeof(Ks)
-    if (g < G) {
-        if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            so[(warp * 8 + g) * HD + n * 8 + 2 * c] = o[n][0];
-            so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
-        }
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        int r = e / HD, d = e % HD;
-        float M = NEG_INF;
-        for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);
-        float L = 0.0f, A = 0.0f;
-        for (int w = 0; w < 4; w++) {
-            float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
-            L += sl[w][r] * cw;
-            A += so[(w * 8 + r) * HD + d] * cw;
-        }
-        float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
-        out[2 + d] = A;
-        if (d == 0) { out[0] = M; out[1] = L; }
-    }
+    dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s);
     if (!merged) return;
     // v7: the last block of (t, kvh) to finish merges the slices of its G heads into
     // merged[t, h*HD + d] with attn_combine's operations in attn_combine's order (same bits),

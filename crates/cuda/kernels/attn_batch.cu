@@ -70,19 +70,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     pdl_launch();
     issue(0, 0);
     u32 qa[HD / 16][4];
-    {
-        bool real = g < G;
-        const float* qr = q + ((long long)t * n_head + kvh * G + (real ? g : 0)) * HD + 2 * c;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            float2 a = real ? *(const float2*)(qr + kk * 16) : make_float2(0.0f, 0.0f);
-            float2 a8 = real ? *(const float2*)(qr + kk * 16 + 8) : make_float2(0.0f, 0.0f);
-            qa[kk][0] = pack_h2(a.x, a.y);
-            qa[kk][1] = 0u;
-            qa[kk][2] = pack_h2(a8.x, a8.y);
-            qa[kk][3] = 0u;
-        }
-    }
+    dec_load_q<HD>(qa, q, t, n_head, kvh, G, g, c);
     float o[HD / 8][4];
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -101,51 +89,8 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         const u16* K = Ks + stage * TILE;
         const u16* V = Vs + stage * TILE;
         int base = p0 + tile * FA_BK;
-        float sc[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-            const u16* kr = K + (warp * 16 + j * 8 + g) * KS + 2 * c;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
-        }
-        float mx = m0;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int p = base + warp * 16 + j * 8 + 2 * c + e;
-                sc[j][e] = p < p1 ? sc[j][e] * scale : NEG_INF;
-                mx = fmaxf(mx, sc[j][e]);
-            }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float cr = mx == NEG_INF ? 1.0f : expf(m0 - mx);
-        m0 = mx;
-        l0 *= cr;
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            o[n][0] *= cr;
-            o[n][1] *= cr;
-        }
         u32 pa[4];
-        {
-            float e[2][2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    e[j][x] = mx == NEG_INF ? 0.0f : expf(sc[j][x] - mx);
-                    l0 += e[j][x];
-                }
-            }
-            pa[0] = pack_h2(e[0][0], e[0][1]);
-            pa[1] = 0u;
-            pa[2] = pack_h2(e[1][0], e[1][1]);
-            pa[3] = 0u;
-        }
+        dec_tile_softmax<HD, KS>(qa, K, base, p1, scale, warp, g, c, m0, l0, o, pa);
         // V rows of this warp's 16 keys: lane L addresses key (L / 8 % 2) * 8 + L % 8, dims
         // n0 + (L / 16) * 8, so the four 8x8 matrices come back transposed as the B operands
         // of dims n0..n0+7 (r0, r1) and n0+8..n0+15 (r2, r3).
@@ -162,29 +107,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
-    if (g < G) {
-        if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            so[(warp * 8 + g) * HD + n * 8 + 2 * c] = o[n][0];
-            so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
-        }
-    }
-    __syncthreads();
-    for (int e = tid; e < G * HD; e += blockDim.x) {
-        int r = e / HD, d = e % HD;
-        float M = NEG_INF;
-        for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);
-        float L = 0.0f, A = 0.0f;
-        for (int w = 0; w < 4; w++) {
-            float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
-            L += sl[w][r] * cw;
-            A += so[(w * 8 + r) * HD + d] * cw;
-        }
-        float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
-        out[2 + d] = A;
-        if (d == 0) { out[0] = M; out[1] = L; }
-    }
+    dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s);
 }
 
 #define DEF_ATTN_BATCH(D) \
