@@ -948,3 +948,197 @@ fn dot_amx_is_bit_identical_to_scalar_and_vnni() {
         }
     }
 }
+
+const LEGACY_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+/// The whole-block order (`SumOrder::Block`) gives the same bits in every kernel: the scalar
+/// reference row by row (`vec_dot_ordered`), the GGUF-layout tiles of every level (4-row and
+/// 1-row tiles, 1-2 tokens; AVX-512's wide kernel for 8+ tokens), the packed 16-row kernel
+/// (1-4 tokens per tile, decode included) and its f32 entry point, with AMX allowed or not,
+/// over token counts 1..70 that fill and split the tiles and 16-token groups, rows that leave
+/// tails, random bytes (every f16 scale, Q8_0's -128) and quantized weights. So a token's
+/// result does not depend on how many tokens or rows a kernel handles at once.
+#[test]
+fn dot_block_order_is_bit_identical_everywhere() {
+    let mut rng = Rng(0xb10c_0001);
+    let pool = Pool::new(2).unwrap();
+    let order = dot::SumOrder::Block;
+    for ty in LEGACY_TYPES {
+        for &(rows, cols, random_bytes) in &[
+            (32usize, 576usize, false),
+            (13, 64, true),
+            (16, 1536, true),
+            (7, 32, false),
+        ] {
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
+                .collect();
+            let rb = dot::row_bytes(ty, cols).unwrap();
+            let packed = dot::PackedMat::pack(ty, &w, rows, cols).unwrap();
+            for n_tokens in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 70] {
+                let x = rng.acts(n_tokens * cols);
+                let acts = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
+                let mut want = vec![f32::NAN; rows * n_tokens];
+                for t in 0..n_tokens {
+                    for r in 0..rows {
+                        want[t * rows + r] = dot::vec_dot_ordered(
+                            ty,
+                            &w[r * rb..(r + 1) * rb],
+                            acts.row(t).unwrap(),
+                            cols,
+                            Isa::Scalar,
+                            order,
+                        )
+                        .unwrap();
+                    }
+                }
+                let same = |got: &[f32], what: &str| {
+                    for (i, (a, b)) in want.iter().zip(got).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{ty} {rows}x{cols}x{n_tokens} {what}: element {i}: scalar {a} vs {b}"
+                        );
+                    }
+                };
+                for isa in std::iter::once(Isa::Scalar).chain(simd_levels()) {
+                    let a = quantized_acts(ty, &x, n_tokens, cols, isa);
+                    let mut got = vec![f32::NAN; rows * n_tokens];
+                    dot::matmul_ordered(ty, &w, rows, cols, &a, &mut got, &pool, isa, order)
+                        .unwrap();
+                    same(&got, isa.name());
+                    let mut got = vec![f32::NAN; rows * n_tokens];
+                    if isa == dot::best_isa() {
+                        dot::matmul_f32_ordered(
+                            ty, &w, rows, cols, &x, n_tokens, &mut got, &pool, order,
+                        )
+                        .unwrap();
+                        same(&got, "matmul_f32_ordered");
+                    }
+                }
+                if let Some(p) = &packed {
+                    for amx in [false, true] {
+                        let mut got = vec![f32::NAN; rows * n_tokens];
+                        dot::matmul_packed_ordered(p, &acts, &mut got, &pool, amx, order).unwrap();
+                        same(&got, if amx { "packed, amx allowed" } else { "packed" });
+                    }
+                    let mut got = vec![f32::NAN; rows * n_tokens];
+                    dot::matmul_f32_packed_ordered(p, &x, n_tokens, &mut got, &pool, order)
+                        .unwrap();
+                    same(&got, "packed f32");
+                }
+            }
+        }
+    }
+}
+
+/// Both orders combine the same exact per-block terms `d_b * isum_b` (and `m_b * s_b`); measured
+/// against their exact f64 sum over many random rows and lengths, the whole-block order (one
+/// rounding per block instead of eight plus the final tree) is on average at least as close as
+/// ggml's, and both stay within a few f32 roundings of the terms' magnitude. The figures are
+/// printed (`-- --nocapture`).
+#[test]
+fn dot_block_order_accuracy_against_exact_sum() {
+    let mut rng = Rng(0xacc0_0001);
+    for ty in LEGACY_TYPES {
+        let (mut err_g, mut err_b, mut mag) = (0f64, 0f64, 0f64);
+        let (mut worse, mut n) = (0usize, 0usize);
+        for &cols in &[64usize, 576, 1536, 4096] {
+            for _ in 0..60 {
+                let w = weight_row(&mut rng, ty, cols, false);
+                let x = rng.acts(cols);
+                let acts = quantized_acts(ty, &x, 1, cols, Isa::Scalar);
+                let a = acts.row(0).unwrap();
+                let (exact, abs) = exact_block_terms(ty, &w, a, cols);
+                let g = dot::vec_dot_ordered(ty, &w, a, cols, Isa::Scalar, dot::SumOrder::Ggml)
+                    .unwrap() as f64;
+                let b = dot::vec_dot_ordered(ty, &w, a, cols, Isa::Scalar, dot::SumOrder::Block)
+                    .unwrap() as f64;
+                err_g += (g - exact).abs();
+                err_b += (b - exact).abs();
+                mag += abs;
+                worse += usize::from((b - exact).abs() > (g - exact).abs());
+                n += 1;
+            }
+        }
+        println!(
+            "{ty}: mean |error| vs the exact sum of the block terms: ggml {:.3e}, block {:.3e} \
+             (mean sum of the terms' magnitudes {:.3e}); block further than ggml in {worse} of {n}",
+            err_g / n as f64,
+            err_b / n as f64,
+            mag / n as f64
+        );
+        // A few roundings of 2^-24 of the result, whichever order.
+        assert!(
+            err_b / mag < 4e-7,
+            "{ty}: block order relative error {}",
+            err_b / mag
+        );
+        assert!(
+            err_g / mag < 4e-7,
+            "{ty}: ggml order relative error {}",
+            err_g / mag
+        );
+    }
+}
+
+/// `sum_b (d_w * d_y in f32) * isum_b + sum_b m_b * s_b`, in f64: the exact value both orders
+/// round, from the scale fields and the integer dot of each block; and the sum of the terms'
+/// magnitudes.
+fn exact_block_terms(ty: GgmlType, w: &[u8], a: &[u8], cols: usize) -> (f64, f64) {
+    let (wb, ab) = (
+        ty.type_size(),
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            36
+        } else {
+            34
+        },
+    );
+    let f16 = |b: &[u8], o: usize| f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+    let (mut s, mut abs) = (0f64, 0f64);
+    for b in 0..cols / 32 {
+        let (x, y) = (&w[b * wb..(b + 1) * wb], &a[b * ab..(b + 1) * ab]);
+        // The weight block's values as integers: dequantize with d = 1, m = 0.
+        let mut unit = x.to_vec();
+        unit[0..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            unit[2..4].copy_from_slice(&f16::ZERO.to_le_bytes());
+        }
+        let q = quant::dequantize_to_vec(ty, &unit, 32).unwrap();
+        let yq = &y[ab - 32..];
+        let isum: i64 = q
+            .iter()
+            .zip(yq)
+            .map(|(&v, &u)| v as i64 * u as i8 as i64)
+            .sum();
+        let d = f16(x, 0) * f16(y, 0);
+        let t = d as f64 * isum as f64;
+        s += t;
+        abs += t.abs();
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            let m = f16(x, 2) as f64 * f16(y, 2) as f64;
+            s += m;
+            abs += m.abs();
+        }
+    }
+    (s, abs)
+}
+
+#[test]
+fn dot_sum_order_names_round_trip() {
+    for o in dot::SumOrder::ALL {
+        assert_eq!(dot::SumOrder::from_name(o.name()), Some(o));
+        assert_eq!(
+            dot::SumOrder::from_name(&format!(" {} ", o.name().to_uppercase())),
+            Some(o)
+        );
+    }
+    assert_eq!(dot::SumOrder::from_name("fast"), None);
+    assert_eq!(dot::SumOrder::default(), dot::SumOrder::Ggml);
+}

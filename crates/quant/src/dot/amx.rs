@@ -39,6 +39,7 @@ use gguf::GgmlType;
 
 use super::avx512::{LegacyX16, Line64, WIDE_BLOCK, WIDE_LANES, X16Q4_0, X16Q4_1, X16Q8_0};
 use super::kernels::{Kernel, Tile, TileFn};
+use super::SumOrder;
 
 /// Tokens per AMX tile call at most (four 16-token groups of transposed activations).
 pub(crate) const AMX_NT: usize = 64;
@@ -384,22 +385,25 @@ unsafe fn amx_q8_0(t: &Tile) {
     unsafe { amx_legacy::<X16Q8_0>(t) }
 }
 
-/// The AMX kernel of a packed legacy type (over transposed activations), or `None` for other
-/// types. The caller checks [`amx_available`].
-pub(crate) fn packed_legacy_amx_kernel(ty: GgmlType) -> Option<Kernel> {
-    let tile: TileFn = match ty {
-        GgmlType::Q4_0 => amx_q4_0,
-        GgmlType::Q4_1 => amx_q4_1,
-        GgmlType::Q8_0 => amx_q8_0,
+/// The AMX kernel of a packed legacy type in summation order `order`, and whether it reads
+/// transposed activations, or `None` for other types. The caller checks [`amx_available`].
+pub(crate) fn packed_legacy_amx_kernel(ty: GgmlType, order: SumOrder) -> Option<(Kernel, bool)> {
+    let tile: TileFn = match (ty, order) {
+        (GgmlType::Q4_0, SumOrder::Ggml) => amx_q4_0,
+        (GgmlType::Q4_1, SumOrder::Ggml) => amx_q4_1,
+        (GgmlType::Q8_0, SumOrder::Ggml) => amx_q8_0,
         _ => return None,
     };
-    Some(Kernel {
-        mr: 16,
-        nt: AMX_NT,
-        mr1: 16,
-        exact_rows: true,
-        tile,
-    })
+    Some((
+        Kernel {
+            mr: 16,
+            nt: AMX_NT,
+            mr1: 16,
+            exact_rows: true,
+            tile,
+        },
+        true,
+    ))
 }
 
 // ---- packed Q4_K ------------------------------------------------------------------------------

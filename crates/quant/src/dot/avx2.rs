@@ -12,6 +12,7 @@ use gguf::GgmlType;
 use super::f32ops::x86 as f32x86;
 use super::kernels::{Kernel, Tile, TileFn};
 use super::scalar::{k4_scale_min, q3k_scales};
+use super::SumOrder;
 
 // ---- small helpers --------------------------------------------------------------------------
 
@@ -423,6 +424,124 @@ unsafe fn dot_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     hsum_f32(acc)
 }
 
+// ---- whole-block integer sums (`SumOrder::Block`) ---------------------------------------------
+
+/// The integer dot of one block (8 lanes of partial sums, from the type's unpacking) for the
+/// whole-block order, and the block's scale fields.
+trait BlockDot {
+    /// Weight and activation block bytes.
+    const WB: usize;
+    const AB: usize;
+    /// Whether the type has a min (`m` at byte 2 of the weight block, `s` of the `Q8_1` block).
+    const MIN: bool;
+    /// The block's integer dot as 8 i32 lanes whose sum is exact.
+    ///
+    /// # Safety
+    /// `x`, `y` point at whole blocks; AVX2 available.
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i;
+}
+
+struct B4_0;
+impl BlockDot for B4_0 {
+    const WB: usize = 18;
+    const AB: usize = 34;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
+        // SAFETY: whole blocks (quants at +2).
+        unsafe {
+            let qx = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
+            dot_ss8(qx, ld256(y.add(2)))
+        }
+    }
+}
+
+struct B4_1;
+impl BlockDot for B4_1 {
+    const WB: usize = 20;
+    const AB: usize = 36;
+    const MIN: bool = true;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
+        // SAFETY: whole blocks (quants at +4).
+        unsafe { dot_us8(nibbles32(x.add(4)), ld256(y.add(4))) }
+    }
+}
+
+struct B5_0;
+impl BlockDot for B5_0 {
+    const WB: usize = 22;
+    const AB: usize = 34;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
+        // SAFETY: whole blocks (high bits at +2, quants at +6).
+        unsafe {
+            let hi = _mm256_andnot_si256(bits32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            let qx = _mm256_or_si256(nibbles32(x.add(6)), hi);
+            dot_ss8(qx, ld256(y.add(2)))
+        }
+    }
+}
+
+struct B5_1;
+impl BlockDot for B5_1 {
+    const WB: usize = 24;
+    const AB: usize = 36;
+    const MIN: bool = true;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
+        // SAFETY: whole blocks (high bits at +4, quants at +8).
+        unsafe {
+            let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
+            let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
+            dot_us8(qx, ld256(y.add(4)))
+        }
+    }
+}
+
+struct B8_0;
+impl BlockDot for B8_0 {
+    const WB: usize = 34;
+    const AB: usize = 34;
+    const MIN: bool = false;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
+        // SAFETY: whole blocks (quants at +2).
+        unsafe { dot_ss8(ld256(x.add(2)), ld256(y.add(2))) }
+    }
+}
+
+/// One row · one activation row in the whole-block order (`scalar::dot_q4_1_block` and its
+/// siblings): per block the exact integer sum, then `acc = fma(d_w * d_y, isum, acc)`; the min
+/// terms `summs = fma(m_w, s_y, summs)`; `acc + summs`.
+///
+/// # Safety
+/// `w`: `nb` weight blocks of `B`; `a`: `nb` activation blocks; AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_block<B: BlockDot>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let (mut acc, mut summs) = (0f32, 0f32);
+    // SAFETY: block i of each row lies within the caller's ranges (8 bytes from the start of
+    // a block are inside it).
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(B::WB * i), a.add(B::AB * i));
+            let (fx, fy) = (f16x4(x), f16x4(y));
+            let isum = hsum_i32(B::idot(x, y));
+            acc = (lane(fx, 0) * lane(fy, 0)).mul_add(isum as f32, acc);
+            if B::MIN {
+                summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
+            }
+        }
+    }
+    acc + summs
+}
+
 /// # Safety
 /// `w`: `nb` Q2_K blocks; `a`: `nb` Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -703,16 +822,26 @@ row_tile!(t_q4_1, dot_q4_1);
 row_tile!(t_q5_0, dot_q5_0);
 row_tile!(t_q5_1, dot_q5_1);
 row_tile!(t_q8_0, dot_q8_0);
+row_tile!(t_q4_0_block, dot_block::<B4_0>);
+row_tile!(t_q4_1_block, dot_block::<B4_1>);
+row_tile!(t_q5_0_block, dot_block::<B5_0>);
+row_tile!(t_q5_1_block, dot_block::<B5_1>);
+row_tile!(t_q8_0_block, dot_block::<B8_0>);
 row_tile!(t_q2_k, dot_q2_k);
 row_tile!(t_q3_k, dot_q3_k);
 row_tile!(t_q4_k, dot_q45_k::<false>);
 row_tile!(t_q5_k, dot_q45_k::<true>);
 row_tile!(t_q6_k, dot_q6_k);
 
-/// The AVX2 kernel for `ty`.
-pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+/// The AVX2 kernel for `ty` in summation order `order`.
+pub(crate) fn kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
     use GgmlType::*;
     let tile: TileFn = match ty {
+        Q4_0 if order == SumOrder::Block => t_q4_0_block,
+        Q4_1 if order == SumOrder::Block => t_q4_1_block,
+        Q5_0 if order == SumOrder::Block => t_q5_0_block,
+        Q5_1 if order == SumOrder::Block => t_q5_1_block,
+        Q8_0 if order == SumOrder::Block => t_q8_0_block,
         F32 => t_f32,
         F16 => t_f16,
         BF16 => t_bf16,

@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use super::kernels::{tile_dispatch, Kernel, Tile, TileFn};
+use super::SumOrder;
 
 /// Horizontal sum of 16 lanes.
 #[target_feature(enable = "avx512f")]
@@ -313,6 +314,134 @@ legacy_kernel!(t_q5_0, Q5_0);
 legacy_kernel!(t_q5_1, Q5_1);
 legacy_kernel!(t_q8_0, Q8_0);
 
+/// Sum the 8 lanes of each half of four vectors (`v[p]`: lanes 0..8 the 8 group sums of one
+/// (row, token) pair member, lanes 8..16 of the other), exactly (integer adds): lane `p` of
+/// the result is the low half's total of `v[p]`, lane `4 + p` the high half's.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn halves_total4(v: &[__m512i; 4]) -> __m256i {
+    // Within each 128-bit lane L: a = [v0 (l0+l2), v1 (l0+l2), v0 (l1+l3), v1 (l1+l3)].
+    let a = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let c = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    // e: 128-bit lane L holds the total of lane L of v0, v1, v2, v3.
+    let e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+    // Lanes 0 + 1 (the low half) and 2 + 3 (the high half).
+    let lo = _mm512_shuffle_i32x4::<0b10_00_10_00>(e, e);
+    let hi = _mm512_shuffle_i32x4::<0b11_01_11_01>(e, e);
+    _mm512_castsi512_si256(_mm512_add_epi32(lo, hi))
+}
+
+/// An `R × T` tile of a legacy type (GGUF layout) in the whole-block order
+/// ([`super::SumOrder::Block`], `scalar::dot_q4_1_block`): the integer work of
+/// [`legacy_tile`] (two (row, token) pairs per register, 8 group sums each), then per block the
+/// exact totals of up to 8 pairs gathered into one vector ([`halves_total4`]) and one
+/// `acc = fma(d_w * d_y, isum, acc)` for all of them; the min terms a scalar fma chain per
+/// (row, token); at the end `acc + summs`.
+///
+/// # Safety
+/// The [`Tile`] contract with `R == t.rows`, `T == t.toks`, `R * T <= 8`; AVX-512
+/// F/BW/VL/VNNI and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_tile_block<L: Legacy, const R: usize, const T: usize>(t: &Tile) {
+    let nb = t.nb;
+    let mut wrow = [t.w; R];
+    for (r, p) in wrow.iter_mut().enumerate() {
+        *p = t.w.wrapping_add(r * t.w_stride);
+    }
+    let mut arow = [t.a; T];
+    for (k, p) in arow.iter_mut().enumerate() {
+        *p = t.a.wrapping_add(k * t.a_stride);
+    }
+    let zi = _mm512_setzero_si512();
+    // Pair c holds (row, token) combos 2c and 2c + 1 (combo i = (i / T, i % T)); an odd last
+    // combo is paired with itself. Combo 2c's total lands in lane c, 2c + 1's in lane 4 + c.
+    let npairs = (R * T).div_ceil(2);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = [[0f32; T]; R];
+    for b in 0..nb {
+        // SAFETY: block b exists in every row and token of the tile (b < nb), so every
+        // pointer formed below stays inside its row.
+        unsafe {
+            let mut y = [_mm256_setzero_si256(); T];
+            let mut dy = [0f32; T];
+            let mut sy = [0f32; T];
+            for k in 0..T {
+                let y0 = arow[k].add(b * L::AB);
+                y[k] = ld256(y0.add(L::AQ));
+                dy[k] = f16_at(y0, 0);
+                if L::MIN {
+                    sy[k] = f16_at(y0, 1);
+                }
+            }
+            let mut iv = [zi; 4];
+            let mut dd = [0f32; 8];
+            for c in 0..npairs {
+                let (i0, i1) = (2 * c, (2 * c + 1).min(R * T - 1));
+                let (r0, k0, r1, k1) = (i0 / T, i0 % T, i1 / T, i1 % T);
+                let x0 = wrow[r0].add(b * L::WB);
+                let x1 = wrow[r1].add(b * L::WB);
+                let q = L::unpack(x0, x1);
+                let yy = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(y[k0]), y[k1]);
+                let seed = if L::OFF != 0 {
+                    _mm512_sub_epi32(
+                        zi,
+                        _mm512_dpbusd_epi32(zi, _mm512_set1_epi8(L::OFF as i8), yy),
+                    )
+                } else {
+                    zi
+                };
+                iv[c] = _mm512_dpbusd_epi32(seed, q, yy);
+                dd[c] = f16_at(x0, 0) * dy[k0];
+                dd[4 + c] = f16_at(x1, 0) * dy[k1];
+                if L::MIN {
+                    summs[r0][k0] = f16_at(x0, 1).mul_add(sy[k0], summs[r0][k0]);
+                    if i1 != i0 {
+                        summs[r1][k1] = f16_at(x1, 1).mul_add(sy[k1], summs[r1][k1]);
+                    }
+                }
+            }
+            let isum = _mm256_cvtepi32_ps(halves_total4(&iv));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(dd.as_ptr()), isum, acc);
+        }
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    for i in 0..R * T {
+        let (r, k) = (i / T, i % T);
+        let lane = if i % 2 == 0 { i / 2 } else { 4 + i / 2 };
+        // SAFETY: output (k, r) is inside the tile.
+        unsafe { *t.out.add(k * t.out_stride + r) = lanes[lane] + summs[r][k] };
+    }
+}
+
+macro_rules! legacy_block_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX-512 available.
+        unsafe fn $name(t: &Tile) {
+            #[inline(always)]
+            unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
+                // SAFETY: forwarded; `tile_dispatch` passes R == rows, T == toks (R * T <= 8).
+                unsafe { legacy_tile_block::<$ty, R, T>(t) }
+            }
+            // SAFETY: forwarded.
+            unsafe { tile_dispatch!(t, f, 4, [1, 2], 4) }
+        }
+    };
+}
+legacy_block_kernel!(b_q4_0, Q4_0);
+legacy_block_kernel!(b_q4_1, Q4_1);
+legacy_block_kernel!(b_q5_0, Q5_0);
+legacy_block_kernel!(b_q5_1, Q5_1);
+legacy_block_kernel!(b_q8_0, Q8_0);
+
 // ---- legacy types, many tokens: tokens across the lanes -------------------------------------
 
 /// Tokens per vector of the wide legacy tiles.
@@ -448,6 +577,78 @@ unsafe fn wide_tile<L: Legacy, const NV: usize>(t: &Tile) {
     }
 }
 
+/// [`wide_tile`] in the whole-block order ([`super::SumOrder::Block`]): per (row, token) and
+/// block, the eight `vpdpbusd` of the block chain into one integer sum (offset types add
+/// `-offset * sum(y)` of the whole block), then one `acc = fma(d_w * d_y, isum, acc)`; the min
+/// term its own fma chain; at the end `acc + summs` (`scalar::dot_q4_1_block`).
+///
+/// # Safety
+/// As [`wide_tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn wide_tile_block<L: Legacy, const NV: usize>(t: &Tile) {
+    let gstride = t.nb * WIDE_BLOCK;
+    let zf = _mm512_setzero_ps();
+    let zi = _mm512_setzero_si512();
+    let mut acc = [zf; NV];
+    let mut summs = [zf; NV];
+    let mut wq = Line64([0; 64]);
+    let shift = _mm_cvtsi32_si128(match L::OFF {
+        8 => 3,
+        16 => 4,
+        128 => 7,
+        _ => 0,
+    });
+    for b in 0..t.nb {
+        // SAFETY: block b of the row and of every token group exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * L::WB);
+            let q = _mm512_castsi512_si256(L::unpack(x, x));
+            _mm256_store_si256(wq.0.as_mut_ptr() as *mut __m256i, q);
+            let dw = _mm512_set1_ps(f16_at(x, 0));
+            let mw = if L::MIN {
+                _mm512_set1_ps(f16_at(x, 1))
+            } else {
+                zf
+            };
+            for v in 0..NV {
+                let yb = t.a.add(v * gstride + b * WIDE_BLOCK);
+                let dy = _mm512_loadu_ps(yb.add(512) as *const f32);
+                let dd = _mm512_mul_ps(dw, dy);
+                if L::MIN {
+                    let sy = _mm512_loadu_ps(yb.add(576) as *const f32);
+                    summs[v] = _mm512_fmadd_ps(mw, sy, summs[v]);
+                }
+                let mut i = zi;
+                let mut ns = zi;
+                for j in 0..8 {
+                    let w = bcast32(wq.0.as_ptr().add(4 * j));
+                    let y = _mm512_loadu_si512(yb.add(64 * j) as *const __m512i);
+                    i = _mm512_dpbusd_epi32(i, w, y);
+                    if L::OFF != 0 {
+                        let n = _mm512_loadu_si512(yb.add(640 + 64 * j) as *const __m512i);
+                        ns = _mm512_add_epi32(ns, n);
+                    }
+                }
+                if L::OFF != 0 {
+                    i = _mm512_add_epi32(i, _mm512_sll_epi32(ns, shift));
+                }
+                acc[v] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), acc[v]);
+            }
+        }
+    }
+    for v in 0..NV {
+        let s = _mm512_add_ps(acc[v], summs[v]);
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+        let n = t.toks.saturating_sub(v * WIDE_LANES).min(WIDE_LANES);
+        for (k, &val) in lanes.iter().enumerate().take(n) {
+            // SAFETY: output (16 v + k, 0) is inside the tile (16 v + k < toks).
+            unsafe { *t.out.add((v * WIDE_LANES + k) * t.out_stride) = val };
+        }
+    }
+}
+
 /// The 4 bytes at `p` in every 32-bit lane, as a load-port broadcast (`vpbroadcastd` from
 /// memory). Inline assembly because LLVM otherwise rebuilds the broadcast from a register with
 /// two shuffles, which crowds the one shuffle port the tile's other work needs.
@@ -471,7 +672,7 @@ unsafe fn bcast32(p: *const u8) -> __m512i {
 }
 
 macro_rules! wide_kernel {
-    ($name:ident, $ty:ty) => {
+    ($name:ident, $tile:ident, $ty:ty) => {
         /// # Safety
         /// The [`Tile`] contract of [`wide_tile`] (rows run one by one).
         unsafe fn $name(t: &Tile) {
@@ -480,26 +681,37 @@ macro_rules! wide_kernel {
                 // SAFETY: forwarded, one row at a time.
                 unsafe {
                     if s.toks > WIDE_LANES {
-                        wide_tile::<$ty, 2>(&s)
+                        $tile::<$ty, 2>(&s)
                     } else {
-                        wide_tile::<$ty, 1>(&s)
+                        $tile::<$ty, 1>(&s)
                     }
                 }
             }
         }
     };
 }
-wide_kernel!(w_q4_0, Q4_0);
-wide_kernel!(w_q4_1, Q4_1);
-wide_kernel!(w_q5_0, Q5_0);
-wide_kernel!(w_q5_1, Q5_1);
-wide_kernel!(w_q8_0, Q8_0);
+wide_kernel!(w_q4_0, wide_tile, Q4_0);
+wide_kernel!(w_q4_1, wide_tile, Q4_1);
+wide_kernel!(w_q5_0, wide_tile, Q5_0);
+wide_kernel!(w_q5_1, wide_tile, Q5_1);
+wide_kernel!(w_q8_0, wide_tile, Q8_0);
+wide_kernel!(wb_q4_0, wide_tile_block, Q4_0);
+wide_kernel!(wb_q4_1, wide_tile_block, Q4_1);
+wide_kernel!(wb_q5_0, wide_tile_block, Q5_0);
+wide_kernel!(wb_q5_1, wide_tile_block, Q5_1);
+wide_kernel!(wb_q8_0, wide_tile_block, Q8_0);
 
-/// The wide kernel of a legacy type (tokens across lanes, over [`wide_acts`]), for products
-/// of many tokens; `None` for other types.
-pub(crate) fn wide_kernel(ty: GgmlType) -> Option<Kernel> {
+/// The wide kernel of a legacy type (tokens across lanes, over [`wide_acts`]) in summation
+/// order `order`, for products of many tokens; `None` for other types.
+pub(crate) fn wide_kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
     use GgmlType::*;
+    let block = order == SumOrder::Block;
     let tile: TileFn = match ty {
+        Q4_0 if block => wb_q4_0,
+        Q4_1 if block => wb_q4_1,
+        Q5_0 if block => wb_q5_0,
+        Q5_1 if block => wb_q5_1,
+        Q8_0 if block => wb_q8_0,
         Q4_0 => w_q4_0,
         Q4_1 => w_q4_1,
         Q5_0 => w_q5_0,
@@ -1508,6 +1720,95 @@ unsafe fn dpbusd_bcast(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
     acc
 }
 
+/// [`legacy_x16`] in the whole-block order ([`super::SumOrder::Block`]): with the 16 rows in
+/// the lanes, the eight `vpdpbusd` of a block chain into one integer accumulator per token
+/// (seeded with `-offset * sum(y)` of the whole block for offset types), then one conversion
+/// and one `acc = fma(d_w * d_y, isum, acc)` per block for the 16 rows; the min term its own
+/// fma chain; at the end `acc + summs` (`scalar::dot_q4_1_block`, lane by lane).
+///
+/// # Safety
+/// As [`legacy_x16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
+    let zf = _mm512_setzero_ps();
+    let zi = _mm512_setzero_si512();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let gb = 16 * L::WB;
+    let mut acc = [zf; T];
+    let mut summs = [zf; T];
+    for b in 0..t.nb {
+        // SAFETY: group block b and every token's block b exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * gb);
+            if T == 1 {
+                prefetch_ahead(x, gb);
+            }
+            let dw = _mm512_cvtph_ps(ld256(x));
+            let mw = if L::MIN {
+                _mm512_cvtph_ps(ld256(x.add(32)))
+            } else {
+                zf
+            };
+            let mut ys = [t.a; T];
+            let mut dd = [zf; T];
+            let mut isum = [zi; T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * L::AB);
+                let dy = f16_at(ys[k], 0);
+                dd[k] = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+                if L::MIN {
+                    let sy = _mm512_set1_ps(f16_at(ys[k], 1));
+                    summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
+                }
+                if L::OFF_SHIFT != 0 {
+                    isum[k] = _mm512_set1_epi32(-(block_sum_i8(ys[k].add(L::AQ)) << L::OFF_SHIFT));
+                }
+            }
+            let q = x.add(L::QOFF);
+            for j in 0..8 {
+                let w = if L::Q8 {
+                    _mm512_loadu_si512(q.add(64 * j) as *const __m512i)
+                } else {
+                    let v = _mm512_loadu_si512(q.add(64 * (j % 4)) as *const __m512i);
+                    if j < 4 {
+                        _mm512_and_si512(v, m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)
+                    }
+                };
+                for k in 0..T {
+                    isum[k] = dpbusd_bcast(isum[k], w, ys[k].add(L::AQ + 4 * j));
+                }
+            }
+            for k in 0..T {
+                acc[k] = _mm512_fmadd_ps(dd[k], _mm512_cvtepi32_ps(isum[k]), acc[k]);
+            }
+        }
+    }
+    for k in 0..T {
+        let r = _mm512_add_ps(acc[k], summs[k]);
+        // SAFETY: outputs (k, 0..16) are inside the tile.
+        unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), r) };
+    }
+}
+
+/// The sum of the 32 signed bytes at `p` (a block's activation quants), exactly: `vpsadbw` of
+/// the bytes offset to unsigned (`q ^ 0x80 = q + 128`), minus `32 * 128`.
+///
+/// # Safety
+/// `p` valid for 32 bytes; AVX2 available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn block_sum_i8(p: *const u8) -> i32 {
+    // SAFETY: caller's contract.
+    let y = unsafe { ld256(p) };
+    let u = _mm256_xor_si256(y, _mm256_set1_epi8(-128));
+    let s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    let h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let t = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
+    _mm_cvtsi128_si32(t) - 32 * 128
+}
+
 macro_rules! legacy_x16_kernel {
     ($name:ident, $ty:ty) => {
         /// # Safety
@@ -1528,17 +1829,47 @@ legacy_x16_kernel!(x16_q4_0, X16Q4_0);
 legacy_x16_kernel!(x16_q4_1, X16Q4_1);
 legacy_x16_kernel!(x16_q8_0, X16Q8_0);
 
-/// The packed kernel of a legacy type (every token count: 1 or 2 tokens per tile).
-pub(crate) fn packed_legacy_kernel(ty: GgmlType) -> Option<Kernel> {
-    let tile: TileFn = match ty {
-        GgmlType::Q4_0 => x16_q4_0,
-        GgmlType::Q4_1 => x16_q4_1,
-        GgmlType::Q8_0 => x16_q8_0,
+/// Tokens per tile of the whole-block packed kernel: with one accumulator per token (not
+/// eight), four tokens fit the registers and share each unpacked weight vector.
+const X16_BLOCK_NT: usize = 4;
+
+macro_rules! legacy_x16_block_kernel {
+    ($name:ident, $ty:ty) => {
+        /// # Safety
+        /// The [`Tile`] contract of [`legacy_x16_block`].
+        unsafe fn $name(t: &Tile) {
+            // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+            unsafe {
+                match t.toks {
+                    1 => legacy_x16_block::<$ty, 1>(t),
+                    2 => legacy_x16_block::<$ty, 2>(t),
+                    3 => legacy_x16_block::<$ty, 3>(t),
+                    4 => legacy_x16_block::<$ty, 4>(t),
+                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                }
+            }
+        }
+    };
+}
+legacy_x16_block_kernel!(x16b_q4_0, X16Q4_0);
+legacy_x16_block_kernel!(x16b_q4_1, X16Q4_1);
+legacy_x16_block_kernel!(x16b_q8_0, X16Q8_0);
+
+/// The packed kernel of a legacy type in summation order `order` (every token count: up to 2
+/// tokens per tile in ggml's order, up to [`X16_BLOCK_NT`] in the whole-block order).
+pub(crate) fn packed_legacy_kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
+    let (tile, nt): (TileFn, usize) = match (ty, order) {
+        (GgmlType::Q4_0, SumOrder::Ggml) => (x16_q4_0, 2),
+        (GgmlType::Q4_1, SumOrder::Ggml) => (x16_q4_1, 2),
+        (GgmlType::Q8_0, SumOrder::Ggml) => (x16_q8_0, 2),
+        (GgmlType::Q4_0, SumOrder::Block) => (x16b_q4_0, X16_BLOCK_NT),
+        (GgmlType::Q4_1, SumOrder::Block) => (x16b_q4_1, X16_BLOCK_NT),
+        (GgmlType::Q8_0, SumOrder::Block) => (x16b_q8_0, X16_BLOCK_NT),
         _ => return None,
     };
     Some(Kernel {
         mr: 16,
-        nt: 2,
+        nt,
         mr1: 16,
         exact_rows: true,
         tile,
@@ -1826,12 +2157,18 @@ float_kernel!(t_f32, F32W);
 float_kernel!(t_f16, F16W);
 float_kernel!(t_bf16, Bf16W);
 
-/// The AVX-512 kernel for `ty`.
-pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+/// The AVX-512 kernel for `ty` in summation order `order`.
+pub(crate) fn kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
     use GgmlType::*;
+    let block = order == SumOrder::Block;
     // (tile, rows × tokens per prefill tile, rows per decode tile): sized so the accumulators
     // and the unpacked operands fit the 32 vector registers.
     let (tile, mr, nt, mr1): (TileFn, usize, usize, usize) = match ty {
+        Q4_0 if block => (b_q4_0, 4, 2, 4),
+        Q4_1 if block => (b_q4_1, 4, 2, 4),
+        Q5_0 if block => (b_q5_0, 4, 2, 4),
+        Q5_1 if block => (b_q5_1, 4, 2, 4),
+        Q8_0 if block => (b_q8_0, 4, 2, 4),
         Q4_0 => (t_q4_0, 4, 2, 4),
         Q4_1 => (t_q4_1, 4, 2, 4),
         Q5_0 => (t_q5_0, 4, 2, 4),

@@ -1,7 +1,7 @@
 //! The kernel table: which tile function computes a weight type on an instruction set, and the
 //! activation quantizer each level uses.
 
-use super::{scalar, Isa};
+use super::{scalar, Isa, SumOrder};
 use gguf::GgmlType;
 
 /// One tile of a matrix product: `rows` consecutive weight rows times `toks` consecutive
@@ -118,6 +118,11 @@ scalar_kernel!(s_q4_1, scalar::dot_q4_1, 20, 36);
 scalar_kernel!(s_q5_0, scalar::dot_q5_0, 22, 34);
 scalar_kernel!(s_q5_1, scalar::dot_q5_1, 24, 36);
 scalar_kernel!(s_q8_0, scalar::dot_q8_0, 34, 34);
+scalar_kernel!(s_q4_0_block, scalar::dot_q4_0_block, 18, 34);
+scalar_kernel!(s_q4_1_block, scalar::dot_q4_1_block, 20, 36);
+scalar_kernel!(s_q5_0_block, scalar::dot_q5_0_block, 22, 34);
+scalar_kernel!(s_q5_1_block, scalar::dot_q5_1_block, 24, 36);
+scalar_kernel!(s_q8_0_block, scalar::dot_q8_0_block, 34, 34);
 scalar_kernel!(s_q2_k, scalar::dot_q2_k, 84, 292);
 scalar_kernel!(s_q3_k, scalar::dot_q3_k, 110, 292);
 scalar_kernel!(s_q4_k, scalar::dot_q4_k, 144, 292);
@@ -125,23 +130,30 @@ scalar_kernel!(s_q4_k_gemv, scalar::dot_q4_k_gemv, 144, 292);
 scalar_kernel!(s_q5_k, scalar::dot_q5_k, 176, 292);
 scalar_kernel!(s_q6_k, scalar::dot_q6_k, 210, 292);
 
-fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
+fn scalar_kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
     use GgmlType::*;
-    let tile: TileFn = match ty {
-        F32 => s_f32,
-        F16 => s_f16,
-        BF16 => s_bf16,
-        Q4_0 => s_q4_0,
-        Q4_1 => s_q4_1,
-        Q5_0 => s_q5_0,
-        Q5_1 => s_q5_1,
-        Q8_0 => s_q8_0,
-        Q2K => s_q2_k,
-        Q3K => s_q3_k,
-        Q4K => s_q4_k,
-        Q5K => s_q5_k,
-        Q6K => s_q6_k,
-        _ => return None,
+    let tile: TileFn = match (ty, order) {
+        (Q4_0, SumOrder::Block) => s_q4_0_block,
+        (Q4_1, SumOrder::Block) => s_q4_1_block,
+        (Q5_0, SumOrder::Block) => s_q5_0_block,
+        (Q5_1, SumOrder::Block) => s_q5_1_block,
+        (Q8_0, SumOrder::Block) => s_q8_0_block,
+        (ty, _) => match ty {
+            F32 => s_f32,
+            F16 => s_f16,
+            BF16 => s_bf16,
+            Q4_0 => s_q4_0,
+            Q4_1 => s_q4_1,
+            Q5_0 => s_q5_0,
+            Q5_1 => s_q5_1,
+            Q8_0 => s_q8_0,
+            Q2K => s_q2_k,
+            Q3K => s_q3_k,
+            Q4K => s_q4_k,
+            Q5K => s_q5_k,
+            Q6K => s_q6_k,
+            _ => return None,
+        },
     };
     Some(Kernel {
         mr: 1,
@@ -152,17 +164,18 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
     })
 }
 
-/// The kernel for weight type `ty` on `isa`, or `None` if the type has no kernel. The caller
-/// checks that `isa` is available.
-pub(crate) fn kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
+/// The kernel for weight type `ty` on `isa` in summation order `order` (heeded by the
+/// 32-element block types only), or `None` if the type has no kernel. The caller checks that
+/// `isa` is available.
+pub(crate) fn kernel(ty: GgmlType, isa: Isa, order: SumOrder) -> Option<Kernel> {
     match isa {
-        Isa::Scalar => scalar_kernel(ty),
+        Isa::Scalar => scalar_kernel(ty, order),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::kernel(ty),
+        Isa::Avx2 => super::avx2::kernel(ty, order),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => super::avx512::kernel(ty),
+        Isa::Avx512 => super::avx512::kernel(ty, order),
         #[allow(unreachable_patterns)]
-        _ => scalar_kernel(ty),
+        _ => scalar_kernel(ty, order),
     }
 }
 

@@ -13,7 +13,7 @@ use gguf::GgmlType;
 
 use super::kernels::{self, Kernel, Tile};
 use super::packed::PackedMat;
-use super::{act_type, best_isa, row_bytes, ActBuf, DotError, Isa, Pool};
+use super::{act_type, best_isa, row_bytes, ActBuf, DotError, Isa, Pool, SumOrder};
 
 /// Products smaller than this many multiply-adds run on the calling thread alone: handing them
 /// out costs more than it saves.
@@ -64,6 +64,32 @@ pub fn matmul_with_isa(
     pool: &Pool,
     isa: Isa,
 ) -> Result<(), DotError> {
+    matmul_ordered(
+        weight_ty,
+        w,
+        rows,
+        cols,
+        acts,
+        out,
+        pool,
+        isa,
+        SumOrder::Ggml,
+    )
+}
+
+/// [`matmul_with_isa`] in a chosen [`SumOrder`] (heeded by the 32-element block types).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_ordered(
+    weight_ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &ActBuf,
+    out: &mut [f32],
+    pool: &Pool,
+    isa: Isa,
+    order: SumOrder,
+) -> Result<(), DotError> {
     if acts.cols() != cols {
         return Err(DotError::Cols {
             weight_ty,
@@ -77,7 +103,7 @@ pub fn matmul_with_isa(
         rows,
         out,
     }];
-    run_jobs(&mut jobs, &[acts], pool, isa, None, None)
+    run_jobs(&mut jobs, &[acts], pool, isa, None, None, order)
 }
 
 /// [`matmul`] of a packed matrix ([`PackedMat`]): the same results, bit for bit, as
@@ -102,6 +128,19 @@ pub fn matmul_packed_with_amx(
     pool: &Pool,
     amx: bool,
 ) -> Result<(), DotError> {
+    matmul_packed_ordered(w, acts, out, pool, amx, SumOrder::Ggml)
+}
+
+/// [`matmul_packed_with_amx`] in a chosen [`SumOrder`] (heeded by the 32-element block types;
+/// an order without an AMX kernel for the type runs the `vpdpbusd` one).
+pub fn matmul_packed_ordered(
+    w: &PackedMat,
+    acts: &ActBuf,
+    out: &mut [f32],
+    pool: &Pool,
+    amx: bool,
+    order: SumOrder,
+) -> Result<(), DotError> {
     if acts.cols() != w.cols() {
         return Err(DotError::Cols {
             weight_ty: w.weight_type(),
@@ -115,8 +154,16 @@ pub fn matmul_packed_with_amx(
         rows: w.rows(),
         out,
     }];
-    let amx_k = if amx { w.amx_kernel() } else { None };
-    run_jobs(&mut jobs, &[acts], pool, best_isa(), w.kernels(), amx_k)
+    let amx_k = if amx { w.amx_kernel(order) } else { None };
+    run_jobs(
+        &mut jobs,
+        &[acts],
+        pool,
+        best_isa(),
+        w.kernels(order),
+        amx_k,
+        order,
+    )
 }
 
 /// [`matmul_f32`] of a packed matrix ([`PackedMat`]).
@@ -127,6 +174,18 @@ pub fn matmul_f32_packed(
     out: &mut [f32],
     pool: &Pool,
 ) -> Result<(), DotError> {
+    matmul_f32_packed_ordered(w, x, n_tokens, out, pool, SumOrder::Ggml)
+}
+
+/// [`matmul_f32_packed`] in a chosen [`SumOrder`] (heeded by the 32-element block types).
+pub fn matmul_f32_packed_ordered(
+    w: &PackedMat,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    pool: &Pool,
+    order: SumOrder,
+) -> Result<(), DotError> {
     let mut jobs = [MatJob {
         weight_ty: w.weight_type(),
         w: w.bytes(),
@@ -134,11 +193,20 @@ pub fn matmul_f32_packed(
         out,
     }];
     let amx = if super::amx_enabled() {
-        w.amx_kernel()
+        w.amx_kernel(order)
     } else {
         None
     };
-    f32_jobs(&mut jobs, x, n_tokens, w.cols(), pool, w.kernels(), amx)
+    f32_jobs(
+        &mut jobs,
+        x,
+        n_tokens,
+        w.cols(),
+        pool,
+        w.kernels(order),
+        amx,
+        order,
+    )
 }
 
 /// Run several products over the same activations in one dispatch. `acts` holds the input
@@ -149,7 +217,7 @@ pub fn matmul_multi(
     acts: &[&ActBuf],
     pool: &Pool,
 ) -> Result<(), DotError> {
-    run_jobs(jobs, acts, pool, best_isa(), None, None)
+    run_jobs(jobs, acts, pool, best_isa(), None, None, SumOrder::Ggml)
 }
 
 thread_local! {
@@ -180,13 +248,39 @@ pub fn matmul_f32(
     out: &mut [f32],
     pool: &Pool,
 ) -> Result<(), DotError> {
+    matmul_f32_ordered(
+        weight_ty,
+        w,
+        rows,
+        cols,
+        x,
+        n_tokens,
+        out,
+        pool,
+        SumOrder::Ggml,
+    )
+}
+
+/// [`matmul_f32`] in a chosen [`SumOrder`] (heeded by the 32-element block types).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_f32_ordered(
+    weight_ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    pool: &Pool,
+    order: SumOrder,
+) -> Result<(), DotError> {
     let mut jobs = [MatJob {
         weight_ty,
         w,
         rows,
         out,
     }];
-    matmul_f32_multi(&mut jobs, x, n_tokens, cols, pool)
+    f32_jobs(&mut jobs, x, n_tokens, cols, pool, None, None, order)
 }
 
 /// Several products of the same f32 activations `x` (`n_tokens` rows of `cols`), e.g. the Q, K
@@ -199,9 +293,10 @@ pub fn matmul_f32_multi(
     cols: usize,
     pool: &Pool,
 ) -> Result<(), DotError> {
-    f32_jobs(jobs, x, n_tokens, cols, pool, None, None)
+    f32_jobs(jobs, x, n_tokens, cols, pool, None, None, SumOrder::Ggml)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn f32_jobs(
     jobs: &mut [MatJob<'_>],
     x: &[f32],
@@ -210,6 +305,7 @@ fn f32_jobs(
     pool: &Pool,
     packed: Option<(Kernel, Kernel)>,
     amx: Option<(Kernel, bool)>,
+    order: SumOrder,
 ) -> Result<(), DotError> {
     let isa = best_isa();
     SCRATCH.with(|s| {
@@ -246,7 +342,7 @@ fn f32_jobs(
             .filter(|(n, _)| n.is_some())
             .map(|(_, b)| b)
             .collect();
-        run_jobs(jobs, &acts, pool, isa, packed, amx)
+        run_jobs(jobs, &acts, pool, isa, packed, amx, order)
     })
 }
 
@@ -331,7 +427,8 @@ unsafe impl Sync for Prepared {}
 /// apply to every job (the weights are packed bytes); `None` for GGUF-layout weights. `amx`:
 /// the packed layout's AMX kernel and whether it reads transposed activations, taken for
 /// products of at least [`AMX_MIN_TOKENS`] tokens (the packed tail kernel still takes the
-/// tokens left over from groups of 4).
+/// tokens left over from groups of 4). `order`: the summation order of the 32-element block
+/// types (the `packed` and `amx` kernels were chosen for it).
 fn run_jobs(
     jobs: &mut [MatJob<'_>],
     acts: &[&ActBuf],
@@ -339,6 +436,7 @@ fn run_jobs(
     isa: Isa,
     packed: Option<(Kernel, Kernel)>,
     amx: Option<(Kernel, bool)>,
+    order: SumOrder,
 ) -> Result<(), DotError> {
     if !isa.available() {
         return Err(DotError::IsaUnavailable { isa });
@@ -418,7 +516,7 @@ fn run_jobs(
             Some((k, true)) => Some(k),
             Some((_, false)) => None,
             None if packed.is_none() && n_tokens >= WIDE_MIN_TOKENS => {
-                wide_kernel(j.weight_ty, isa)
+                wide_kernel(j.weight_ty, isa, order)
             }
             None => None,
         };
@@ -430,7 +528,7 @@ fn run_jobs(
             (None, Some((k, t)), _) => (k, Some(t)),
             (None, None, Some(k)) => (k, None),
             (None, None, None) => (
-                kernels::kernel(j.weight_ty, isa)
+                kernels::kernel(j.weight_ty, isa, order)
                     .ok_or(DotError::Unsupported { ty: j.weight_ty })?,
                 kernels::tail_kernel(j.weight_ty, isa),
             ),
@@ -530,11 +628,14 @@ type WideLine = super::avx512::Line64;
 #[cfg(not(target_arch = "x86_64"))]
 type WideLine = [u8; 64];
 
-fn wide_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
+fn wide_kernel(ty: GgmlType, isa: Isa, order: SumOrder) -> Option<Kernel> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => super::avx512::wide_kernel(ty),
-        _ => None,
+        Isa::Avx512 => super::avx512::wide_kernel(ty, order),
+        _ => {
+            let _ = (ty, order);
+            None
+        }
     }
 }
 

@@ -34,7 +34,8 @@ mod avx512;
 
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{
-    matmul, matmul_f32, matmul_f32_multi, matmul_f32_packed, matmul_multi, matmul_packed,
+    matmul, matmul_f32, matmul_f32_multi, matmul_f32_ordered, matmul_f32_packed,
+    matmul_f32_packed_ordered, matmul_multi, matmul_ordered, matmul_packed, matmul_packed_ordered,
     matmul_packed_with_amx, matmul_with_isa, MatJob,
 };
 pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS, Q6K_GROUP_BYTES};
@@ -205,6 +206,65 @@ pub fn best_isa() -> Isa {
     let idx = Isa::ALL.iter().position(|i| *i == chosen).unwrap_or(0);
     BEST_ISA.store(idx as u8, Ordering::Relaxed);
     chosen
+}
+
+/// How a product of a 32-element block type (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`) combines
+/// its exact integer work in f32. Both orders compute the same integer sums and differ only in
+/// where the f32 roundings fall; each kernel of every instruction set, every tile shape and
+/// token count gives the same bits for a given order (so serial and batched decode agree).
+/// K-quants and float weights have one order each and ignore this choice.
+///
+/// Per (weight row, activation row), with `d = d_w * d_y` the f32 product of the block's two
+/// f16 scales and, for types with a min (`Q4_1`, `Q5_1`), `m_w` the weight block's min and `s_y`
+/// the activation block's `s` (`Q8_1`):
+///
+/// - [`SumOrder::Ggml`]: llama.cpp's x86 `vec_dot` (and llamafile's Q8_0 kernel): eight f32
+///   lanes, lane `j` taking `lane_j = fma(d, isum_j, lane_j)` block by block with `isum_j` the
+///   integer dot of the block's elements `4j..4j+4`; `summs = fma(m_w, s_y, summs)`; the result
+///   `hsum_float_8(lanes) + summs` (`((l4 + l0) + (l6 + l2)) + ((l5 + l1) + (l7 + l3))`). The
+///   logits are then bit-identical to llama.cpp's CPU backend. Eight conversions and eight
+///   fused multiply-adds per block, as much vector work as the integer products.
+/// - [`SumOrder::Block`]: whole-block integer sums: `isum` the exact i32 dot of the block's 32
+///   elements (|isum| < 2^24, so its f32 conversion is exact too), `acc = fma(d, isum, acc)`
+///   block by block in order, `summs = fma(m_w, s_y, summs)`, the result `acc + summs`. One
+///   conversion and one fused multiply-add per block; at least as close to the exact product as
+///   `Ggml` (fewer roundings of the same exact terms), not bit-identical to llama.cpp.
+///
+/// Both start from `acc = summs = 0`; the references are [`scalar::dot_q4_1`] and
+/// [`scalar::dot_q4_1_block`] (and their siblings).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SumOrder {
+    /// llama.cpp's order (bit-identical products); the default of this crate's plain entry points.
+    #[default]
+    Ggml,
+    /// Whole-block integer sums, one f32 step per block.
+    Block,
+}
+
+impl SumOrder {
+    /// Both orders.
+    pub const ALL: [SumOrder; 2] = [SumOrder::Ggml, SumOrder::Block];
+
+    /// Lower-case name (`ggml`, `block`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SumOrder::Ggml => "ggml",
+            SumOrder::Block => "block",
+        }
+    }
+
+    /// Parse a name as [`SumOrder::name`] prints it (case-insensitive, spaces trimmed).
+    pub fn from_name(s: &str) -> Option<SumOrder> {
+        SumOrder::ALL
+            .into_iter()
+            .find(|o| o.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+impl std::fmt::Display for SumOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The activation type a weight type is multiplied against ("vec dot type"): `Q8_0`, `Q8_1`,
@@ -410,6 +470,18 @@ pub fn vec_dot(
     cols: usize,
     isa: Isa,
 ) -> Result<f32, DotError> {
+    vec_dot_ordered(weight_ty, w_row, acts_row, cols, isa, SumOrder::Ggml)
+}
+
+/// [`vec_dot`] in a chosen [`SumOrder`] (which only the 32-element block types heed).
+pub fn vec_dot_ordered(
+    weight_ty: GgmlType,
+    w_row: &[u8],
+    acts_row: &[u8],
+    cols: usize,
+    isa: Isa,
+    order: SumOrder,
+) -> Result<f32, DotError> {
     if !isa.available() {
         return Err(DotError::IsaUnavailable { isa });
     }
@@ -430,7 +502,8 @@ pub fn vec_dot(
             got: acts_row.len(),
         });
     }
-    let k = kernels::kernel(weight_ty, isa).ok_or(DotError::Unsupported { ty: weight_ty })?;
+    let k =
+        kernels::kernel(weight_ty, isa, order).ok_or(DotError::Unsupported { ty: weight_ty })?;
     let mut out = 0f32;
     let tile = kernels::Tile {
         nb: cols / weight_ty.block_size(),

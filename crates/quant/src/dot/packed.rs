@@ -47,7 +47,7 @@
 use gguf::GgmlType;
 
 use super::kernels::Kernel;
-use super::{row_bytes, DotError, Isa};
+use super::{row_bytes, DotError, Isa, SumOrder};
 
 /// Rows interleaved per group of the packed `Q4_K` layout.
 pub const Q4K_GROUP_ROWS: usize = 16;
@@ -288,21 +288,24 @@ impl PackedMat {
         Some(out)
     }
 
-    /// The AMX kernel for products of many tokens, where AMX is usable, and whether it reads
-    /// transposed activations (`super::avx512::wide_acts`); `None` for other types.
-    pub(crate) fn amx_kernel(&self) -> Option<(Kernel, bool)> {
+    /// The AMX kernel for products of many tokens in summation order `order`, where AMX is
+    /// usable, and whether it reads transposed activations (`super::avx512::wide_acts`); `None`
+    /// for other types.
+    pub(crate) fn amx_kernel(&self, order: SumOrder) -> Option<(Kernel, bool)> {
         #[cfg(target_arch = "x86_64")]
         if self.interleaved && super::amx::amx_available() {
             if self.ty == GgmlType::Q4K {
                 return Some((super::amx::packed_q4k_amx_kernel(), false));
             }
-            return super::amx::packed_legacy_amx_kernel(self.ty).map(|k| (k, true));
+            return super::amx::packed_legacy_amx_kernel(self.ty, order);
         }
+        let _ = order;
         None
     }
 
-    /// The kernel for groups of 4 tokens and the one for the tokens left over.
-    pub(crate) fn kernels(&self) -> Option<(Kernel, Kernel)> {
+    /// The kernel for groups of 4 tokens and the one for the tokens left over, in summation
+    /// order `order` (heeded by the 32-element block types).
+    pub(crate) fn kernels(&self, order: SumOrder) -> Option<(Kernel, Kernel)> {
         #[cfg(target_arch = "x86_64")]
         if self.interleaved {
             if self.ty == GgmlType::Q4K {
@@ -312,8 +315,9 @@ impl PackedMat {
                 let k = super::avx512::packed_q6k_kernel();
                 return Some((k, k));
             }
-            return super::avx512::packed_legacy_kernel(self.ty).map(|k| (k, k));
+            return super::avx512::packed_legacy_kernel(self.ty, order).map(|k| (k, k));
         }
+        let _ = order;
         None
     }
 }

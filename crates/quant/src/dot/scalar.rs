@@ -133,17 +133,29 @@ fn add_high_bits(q: &mut [i8; 32], qh: [u8; 4]) {
     }
 }
 
+/// How the per-block integer sums of a 32-element block type become one f32 result: the two
+/// summation orders of [`super::SumOrder`]. `block` takes one block's quants (weights already
+/// as signed values, or unsigned for types with a min) and activation quants with
+/// `d = d_w * d_y` (an f32 product of the two f16 scales); `min` takes one block's `m_w`, `s_y`.
+trait Combine {
+    fn new() -> Self;
+    fn block(&mut self, q: &[i8; 32], y: &[i8; 32], d: f32);
+    fn min(&mut self, m: f32, s: f32);
+    fn finish(&self) -> f32;
+}
+
 /// The order of operations of ggml's x86 `vec_dot` for the 32-element block types (and of
 /// llamafile's Q8_0 kernel, the same): eight f32 lanes, lane `j` accumulating, block by block,
 /// `fma(d_w * d_y, isum_j, lane)` where `isum_j` is the integer dot of the block's elements
 /// `4j..4j+4`; then ggml's `hsum_float_8` (halves, then pairs) plus the separately fma-summed
-/// min terms `m * s`. Matching it makes our products bit-identical to llama.cpp's.
+/// min terms `m * s`. Matching it makes our products bit-identical to llama.cpp's
+/// ([`super::SumOrder::Ggml`]).
 struct Lanes8 {
     acc: [f32; 8],
     summs: f32,
 }
 
-impl Lanes8 {
+impl Combine for Lanes8 {
     fn new() -> Lanes8 {
         Lanes8 {
             acc: [0.0; 8],
@@ -171,9 +183,41 @@ impl Lanes8 {
     }
 }
 
-/// `Q4_0` weights · `Q8_0` activations.
-pub fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut l = Lanes8::new();
+/// Whole-block integer sums ([`super::SumOrder::Block`], defined there): per block the exact
+/// i32 sum of the 32 products, then one `acc = fma(d_w * d_y, isum, acc)`; the min terms their
+/// own chain `summs = fma(m_w, s_y, summs)`; the result `acc + summs`.
+struct BlockSums {
+    acc: f32,
+    summs: f32,
+}
+
+impl Combine for BlockSums {
+    fn new() -> BlockSums {
+        BlockSums {
+            acc: 0.0,
+            summs: 0.0,
+        }
+    }
+
+    #[inline(always)]
+    fn block(&mut self, q: &[i8; 32], y: &[i8; 32], d: f32) {
+        // Exact: |sum| <= 32 * 128 * 128 < 2^24, so the conversion is exact too.
+        let i: i32 = q.iter().zip(y).map(|(&a, &b)| a as i32 * b as i32).sum();
+        self.acc = d.mul_add(i as f32, self.acc);
+    }
+
+    #[inline(always)]
+    fn min(&mut self, m: f32, s: f32) {
+        self.summs = m.mul_add(s, self.summs);
+    }
+
+    fn finish(&self) -> f32 {
+        self.acc + self.summs
+    }
+}
+
+fn q4_0<C: Combine>(w: &[u8], a: &[u8]) -> f32 {
+    let mut l = C::new();
     for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(a)) {
         let mut q = nibbles(&x.qs);
         q.iter_mut().for_each(|v| *v -= 8);
@@ -182,9 +226,8 @@ pub fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     l.finish()
 }
 
-/// `Q4_1` weights · `Q8_1` activations.
-pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    let mut l = Lanes8::new();
+fn q4_1<C: Combine>(w: &[u8], a: &[u8]) -> f32 {
+    let mut l = C::new();
     for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(a)) {
         l.min(x.m.to_f32(), y.s.to_f32());
         l.block(&nibbles(&x.qs), &y.qs, x.d.to_f32() * y.d.to_f32());
@@ -192,9 +235,8 @@ pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     l.finish()
 }
 
-/// `Q5_0` weights · `Q8_0` activations.
-pub fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut l = Lanes8::new();
+fn q5_0<C: Combine>(w: &[u8], a: &[u8]) -> f32 {
+    let mut l = C::new();
     for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(a)) {
         let mut q = nibbles(&x.qs);
         add_high_bits(&mut q, x.qh);
@@ -204,9 +246,8 @@ pub fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     l.finish()
 }
 
-/// `Q5_1` weights · `Q8_1` activations.
-pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    let mut l = Lanes8::new();
+fn q5_1<C: Combine>(w: &[u8], a: &[u8]) -> f32 {
+    let mut l = C::new();
     for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(a)) {
         let mut q = nibbles(&x.qs);
         add_high_bits(&mut q, x.qh);
@@ -216,13 +257,62 @@ pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     l.finish()
 }
 
-/// `Q8_0` weights · `Q8_0` activations.
-pub fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let mut l = Lanes8::new();
+fn q8_0<C: Combine>(w: &[u8], a: &[u8]) -> f32 {
+    let mut l = C::new();
     for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(a)) {
         l.block(&x.qs, &y.qs, x.d.to_f32() * y.d.to_f32());
     }
     l.finish()
+}
+
+/// `Q4_0` weights · `Q8_0` activations (ggml's order).
+pub fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    q4_0::<Lanes8>(w, a)
+}
+
+/// `Q4_1` weights · `Q8_1` activations (ggml's order).
+pub fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    q4_1::<Lanes8>(w, a)
+}
+
+/// `Q5_0` weights · `Q8_0` activations (ggml's order).
+pub fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    q5_0::<Lanes8>(w, a)
+}
+
+/// `Q5_1` weights · `Q8_1` activations (ggml's order).
+pub fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    q5_1::<Lanes8>(w, a)
+}
+
+/// `Q8_0` weights · `Q8_0` activations (ggml's order).
+pub fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    q8_0::<Lanes8>(w, a)
+}
+
+/// `Q4_0` weights · `Q8_0` activations, whole-block integer sums ([`super::SumOrder::Block`]).
+pub fn dot_q4_0_block(w: &[u8], a: &[u8]) -> f32 {
+    q4_0::<BlockSums>(w, a)
+}
+
+/// `Q4_1` weights · `Q8_1` activations, whole-block integer sums ([`super::SumOrder::Block`]).
+pub fn dot_q4_1_block(w: &[u8], a: &[u8]) -> f32 {
+    q4_1::<BlockSums>(w, a)
+}
+
+/// `Q5_0` weights · `Q8_0` activations, whole-block integer sums ([`super::SumOrder::Block`]).
+pub fn dot_q5_0_block(w: &[u8], a: &[u8]) -> f32 {
+    q5_0::<BlockSums>(w, a)
+}
+
+/// `Q5_1` weights · `Q8_1` activations, whole-block integer sums ([`super::SumOrder::Block`]).
+pub fn dot_q5_1_block(w: &[u8], a: &[u8]) -> f32 {
+    q5_1::<BlockSums>(w, a)
+}
+
+/// `Q8_0` weights · `Q8_0` activations, whole-block integer sums ([`super::SumOrder::Block`]).
+pub fn dot_q8_0_block(w: &[u8], a: &[u8]) -> f32 {
+    q8_0::<BlockSums>(w, a)
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K`/`Q5_K` block.
