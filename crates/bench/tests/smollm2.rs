@@ -41,6 +41,9 @@ fn opts(ctx: usize, seqs: usize) -> CpuOptions {
         ctx_size: ctx,
         max_seqs: seqs,
         max_batch_tokens: 256,
+        // The host fallback executor runs ggml's summation order (`runtime::fallback`): the
+        // doubles equal a backend in that order bit for bit.
+        order: cpu::SumOrder::Ggml,
         ..CpuOptions::default()
     }
 }

@@ -60,6 +60,8 @@ fn check_answer(case_index: usize, keyword: &str) {
         "llama.cpp's own answer: {reference}"
     );
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_crossover"));
+    // llama.cpp's summation order (the engine's default, whole-block sums, rounds differently).
+    cmd.env("CROSSOVER_CPU_ORDER", "ggml");
     // The AVX-512 and scalar kernels follow llama.cpp's float order bit for bit; the AVX2 ones
     // only within a tolerance, so a machine without AVX-512 runs the scalar ones here.
     if !quant::dot::Isa::Avx512.available() {

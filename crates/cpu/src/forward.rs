@@ -143,6 +143,9 @@ pub(crate) struct Model {
     pub rope: Rope,
     /// Weight type whose matmuls go through the host fallback executor (test double only).
     pub host_fallback: Option<GgmlType>,
+    /// The summation order of every product of the 32-element block types, prompt and decode
+    /// alike (one order per engine: a token's logits do not depend on what shares its step).
+    pub order: dot::SumOrder,
 }
 
 fn vector(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>, String> {
@@ -234,6 +237,7 @@ impl Model {
             rope,
             cfg,
             host_fallback: None,
+            order: dot::SumOrder::default(),
         })
     }
 
@@ -338,6 +342,8 @@ fn resize(v: &mut Vec<f32>, n: usize) {
     v.resize(n, 0.0);
 }
 
+/// `out = x · m` for `n_tok` tokens in summation order `order` (the host fallback double runs
+/// its executor's order, ggml's).
 fn matmul(
     file: &GgufFile,
     m: &Mat,
@@ -345,18 +351,21 @@ fn matmul(
     n_tok: usize,
     out: &mut Vec<f32>,
     pool: &Pool,
+    order: dot::SumOrder,
 ) -> Result<(), BackendError> {
     resize(out, n_tok * m.rows);
     if m.host {
         return host_matmul(file, m, x, n_tok, out);
     }
     if let Some(p) = &m.packed {
-        return dot::matmul_f32_packed(p, x, n_tok, out, pool).map_err(|e| BackendError::Device {
-            backend: "cpu".into(),
-            msg: format!("{}: {e}", m.info.name),
+        return dot::matmul_f32_packed_ordered(p, x, n_tok, out, pool, order).map_err(|e| {
+            BackendError::Device {
+                backend: "cpu".into(),
+                msg: format!("{}: {e}", m.info.name),
+            }
         });
     }
-    dot::matmul_f32(
+    dot::matmul_f32_ordered(
         m.ty,
         file.tensor_data(&m.info),
         m.rows,
@@ -365,6 +374,7 @@ fn matmul(
         n_tok,
         out,
         pool,
+        order,
     )
     .map_err(|e| BackendError::Device {
         backend: "cpu".into(),
@@ -598,9 +608,9 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("attn_norm", li, 0, &mut s.xn);
             }
-            matmul(file, &l.wq, &s.xn, m, &mut s.q, pool)?;
-            matmul(file, &l.wk, &s.xn, m, &mut s.k, pool)?;
-            matmul(file, &l.wv, &s.xn, m, &mut s.v, pool)?;
+            matmul(file, &l.wq, &s.xn, m, &mut s.q, pool, model.order)?;
+            matmul(file, &l.wk, &s.xn, m, &mut s.k, pool, model.order)?;
+            matmul(file, &l.wv, &s.xn, m, &mut s.v, pool, model.order)?;
             let row = kv.row;
             if s.trace.is_none() {
                 // Bias, RoPE and the KV store of each token in one pass, spread over the pool
@@ -719,7 +729,7 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("kqv_out", li, 0, &mut s.att);
             }
-            matmul(file, &l.wo, &s.att, m, &mut s.o, pool)?;
+            matmul(file, &l.wo, &s.att, m, &mut s.o, pool, model.order)?;
             if let Some(t) = s.trace.as_mut() {
                 t("attn_out", li, 0, &mut s.o);
             }
@@ -755,8 +765,8 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_norm", li, 0, &mut s.xn);
             }
-            matmul(file, &l.gate, &s.xn, m, &mut s.g, pool)?;
-            matmul(file, &l.up, &s.xn, m, &mut s.u, pool)?;
+            matmul(file, &l.gate, &s.xn, m, &mut s.g, pool, model.order)?;
+            matmul(file, &l.up, &s.xn, m, &mut s.u, pool, model.order)?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_gate", li, 0, &mut s.g);
                 t("ffn_up", li, 0, &mut s.u);
@@ -774,7 +784,7 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_swiglu", li, 0, &mut s.g);
             }
-            matmul(file, &l.down, &s.g, m, &mut s.o, pool)?;
+            matmul(file, &l.down, &s.g, m, &mut s.o, pool, model.order)?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_out", li, 0, &mut s.o);
             }
@@ -824,7 +834,15 @@ pub(crate) fn forward(
     }
     // Zeroed by the allocator (fresh pages need no clearing) rather than by `resize`.
     let mut logits = vec![0f32; sel.len() * model.output.rows];
-    matmul(file, &model.output, &h, sel.len(), &mut logits, pool)?;
+    matmul(
+        file,
+        &model.output,
+        &h,
+        sel.len(),
+        &mut logits,
+        pool,
+        model.order,
+    )?;
     // Every chunk's keys and values are in place: their full blocks may serve later prompts
     // with the same beginning (the prefix cache, `runtime::kv`).
     for c in chunks {

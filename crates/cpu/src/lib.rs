@@ -26,6 +26,7 @@ use runtime::{
 
 pub use forward::TraceFn;
 use forward::{Chunk, KvCache, Model, Scratch};
+pub use quant::dot::SumOrder;
 
 /// How to set up the CPU backend.
 #[derive(Clone, Debug)]
@@ -46,6 +47,39 @@ pub struct CpuOptions {
     /// slower (the same results bit for bit). Default `false`: matrices are repacked into
     /// owned memory at load.
     pub no_repack: bool,
+    /// How the products of the 32-element block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`)
+    /// round ([`dot::SumOrder`]), for every product of the engine, prompt and decode alike:
+    /// [`dot::SumOrder::Ggml`] gives logits bit-identical to llama.cpp's CPU backend;
+    /// [`dot::SumOrder::Block`] (one f32 step per 32-element block) makes many-token products
+    /// much faster and rounds no worse, but not as llama.cpp does. In either order a
+    /// sequence's logits are the same whether it runs alone or batched. Default: `Block`,
+    /// or what the environment variable `CROSSOVER_CPU_ORDER` (`ggml` or `block`) says
+    /// (an invalid value there is refused at load, [`CpuError::Option`]).
+    pub order: dot::SumOrder,
+}
+
+/// The environment variable that sets [`CpuOptions::order`]'s default.
+pub const ORDER_ENV: &str = "CROSSOVER_CPU_ORDER";
+
+/// The order `CROSSOVER_CPU_ORDER` names: `Ok(None)` when unset, an error naming the variable
+/// and its value when it names no order.
+fn order_from_env() -> Result<Option<dot::SumOrder>, CpuError> {
+    match std::env::var(ORDER_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) => match dot::SumOrder::from_name(&v) {
+            Some(o) => Ok(Some(o)),
+            None => Err(CpuError::Option {
+                name: ORDER_ENV,
+                value: v,
+                why: "must be `ggml` or `block`",
+            }),
+        },
+        Err(std::env::VarError::NotUnicode(v)) => Err(CpuError::Option {
+            name: ORDER_ENV,
+            value: v.to_string_lossy().into_owned(),
+            why: "must be `ggml` or `block`",
+        }),
+    }
 }
 
 impl Default for CpuOptions {
@@ -57,6 +91,11 @@ impl Default for CpuOptions {
             block_tokens: 32,
             max_batch_tokens: 512,
             no_repack: false,
+            // An invalid value is reported by `CpuBackend::from_file`.
+            order: order_from_env()
+                .ok()
+                .flatten()
+                .unwrap_or(dot::SumOrder::Block),
         }
     }
 }
@@ -127,10 +166,12 @@ impl CpuBackend {
         label: &str,
         opts: &CpuOptions,
     ) -> Result<CpuBackend, CpuError> {
-        let model = Model::load(&file, !opts.no_repack).map_err(|why| CpuError::Model {
+        order_from_env()?;
+        let mut model = Model::load(&file, !opts.no_repack).map_err(|why| CpuError::Model {
             path: label.into(),
             why,
         })?;
+        model.order = opts.order;
         if opts.ctx_size == 0 {
             return Err(CpuError::Option {
                 name: "ctx_size",
@@ -155,9 +196,10 @@ impl CpuBackend {
         let info = BackendInfo {
             name: "cpu".into(),
             device: format!(
-                "{} threads, {}, weights {}",
+                "{} threads, {}, {} order, weights {}",
                 threads,
                 dot::best_isa().name(),
+                opts.order.name(),
                 if opts.no_repack {
                     "memory-mapped (no repack)"
                 } else {
@@ -236,6 +278,11 @@ impl CpuBackend {
     /// load); 0 with [`CpuOptions::no_repack`], where every weight is read from the mapping.
     pub fn owned_weight_bytes(&self) -> usize {
         self.model.owned_bytes()
+    }
+
+    /// The summation order of this engine's products ([`CpuOptions::order`]).
+    pub fn order(&self) -> dot::SumOrder {
+        self.model.order
     }
 
     /// The model's hyper-parameters.

@@ -1,10 +1,11 @@
 //! `CpuOptions::no_repack` (`--no-repack`): every weight stays memory-mapped and runs on the
 //! GGUF-layout kernels, and the logits are bit-identical to the default repacked mode's, on a
-//! prompt (64-token slices, groups of 4 tokens and the tokens left over) and on decode steps.
+//! prompt (64-token slices, groups of 4 tokens and the tokens left over) and on decode steps,
+//! in both summation orders (`SumOrder`: the GGUF-layout and packed kernels of each order agree).
 
 use std::path::{Path, PathBuf};
 
-use cpu::{CpuBackend, CpuOptions};
+use cpu::{CpuBackend, CpuOptions, SumOrder};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
 
 fn repo() -> PathBuf {
@@ -39,12 +40,18 @@ fn fixture(name: &str) -> (PathBuf, Vec<u32>) {
 }
 
 /// Logits of every position: a 67-token prompt in one step, then 3 decode steps.
-fn run(path: &Path, tokens: &[u32], no_repack: bool) -> (Vec<Vec<f32>>, usize, String) {
+fn run(
+    path: &Path,
+    tokens: &[u32],
+    no_repack: bool,
+    order: SumOrder,
+) -> (Vec<Vec<f32>>, usize, String) {
     let opts = CpuOptions {
         threads: Some(2),
         ctx_size: 96,
         max_batch_tokens: 128,
         no_repack,
+        order,
         ..CpuOptions::default()
     };
     let mut be = CpuBackend::load(path, &opts).expect("load");
@@ -74,10 +81,10 @@ fn run(path: &Path, tokens: &[u32], no_repack: bool) -> (Vec<Vec<f32>>, usize, S
     (rows, be.owned_weight_bytes(), be.info().device.clone())
 }
 
-fn check(fixture_name: &str) {
+fn check(fixture_name: &str, order: SumOrder) {
     let (path, tokens) = fixture(fixture_name);
-    let (packed, owned, dev) = run(&path, &tokens, false);
-    let (mapped, owned_nr, dev_nr) = run(&path, &tokens, true);
+    let (packed, owned, dev) = run(&path, &tokens, false, order);
+    let (mapped, owned_nr, dev_nr) = run(&path, &tokens, true, order);
     let file_len = std::fs::metadata(&path).expect("model size").len() as usize;
     // Repacked: the layer and output matrices (most of the file) live in owned memory.
     assert!(
@@ -94,7 +101,7 @@ fn check(fixture_name: &str) {
             assert_eq!(
                 x.to_bits(),
                 y.to_bits(),
-                "{fixture_name}: position {p}, logit {i}: repacked {x} vs no-repack {y}"
+                "{fixture_name} ({order} order): position {p}, logit {i}: repacked {x} vs no-repack {y}"
             );
         }
     }
@@ -102,10 +109,15 @@ fn check(fixture_name: &str) {
 
 #[test]
 fn no_repack_gives_bit_identical_logits_smollm2() {
-    check("smollm2_q4_1_logits.json");
+    check("smollm2_q4_1_logits.json", SumOrder::Block);
+}
+
+#[test]
+fn no_repack_gives_bit_identical_logits_smollm2_ggml_order() {
+    check("smollm2_q4_1_logits.json", SumOrder::Ggml);
 }
 
 #[test]
 fn no_repack_gives_bit_identical_logits_1b_q4_k_m() {
-    check("synth_llama1b_q4_k_m_logits.json");
+    check("synth_llama1b_q4_k_m_logits.json", SumOrder::Block);
 }

@@ -1,14 +1,17 @@
 //! Teacher-forced logits of the CPU engine against llama.cpp's (fixtures made by
 //! scripts/ref_logits.py with llama-cpp-python 0.3.36): at every position, top-1 agreement and
-//! the KL divergence of llama.cpp's distribution from ours.
+//! the KL divergence of llama.cpp's distribution from ours, in both summation orders of the
+//! 32-element block types: `ggml` (llama.cpp's own, bit-identical logits) and `block` (the
+//! engine's default: whole-block integer sums, one f32 step per block).
 
 use conformance::{teacher_forced, Figures, Fixture};
-use cpu::{CpuBackend, CpuOptions};
+use cpu::{CpuBackend, CpuOptions, SumOrder};
+use quant::dot::{best_isa, Isa};
 use runtime::Backend;
 
-/// Runs the fixture's tokens through the engine (128-token chunks) and returns (top-1
-/// agreement, mean KL).
-fn compare(fixture: &str) -> (f64, f64) {
+/// Runs the fixture's tokens through the engine (128-token chunks) in `order` and returns the
+/// comparison with llama.cpp.
+fn compare(fixture: &str, order: SumOrder) -> Figures {
     let fx = Fixture::load(fixture).unwrap_or_else(|e| panic!("{e}"));
     let path = fx
         .model_path("run scripts/fetch_model.sh or scripts/synth_model.sh --for-fixture (CI does this first)")
@@ -16,44 +19,86 @@ fn compare(fixture: &str) -> (f64, f64) {
     let opts = CpuOptions {
         ctx_size: fx.tokens.len(),
         max_batch_tokens: 128,
+        order,
         ..CpuOptions::default()
     };
     let mut be = CpuBackend::load(&path, &opts).unwrap_or_else(|e| panic!("load: {e}"));
+    assert_eq!(be.order(), order);
     let rows = teacher_forced(&mut be, &fx, 128).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(be.kv().blocks_used, 0, "blocks left after release");
     let f = Figures::compare(&fx, &rows);
-    eprintln!("{}", f.line(&fx));
+    eprintln!("{} order: {}", order.name(), f.line(&fx));
     assert_eq!(f.non_finite_rows, 0, "non-finite logits");
-    (f.top1, f.kl)
+    f
+}
+
+/// In ggml's order the AVX-512 and scalar kernels mirror llama.cpp's rounding op by op
+/// (docs/perf/cpu.md), so every logit is llama.cpp's; the AVX2 kernels only within a tolerance.
+fn assert_bit_identical(f: &Figures) {
+    if matches!(best_isa(), Isa::Avx512 | Isa::Scalar) {
+        assert_eq!(
+            f.logit_diff_max, 0.0,
+            "ggml order: logits differ from llama.cpp's"
+        );
+    }
 }
 
 #[test]
 fn smollm2_q4_1_matches_llama_cpp() {
-    let (top1, kl) = compare("smollm2_q4_1_logits.json");
-    eprintln!(
-        "SmolLM2 Q4_1 vs llama.cpp: top-1 agreement {:.4}, mean KL {:.6}",
-        top1, kl
+    let f = compare("smollm2_q4_1_logits.json", SumOrder::Ggml);
+    // Issue 3's bounds. Measured: top-1 1.0000, KL 0, |logit diff| max 0 (`cargo test --release
+    // -p cpu --test teacher_forced -- --nocapture`).
+    assert!(f.top1 >= 0.98, "top-1 agreement {}", f.top1);
+    assert!(f.kl <= 0.01, "mean KL {}", f.kl);
+    assert_bit_identical(&f);
+}
+
+#[test]
+fn smollm2_q4_1_block_order_agrees_with_llama_cpp() {
+    // Every SmolLM2 matrix is Q4_1 or Q8_0: the whole-block order changes every product's
+    // last-bit rounding, and the model carries such differences forward (each product's input
+    // is requantized to 8 bits per 32 values and the KV cache rounded to f16, so a last-bit
+    // change can move a quantized value by a whole step). Measured (docs/perf/cpu.md
+    // "Session 6"; the scalar reference engine, CROSSOVER_ISA=scalar, gives the same figures):
+    // top-1 0.9647, decisive top-1 0.9882 (5 of 424 rows), mean KL 2.21e-3, |logit diff| mean
+    // 0.135, max 0.88. The bounds keep a margin over that, and sit far below what a wrong
+    // product gives (garbage logits: top-1 near 0, KL of several nats).
+    let f = compare("smollm2_q4_1_logits.json", SumOrder::Block);
+    assert!(f.top1 >= 0.95, "top-1 agreement {}", f.top1);
+    assert!(
+        f.decisive_top1 >= 0.98,
+        "decisive top-1 agreement {}",
+        f.decisive_top1
     );
-    // Issue 3's bounds. Measured: top-1 1.0000, KL 0 (`cargo test --release -p cpu --test
-    // teacher_forced -- --nocapture`): the engine mirrors the rounding of llama.cpp's CPU path
-    // for this graph (docs/perf/cpu.md), so the logits are bit-identical.
-    assert!(top1 >= 0.98, "top-1 agreement {top1}");
-    assert!(kl <= 0.01, "mean KL {kl}");
+    assert!(f.kl <= 5e-3, "mean KL {}", f.kl);
 }
 
 #[test]
 fn synth_llama_1b_q4_k_m_matches_llama_cpp() {
     // The model is made by `scripts/synth_model.sh --for-fixture` (scripts/test.sh runs it); the
     // fixture pins its sha256.
-    let (top1, kl) = compare("synth_llama1b_q4_k_m_logits.json");
-    eprintln!(
-        "synthetic llama-3.2-1b Q4_K_M vs llama.cpp: top-1 agreement {top1:.4}, mean KL {kl:.6}"
-    );
+    let f = compare("synth_llama1b_q4_k_m_logits.json", SumOrder::Ggml);
     // Issue 3's bounds. Measured: top-1 1.0000, KL 0, logits bit-identical: the repacked Q4_K
     // gemm/gemv and tiled Q6_K orders of llama.cpp are mirrored (docs/perf/cpu.md). Random
     // weights give flat distributions where any rounding difference flips near-ties (llama.cpp
     // agrees with itself, batched vs token by token, on only 0.953), so this bound checks
     // exactly that mirroring.
-    assert!(kl <= 0.01, "mean KL {kl}");
-    assert!(top1 >= 0.98, "top-1 agreement {top1}");
+    assert!(f.kl <= 0.01, "mean KL {}", f.kl);
+    assert!(f.top1 >= 0.98, "top-1 agreement {}", f.top1);
+    assert_bit_identical(&f);
+}
+
+#[test]
+fn synth_llama_1b_q4_k_m_block_order_agrees_with_llama_cpp() {
+    // Its matrices are Q4_K and Q6_K, which have one order each (the summation order only
+    // concerns the 32-element block types): the logits stay llama.cpp's, bit for bit.
+    let f = compare("synth_llama1b_q4_k_m_logits.json", SumOrder::Block);
+    assert!(f.top1 >= 0.99, "top-1 agreement {}", f.top1);
+    assert!(
+        f.decisive_top1 >= 0.99,
+        "decisive top-1 agreement {}",
+        f.decisive_top1
+    );
+    assert!(f.kl <= 1e-3, "mean KL {}", f.kl);
+    assert_bit_identical(&f);
 }

@@ -1,10 +1,12 @@
 //! Packed against GGUF-layout matmul speed, one thread, one shape: prefill (64 tokens, the
 //! matrix stays in cache) and decode (1 token, a rotation of copies streamed from memory). For
 //! many tokens the packed legacy types run twice, with the `vpdpbusd` kernel (`packed`) and
-//! with AMX (`amx`, where the CPU has it), alternating, best of `ROUNDS` rounds each.
+//! with AMX (`amx`, where the CPU has it), alternating, best of `ROUNDS` rounds each. Every
+//! variant runs in each summation order of `ORDER` (`ggml`, `block`, or `both`, the default;
+//! alternating in the same process: an A/B on the same data).
 //!
-//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS] [ROUNDS]`
-//! (defaults: q4_k 8192 2048 1 64 3).
+//! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS] [ROUNDS] [ORDER]`
+//! (defaults: q4_k 8192 2048 1 64 3 both).
 use std::time::Instant;
 
 /// CPU seconds this process has used: on a shared machine, with one thread, a steadier
@@ -55,6 +57,11 @@ fn main() {
         .collect();
     let ntok: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(64);
     let rounds: usize = a.get(5).and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
+    let orders: Vec<dot::SumOrder> = match a.get(6).map(|s| s.as_str()) {
+        Some("ggml") => vec![dot::SumOrder::Ggml],
+        Some("block") => vec![dot::SumOrder::Block],
+        _ => dot::SumOrder::ALL.to_vec(),
+    };
     println!("amx available: {}", dot::amx_available());
     for n in [ntok, 1] {
         let xs: Vec<f32> = (0..n).flat_map(|_| x.iter().copied()).collect();
@@ -63,40 +70,57 @@ fn main() {
         let mut out = vec![0f32; rows * n];
         let reps = if n == 1 { 200 } else { 20 };
         // 0: GGUF layout; 1: packed, vpdpbusd; 2: packed, AMX allowed.
-        let variants: Vec<usize> = (0..3)
+        let kinds: Vec<usize> = (0..3)
             .filter(|&v| v == 0 || ps[0].is_some())
             .filter(|&v| v < 2 || (n > 1 && dot::amx_available()))
             .collect();
-        let mut best = [f64::INFINITY; 3];
-        let mut best_cpu = [f64::INFINITY; 3];
+        let variants: Vec<(usize, dot::SumOrder)> = kinds
+            .iter()
+            .flat_map(|&k| orders.iter().map(move |&o| (k, o)))
+            .collect();
+        let mut best = vec![f64::INFINITY; variants.len()];
+        let mut best_cpu = vec![f64::INFINITY; variants.len()];
         for _ in 0..rounds {
-            for &v in &variants {
+            for (vi, &(v, order)) in variants.iter().enumerate() {
                 let t = Instant::now();
                 let c0 = cpu_seconds();
                 for i in 0..reps {
                     let c = if n == 1 { i % copies } else { 0 };
                     match (&ps[c], v) {
                         (Some(p), 1 | 2) => {
-                            dot::matmul_packed_with_amx(p, &acts, &mut out, &pool, v == 2).unwrap()
+                            dot::matmul_packed_ordered(p, &acts, &mut out, &pool, v == 2, order)
+                                .unwrap()
                         }
-                        _ => dot::matmul(ty, &ws[c], rows, cols, &acts, &mut out, &pool).unwrap(),
+                        _ => dot::matmul_ordered(
+                            ty,
+                            &ws[c],
+                            rows,
+                            cols,
+                            &acts,
+                            &mut out,
+                            &pool,
+                            dot::best_isa(),
+                            order,
+                        )
+                        .unwrap(),
                     }
                 }
-                best[v] = best[v].min(t.elapsed().as_secs_f64() / reps as f64);
-                best_cpu[v] = best_cpu[v].min((cpu_seconds() - c0) / reps as f64);
+                best[vi] = best[vi].min(t.elapsed().as_secs_f64() / reps as f64);
+                best_cpu[vi] = best_cpu[vi].min((cpu_seconds() - c0) / reps as f64);
             }
         }
-        for &v in &variants {
-            let s = best[v];
+        for (vi, &(v, order)) in variants.iter().enumerate() {
+            let s = best[vi];
             let macs = (rows * cols * n) as f64;
             println!(
-                "{ty} {rows}x{cols} tokens {n} {}: {:.3} ms, {:.1} GMAC/s, {:.1} GB/s; CPU time {:.3} ms, {:.1} GMAC/s per CPU-second",
+                "{ty} {rows}x{cols} tokens {n} {} {:5}: {:.3} ms, {:.1} GMAC/s, {:.1} GB/s; CPU time {:.3} ms, {:.1} GMAC/s per CPU-second",
                 ["gguf  ", "packed", "amx   "][v],
+                order.name(),
                 s * 1e3,
                 macs / s / 1e9,
                 w.len() as f64 / s / 1e9,
-                best_cpu[v] * 1e3,
-                macs / best_cpu[v] / 1e9
+                best_cpu[vi] * 1e3,
+                macs / best_cpu[vi] / 1e9
             );
         }
     }
