@@ -385,13 +385,128 @@ unsafe fn amx_q8_0(t: &Tile) {
     unsafe { amx_legacy::<X16Q8_0>(t) }
 }
 
+/// A tile of 16 packed rows of a legacy type × up to [`AMX_NT`] tokens in the whole-block order
+/// ([`super::SumOrder::Block`]): per block one tile product (`tdpbssd`, K = 32) of 16 tokens'
+/// activation quants (read straight from the Q8_0/Q8_1 rows) with the block's 8 groups of the
+/// 16 rows (unpacked to signed values, [`unpack_groups`]), giving every (token, row) block sum
+/// exactly; then per token one conversion and one `acc = fma(d_w * d_y, isum, acc)` for the 16
+/// rows, the min term its own fma chain, at the end `acc + summs`: the float operations of
+/// `super::avx512::legacy_x16_block`, so the results are its bits. The next block's product is
+/// issued (into the other sum tile and scratch) before the vector side reads this block's sums,
+/// so the two units overlap.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `1 <= t.toks <= AMX_NT`, `t.w` at a packed group
+/// of `t.nb` blocks, `t.a` at plain activation rows (`t.a_stride` apart); AMX usable; AVX-512
+/// F/BW/VL and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn amx_legacy_block<L: LegacyX16>(t: &Tile) {
+    let zf = _mm512_setzero_ps();
+    let gb = 16 * L::WB;
+    let mut wq = [[Line64([0; 64]); 8]; 2];
+    let mut sums = [[Line64([0; 64]); 16]; 2];
+    let mut cfg_rows = 0;
+    let groups = t.toks.div_ceil(WIDE_LANES);
+    for g in 0..groups {
+        let valid = (t.toks - g * WIDE_LANES).min(WIDE_LANES);
+        if valid != cfg_rows {
+            let cfg = q4k_cfg(valid);
+            // SAFETY: a valid palette-1 configuration; AMX is usable by the contract.
+            unsafe {
+                std::arch::asm!("ldtilecfg [{c}]", c = in(reg) cfg.0.as_ptr(), options(nostack, readonly, preserves_flags));
+            }
+            cfg_rows = valid;
+        }
+        let ag = t.a.wrapping_add(g * WIDE_LANES * t.a_stride);
+        let mut acc = [zf; WIDE_LANES];
+        let mut summs = [zf; WIDE_LANES];
+        // SAFETY (for the block loop): block b of the group and of the `valid` token rows exist
+        // (b < nb); the scratch buffers are ours; the tiles are configured for `valid` rows.
+        unsafe {
+            unpack_groups::<L>(t.w, &mut wq[0]);
+            tile_product(
+                0,
+                ag.add(L::AQ),
+                t.a_stride,
+                wq[0].as_ptr() as *const u8,
+                sums[0].as_mut_ptr() as *mut u8,
+            );
+            for b in 0..t.nb {
+                let cur = b & 1;
+                if b + 1 < t.nb {
+                    let nx = cur ^ 1;
+                    unpack_groups::<L>(t.w.add((b + 1) * gb), &mut wq[nx]);
+                    tile_product(
+                        nx,
+                        ag.add((b + 1) * L::AB + L::AQ),
+                        t.a_stride,
+                        wq[nx].as_ptr() as *const u8,
+                        sums[nx].as_mut_ptr() as *mut u8,
+                    );
+                }
+                let x = t.w.add(b * gb);
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
+                let mw = if L::MIN {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(x.add(32) as *const __m256i))
+                } else {
+                    zf
+                };
+                for k in 0..valid {
+                    let y = ag.add(k * t.a_stride + b * L::AB);
+                    let (dy, sy) = super::avx512::act_scales(y);
+                    if L::MIN {
+                        summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
+                    }
+                    let i = _mm512_load_si512(sums[cur][k].0.as_ptr() as *const __m512i);
+                    acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), _mm512_cvtepi32_ps(i), acc[k]);
+                }
+            }
+        }
+        for k in 0..valid {
+            let tok = g * WIDE_LANES + k;
+            // SAFETY: outputs (tok, 0..16) are inside the tile (tok < toks).
+            unsafe {
+                _mm512_storeu_ps(
+                    t.out.add(tok * t.out_stride),
+                    _mm512_add_ps(acc[k], summs[k]),
+                )
+            };
+        }
+    }
+    // SAFETY: releases the tile state configured above.
+    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+}
+
+/// # Safety
+/// The [`Tile`] contract of [`amx_legacy_block`].
+unsafe fn amx_q4_0_block(t: &Tile) {
+    // SAFETY: forwarded.
+    unsafe { amx_legacy_block::<X16Q4_0>(t) }
+}
+/// # Safety
+/// The [`Tile`] contract of [`amx_legacy_block`].
+unsafe fn amx_q4_1_block(t: &Tile) {
+    // SAFETY: forwarded.
+    unsafe { amx_legacy_block::<X16Q4_1>(t) }
+}
+/// # Safety
+/// The [`Tile`] contract of [`amx_legacy_block`].
+unsafe fn amx_q8_0_block(t: &Tile) {
+    // SAFETY: forwarded.
+    unsafe { amx_legacy_block::<X16Q8_0>(t) }
+}
+
 /// The AMX kernel of a packed legacy type in summation order `order`, and whether it reads
 /// transposed activations, or `None` for other types. The caller checks [`amx_available`].
 pub(crate) fn packed_legacy_amx_kernel(ty: GgmlType, order: SumOrder) -> Option<(Kernel, bool)> {
-    let tile: TileFn = match (ty, order) {
-        (GgmlType::Q4_0, SumOrder::Ggml) => amx_q4_0,
-        (GgmlType::Q4_1, SumOrder::Ggml) => amx_q4_1,
-        (GgmlType::Q8_0, SumOrder::Ggml) => amx_q8_0,
+    // (tile, whether it reads transposed activations)
+    let (tile, wide): (TileFn, bool) = match (ty, order) {
+        (GgmlType::Q4_0, SumOrder::Ggml) => (amx_q4_0, true),
+        (GgmlType::Q4_1, SumOrder::Ggml) => (amx_q4_1, true),
+        (GgmlType::Q8_0, SumOrder::Ggml) => (amx_q8_0, true),
+        (GgmlType::Q4_0, SumOrder::Block) => (amx_q4_0_block, false),
+        (GgmlType::Q4_1, SumOrder::Block) => (amx_q4_1_block, false),
+        (GgmlType::Q8_0, SumOrder::Block) => (amx_q8_0_block, false),
         _ => return None,
     };
     Some((
@@ -402,7 +517,7 @@ pub(crate) fn packed_legacy_amx_kernel(ty: GgmlType, order: SumOrder) -> Option<
             exact_rows: true,
             tile,
         },
-        true,
+        wide,
     ))
 }
 

@@ -1754,10 +1754,9 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
             let mut isum = [zi; T];
             for k in 0..T {
                 ys[k] = t.a.add(k * t.a_stride + b * L::AB);
-                let dy = f16_at(ys[k], 0);
-                dd[k] = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+                let (dy, sy) = act_scales(ys[k]);
+                dd[k] = _mm512_mul_ps(dw, dy);
                 if L::MIN {
-                    let sy = _mm512_set1_ps(f16_at(ys[k], 1));
                     summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
                 }
                 if L::OFF_SHIFT != 0 {
@@ -1790,6 +1789,23 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
         // SAFETY: outputs (k, 0..16) are inside the tile.
         unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), r) };
     }
+}
+
+/// An activation block's `d` and (`Q8_1`) `s`, each converted exactly and broadcast to every
+/// lane, with vector instructions only (one conversion of the block's first 4 bytes).
+///
+/// # Safety
+/// `y` valid for 4 bytes (the start of a `Q8_0`/`Q8_1` block); AVX-512 F and F16C available.
+#[target_feature(enable = "avx512f,avx512vl,f16c")]
+#[inline]
+pub(crate) unsafe fn act_scales(y: *const u8) -> (__m512, __m512) {
+    // SAFETY: caller's contract.
+    let w = unsafe { std::ptr::read_unaligned(y as *const i32) };
+    let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(w));
+    (
+        _mm512_broadcastss_ps(ds),
+        _mm512_broadcastss_ps(_mm_movehdup_ps(ds)),
+    )
 }
 
 /// The sum of the 32 signed bytes at `p` (a block's activation quants), exactly: `vpsadbw` of
