@@ -11,7 +11,14 @@
 //!   sum 4 elements: `tdpbssd` of a 16-token × 4-byte activation tile (one group of one block,
 //!   from the transposed activations of `super::avx512::wide_acts`) with a 1 × 64-byte weight
 //!   tile (that group of the 16 rows, unpacked to signed bytes) gives 16 × 16 group sums. A
-//!   whole-block (K = 32) or longer product would be far cheaper but would change the rounding.
+//!   whole-block (K = 32) product would change that order's rounding.
+//! - Legacy types in the whole-block order ([`super::SumOrder::Block`],
+//!   `super::avx512::legacy_x16_block`): the integer unit of the order is the whole block, so
+//!   one product with K = 32 (16 tokens × 32 activation bytes straight from the Q8 rows, 8 ×
+//!   64-byte weight tile) gives every (token, row) block sum, and the vector side does one
+//!   conversion and one fma per token and block for the 16 rows (`amx_legacy_block`). Measured
+//!   here (session 6, docs/perf/cpu.md) it is about as fast as `legacy_x16_block` (Q4_1 0.9-1.05x,
+//!   Q8_0 1.1-1.15x, 64 tokens, one thread) and no faster in the engine, so it too is opt-in.
 //! - `Q4_K` (`super::avx512::q4k_x16`, gemm order): the integer unit of the order is the
 //!   32-element sub-block (its sum is multiplied by the row's 6-bit scale before the pair's
 //!   fma), so one product (`tdpbssd`, 16 tokens × 32 bytes read straight from the Q8_K rows,

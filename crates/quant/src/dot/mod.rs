@@ -13,7 +13,11 @@
 //! quantization is bit-identical across instruction sets. The scalar dot products follow the
 //! order of float operations of llama.cpp's x86 kernels (see [`scalar`]), and the AVX-512 tiles of
 //! the quantized types reproduce them bit for bit, so products round as llama.cpp's do; the AVX2
-//! tiles differ only in the order of float additions.
+//! tiles differ only in the order of float additions. The 32-element block types also have a
+//! second order, whole-block integer sums ([`SumOrder::Block`]: one f32 step per block instead
+//! of eight), which every kernel of every level (scalar, AVX2, AVX-512, packed, AMX) computes
+//! bit for bit alike; the plain entry points use llama.cpp's ([`SumOrder::Ggml`]), the
+//! `*_ordered` ones take the order.
 
 use gguf::GgmlType;
 

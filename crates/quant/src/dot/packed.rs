@@ -17,7 +17,10 @@
 //! spends most of its time on per-row unpacking and scalar scale work: per 16-row group and
 //! block, the rows' `d` (and `m`) as f16 vectors and the quants as vectors of 16 rows × 4
 //! bytes, so each of ggml's eight per-group accumulators is one vector across the 16 rows
-//! (`avx512::legacy_x16`, bit-identical to `scalar::dot_q4_1` and its siblings).
+//! (`avx512::legacy_x16`, bit-identical to `scalar::dot_q4_1` and its siblings); in the
+//! whole-block order (`SumOrder::Block`) the eight `vpdpbusd` of a block chain into one integer
+//! vector, with one conversion and one fma per block for the 16 rows
+//! (`avx512::legacy_x16_block`, bit-identical to `scalar::dot_q4_1_block`).
 //!
 //! Layout of one `Q4_K` group (16 rows) for super-block `b`, [`Q4K_GROUP_BYTES`] = 16 × 144 bytes,
 //! groups of super-blocks stored super-block after super-block, groups after groups (so group

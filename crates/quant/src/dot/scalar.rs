@@ -7,7 +7,8 @@
 //!
 //! Dot products do the integer work exactly and combine it in f32 in the order of operations of
 //! ggml's x86 kernels (see `Lanes8` for the 32-element types), so that they round as llama.cpp
-//! does. Inputs are
+//! does; the `*_block` functions are the references of the whole-block order of the 32-element
+//! types ([`super::SumOrder::Block`], `BlockSums`). Inputs are
 //! byte slices holding whole blocks (callers check lengths); blocks are copied out with
 //! unaligned reads, so no alignment is required.
 
