@@ -14,11 +14,12 @@
 //!   whole-block (K = 32) product would change that order's rounding.
 //! - Legacy types in the whole-block order ([`super::SumOrder::Block`],
 //!   `super::avx512::legacy_x16_block`): the integer unit of the order is the whole block, so
-//!   one product with K = 32 (16 tokens × 32 activation bytes straight from the Q8 rows, 8 ×
-//!   64-byte weight tile) gives every (token, row) block sum, and the vector side does one
-//!   conversion and one fma per token and block for the 16 rows (`amx_legacy_block`). Measured
-//!   here (session 6, docs/perf/cpu.md) it is about as fast as `legacy_x16_block` (Q4_1 0.9-1.05x,
-//!   Q8_0 1.1-1.15x, 64 tokens, one thread) and no faster in the engine, so it too is opt-in.
+//!   one product with K = 32 (16 tokens × 32 activation bytes of `super::avx512::block_acts`
+//!   rows, 8 × 64-byte weight tile) gives every (token, row) block sum, and the vector side does
+//!   one conversion and one fma per token and block for the 16 rows (`amx_legacy_block`).
+//!   Measured here (session 6, docs/perf/cpu.md) it is slower than `legacy_x16_block` once that
+//!   kernel reads the prepared activation rows too (0.7-0.85x, 64 tokens, one thread), so it too
+//!   is opt-in.
 //! - `Q4_K` (`super::avx512::q4k_x16`, gemm order): the integer unit of the order is the
 //!   32-element sub-block (its sum is multiplied by the row's 6-bit scale before the pair's
 //!   fma), so one product (`tdpbssd`, 16 tokens × 32 bytes read straight from the Q8_K rows,
@@ -44,7 +45,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use gguf::GgmlType;
 
-use super::avx512::{LegacyX16, Line64, WIDE_BLOCK, WIDE_LANES, X16Q4_0, X16Q4_1, X16Q8_0};
+use super::avx512::{
+    LegacyX16, Line64, BLOCK_ACT, BLOCK_ACT_Q, WIDE_BLOCK, WIDE_LANES, X16Q4_0, X16Q4_1, X16Q8_0,
+};
 use super::kernels::{Kernel, Tile, TileFn};
 use super::SumOrder;
 
@@ -394,7 +397,7 @@ unsafe fn amx_q8_0(t: &Tile) {
 
 /// A tile of 16 packed rows of a legacy type × up to [`AMX_NT`] tokens in the whole-block order
 /// ([`super::SumOrder::Block`]): per block one tile product (`tdpbssd`, K = 32) of 16 tokens'
-/// activation quants (read straight from the Q8_0/Q8_1 rows) with the block's 8 groups of the
+/// activation quants (rows of `super::avx512::block_acts`) with the block's 8 groups of the
 /// 16 rows (unpacked to signed values, [`unpack_groups`]), giving every (token, row) block sum
 /// exactly; then per token one conversion and one `acc = fma(d_w * d_y, isum, acc)` for the 16
 /// rows, the min term its own fma chain, at the end `acc + summs`: the float operations of
@@ -404,7 +407,7 @@ unsafe fn amx_q8_0(t: &Tile) {
 ///
 /// # Safety
 /// The [`Tile`] contract with `t.rows == 16`, `1 <= t.toks <= AMX_NT`, `t.w` at a packed group
-/// of `t.nb` blocks, `t.a` at plain activation rows (`t.a_stride` apart); AMX usable; AVX-512
+/// of `t.nb` blocks, `t.a` at `block_acts` rows for this type (`t.a_stride` apart); AMX usable; AVX-512
 /// F/BW/VL and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn amx_legacy_block<L: LegacyX16>(t: &Tile) {
@@ -433,7 +436,7 @@ unsafe fn amx_legacy_block<L: LegacyX16>(t: &Tile) {
             unpack_groups::<L>(t.w, &mut wq[0]);
             tile_product(
                 0,
-                ag.add(L::AQ),
+                ag.add(BLOCK_ACT_Q),
                 t.a_stride,
                 wq[0].as_ptr() as *const u8,
                 sums[0].as_mut_ptr() as *mut u8,
@@ -445,7 +448,7 @@ unsafe fn amx_legacy_block<L: LegacyX16>(t: &Tile) {
                     unpack_groups::<L>(t.w.add((b + 1) * gb), &mut wq[nx]);
                     tile_product(
                         nx,
-                        ag.add((b + 1) * L::AB + L::AQ),
+                        ag.add((b + 1) * BLOCK_ACT + BLOCK_ACT_Q),
                         t.a_stride,
                         wq[nx].as_ptr() as *const u8,
                         sums[nx].as_mut_ptr() as *mut u8,
@@ -459,9 +462,10 @@ unsafe fn amx_legacy_block<L: LegacyX16>(t: &Tile) {
                     zf
                 };
                 for k in 0..valid {
-                    let y = ag.add(k * t.a_stride + b * L::AB);
-                    let (dy, sy) = super::avx512::act_scales(y);
+                    let y = ag.add(k * t.a_stride + b * BLOCK_ACT);
+                    let dy = _mm512_set1_ps(std::ptr::read_unaligned(y as *const f32));
                     if L::MIN {
+                        let sy = _mm512_set1_ps(std::ptr::read_unaligned(y.add(4) as *const f32));
                         summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
                     }
                     let i = _mm512_load_si512(sums[cur][k].0.as_ptr() as *const __m512i);

@@ -1720,14 +1720,76 @@ unsafe fn dpbusd_bcast(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
     acc
 }
 
+/// Bytes per block of the activation rows the whole-block packed kernels read ([`block_acts`]):
+/// `d` as f32 at 0, the block's extra term at 4, the 32 quants at 8.
+pub(crate) const BLOCK_ACT: usize = 40;
+/// Offset of the quants in a [`BLOCK_ACT`] block.
+pub(crate) const BLOCK_ACT_Q: usize = 8;
+
+/// What [`block_acts`] stores at byte 4 of each block for the packed legacy type `ty`: `None`
+/// when `ty` has no whole-block packed kernel; `Some(None)`: the `Q8_1` block's `s` as f32
+/// (types with a min); `Some(Some(shift))`: the seed of the block's integer sum,
+/// `-(sum(y) << shift)` as i32 (the value offset `2^shift` of the stored weights).
+pub(crate) fn block_act_extra(ty: GgmlType) -> Option<Option<u32>> {
+    match ty {
+        GgmlType::Q4_0 => Some(Some(X16Q4_0::OFF_SHIFT as u32)),
+        GgmlType::Q4_1 => Some(None),
+        GgmlType::Q8_0 => Some(Some(X16Q8_0::OFF_SHIFT as u32)),
+        _ => None,
+    }
+}
+
+/// Lay out `n_tokens` Q8_0/Q8_1 activation rows (`arb` bytes apart, `nb` blocks each) for the
+/// whole-block packed kernels of one weight type: per block [`BLOCK_ACT`] bytes, `d` converted
+/// to f32, then `s` as f32 (`extra == None`, types with a min) or the integer seed
+/// `-(sum(y) << shift)` (`extra == Some(shift)`), then the 32 quants. Done once per product, it
+/// spares the kernels a conversion (and for offset types a sum) per token and block in every
+/// 16-row group. Rows are `nb * BLOCK_ACT` bytes apart.
+pub(crate) fn block_acts(
+    a: &[u8],
+    arb: usize,
+    n_tokens: usize,
+    nb: usize,
+    extra: Option<u32>,
+    out: &mut Vec<Line64>,
+) {
+    let bytes = n_tokens * nb * BLOCK_ACT;
+    out.clear();
+    out.resize(bytes.div_ceil(64), Line64([0; 64]));
+    // SAFETY: `out` holds at least `bytes` bytes; `Line64` is plain bytes.
+    let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, bytes) };
+    let (ab, aq) = if extra.is_none() { (36, 4) } else { (34, 2) };
+    for (t, ot) in o.chunks_exact_mut(nb * BLOCK_ACT).enumerate() {
+        let row = &a[t * arb..t * arb + nb * ab];
+        for (y, ob) in row.chunks_exact(ab).zip(ot.chunks_exact_mut(BLOCK_ACT)) {
+            let d = half::f16::from_le_bytes([y[0], y[1]]).to_f32();
+            ob[0..4].copy_from_slice(&d.to_le_bytes());
+            let q = &y[aq..aq + 32];
+            match extra {
+                None => {
+                    let s = half::f16::from_le_bytes([y[2], y[3]]).to_f32();
+                    ob[4..8].copy_from_slice(&s.to_le_bytes());
+                }
+                Some(shift) => {
+                    let sum: i32 = q.iter().map(|&v| v as i8 as i32).sum();
+                    ob[4..8].copy_from_slice(&(-(sum << shift)).to_le_bytes());
+                }
+            }
+            ob[BLOCK_ACT_Q..BLOCK_ACT].copy_from_slice(q);
+        }
+    }
+}
+
 /// [`legacy_x16`] in the whole-block order ([`super::SumOrder::Block`]): with the 16 rows in
 /// the lanes, the eight `vpdpbusd` of a block chain into one integer accumulator per token
 /// (seeded with `-offset * sum(y)` of the whole block for offset types), then one conversion
 /// and one `acc = fma(d_w * d_y, isum, acc)` per block for the 16 rows; the min term its own
 /// fma chain; at the end `acc + summs` (`scalar::dot_q4_1_block`, lane by lane).
 ///
+/// The activations are the rows of [`block_acts`] (`d`, `s` or the seed ready per block).
+///
 /// # Safety
-/// As [`legacy_x16`].
+/// As [`legacy_x16`], with `t.a` at rows of [`block_acts`] made for this type.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
     let zf = _mm512_setzero_ps();
@@ -1753,14 +1815,16 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
             let mut dd = [zf; T];
             let mut isum = [zi; T];
             for k in 0..T {
-                ys[k] = t.a.add(k * t.a_stride + b * L::AB);
-                let (dy, sy) = act_scales(ys[k]);
+                ys[k] = t.a.add(k * t.a_stride + b * BLOCK_ACT);
+                let dy = _mm512_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
                 dd[k] = _mm512_mul_ps(dw, dy);
                 if L::MIN {
+                    let sy = _mm512_set1_ps(std::ptr::read_unaligned(ys[k].add(4) as *const f32));
                     summs[k] = _mm512_fmadd_ps(mw, sy, summs[k]);
                 }
                 if L::OFF_SHIFT != 0 {
-                    isum[k] = _mm512_set1_epi32(-(block_sum_i8(ys[k].add(L::AQ)) << L::OFF_SHIFT));
+                    isum[k] =
+                        _mm512_set1_epi32(std::ptr::read_unaligned(ys[k].add(4) as *const i32));
                 }
             }
             let q = x.add(L::QOFF);
@@ -1776,7 +1840,7 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
                     }
                 };
                 for k in 0..T {
-                    isum[k] = dpbusd_bcast(isum[k], w, ys[k].add(L::AQ + 4 * j));
+                    isum[k] = dpbusd_bcast(isum[k], w, ys[k].add(BLOCK_ACT_Q + 4 * j));
                 }
             }
             for k in 0..T {
@@ -1789,40 +1853,6 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize>(t: &Tile) {
         // SAFETY: outputs (k, 0..16) are inside the tile.
         unsafe { _mm512_storeu_ps(t.out.add(k * t.out_stride), r) };
     }
-}
-
-/// An activation block's `d` and (`Q8_1`) `s`, each converted exactly and broadcast to every
-/// lane, with vector instructions only (one conversion of the block's first 4 bytes).
-///
-/// # Safety
-/// `y` valid for 4 bytes (the start of a `Q8_0`/`Q8_1` block); AVX-512 F and F16C available.
-#[target_feature(enable = "avx512f,avx512vl,f16c")]
-#[inline]
-pub(crate) unsafe fn act_scales(y: *const u8) -> (__m512, __m512) {
-    // SAFETY: caller's contract.
-    let w = unsafe { std::ptr::read_unaligned(y as *const i32) };
-    let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(w));
-    (
-        _mm512_broadcastss_ps(ds),
-        _mm512_broadcastss_ps(_mm_movehdup_ps(ds)),
-    )
-}
-
-/// The sum of the 32 signed bytes at `p` (a block's activation quants), exactly: `vpsadbw` of
-/// the bytes offset to unsigned (`q ^ 0x80 = q + 128`), minus `32 * 128`.
-///
-/// # Safety
-/// `p` valid for 32 bytes; AVX2 available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-#[inline]
-unsafe fn block_sum_i8(p: *const u8) -> i32 {
-    // SAFETY: caller's contract.
-    let y = unsafe { ld256(p) };
-    let u = _mm256_xor_si256(y, _mm256_set1_epi8(-128));
-    let s = _mm256_sad_epu8(u, _mm256_setzero_si256());
-    let h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-    let t = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
-    _mm_cvtsi128_si32(t) - 32 * 128
 }
 
 macro_rules! legacy_x16_kernel {

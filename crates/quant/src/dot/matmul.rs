@@ -454,6 +454,10 @@ fn run_jobs(
     let (n_tokens, cols) = (first.n_tokens(), first.cols());
     let mut prepared: Vec<Prepared> = Vec::with_capacity(jobs.len());
     let mut wide_guard = WIDE.with(|w| w.take());
+    // Per-job activation rows of the whole-block packed kernels (spare buffers, and those in
+    // use by this call's jobs).
+    let mut block_bufs = BLOCK_ROWS.with(|b| b.take());
+    let mut block_used: Vec<Vec<WideLine>> = Vec::new();
     let wide_bufs = &mut wide_guard;
     let mut wide_built = [false; 2];
     let mut total_chunks = 0usize;
@@ -535,7 +539,28 @@ fn run_jobs(
         };
         // Wide kernels read the activations transposed (tokens across lanes), made once per
         // product and activation type.
+        // The whole-block packed kernels (and their AMX form) read activation rows with each
+        // block's scales converted (and offset seed summed) once per product.
+        #[cfg(target_arch = "x86_64")]
+        let block_rows = match (wide, packed) {
+            (None, Some(_)) if order == SumOrder::Block => {
+                super::avx512::block_act_extra(j.weight_ty)
+            }
+            _ => None,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let block_rows: Option<Option<u32>> = None;
         let (a_ptr, arb) = match wide {
+            #[cfg(target_arch = "x86_64")]
+            None if block_rows.is_some() => {
+                let extra = block_rows.flatten();
+                let mut buf = block_bufs.pop().unwrap_or_default();
+                super::avx512::block_acts(a.bytes(), a.row_bytes(), n_tokens, nb, extra, &mut buf);
+                let ptr = buf.as_ptr() as *const u8;
+                // The buffer's heap block does not move when the vector is moved.
+                block_used.push(buf);
+                (ptr, nb * super::avx512::BLOCK_ACT)
+            }
             #[cfg(target_arch = "x86_64")]
             Some(_) => {
                 let min = a.act_type() == GgmlType::Q8_1;
@@ -606,6 +631,8 @@ fn run_jobs(
         pool.par_for(total_chunks, run_chunk);
     }
     WIDE.with(|w| w.replace(wide_guard));
+    block_bufs.append(&mut block_used);
+    BLOCK_ROWS.with(|b| b.replace(block_bufs));
     Ok(())
 }
 
@@ -621,6 +648,12 @@ thread_local! {
     /// Transposed activations for the wide kernels, per activation type (Q8_0, Q8_1), reused
     /// between products.
     static WIDE: std::cell::Cell<[Vec<WideLine>; 2]> = const { std::cell::Cell::new([Vec::new(), Vec::new()]) };
+}
+
+thread_local! {
+    /// Activation rows of the whole-block packed kernels (`avx512::block_acts`), one buffer
+    /// per job of a call, reused between products.
+    static BLOCK_ROWS: std::cell::Cell<Vec<Vec<WideLine>>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 #[cfg(target_arch = "x86_64")]
