@@ -179,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -344,6 +344,34 @@ fn main() {
         }
         b.gpu().wide.set(w0);
         b.set_decode_fusion(p0, m0, s0, k0);
+    }
+    // --ab-one: v8's one-token attention (pipelined split kernel over B blocks per SM, early
+    // copies, attn_merge) against v7's one-tile kernel + attn_combine and each piece alone.
+    if args.iter().any(|a| a == "--ab-one") {
+        let (b0, e0, m0) = b.one_attn();
+        let combos = [
+            (b0, e0, m0),
+            (0, e0, false),
+            (0, e0, true),
+            (b0, !e0, m0),
+            (b0, e0, !m0),
+            (1, e0, m0),
+            (4, e0, m0),
+            (b0, e0, m0),
+        ];
+        for (blocks, early, merge) in combos {
+            b.set_one_attn(blocks, early, merge);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b one-token attention blocks/SM={blocks} early={early} merge={merge}: \
+                     tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_one_attn(b0, e0, m0);
     }
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",

@@ -32,7 +32,8 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* smem) {
 template <int HD>
 __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
-                                int n_head, int n_kv, float scale, float* part, u16* sh) {
+                                int n_head, int n_kv, float scale, float* part, u16* sh,
+                                int early) {
     constexpr int KS = HD + 8, CH = HD / 8;
     constexpr int TILE = FA_BK * KS;  // halves per K (or V) tile
     u16* Ks = sh;                          // [AB_STAGES][FA_BK][KS]
@@ -49,6 +50,11 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     const int* bl = btab + (long long)tok_seq[t] * max_blocks;
     long long kv_row = (long long)n_kv * HD;
     int ntiles = (p1 - p0 + FA_BK - 1) / FA_BK;
+    // v8 (`early`, one-token steps): every K/V row but the token's own (position len - 1, which
+    // the kernel before this one writes) was written by earlier steps, so the first two tiles'
+    // copies go out before waiting for that kernel, overlapping its tail; the own row is loaded
+    // after the wait and stored into its tile by plain stores (issue() leaves it alone).
+    int own = early ? len - 1 : -1;
     // Loader: thread tid copies 16-byte piece (tid % CH) of rows tid / CH + (128 / CH) * j.
     constexpr int RSTEP = 128 / CH;
     auto issue = [&](int tile, int stage) {
@@ -61,14 +67,34 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
             long long row = ok ? (long long)bl[p / bt] * bt + p % bt : 0;
             const u16* ksrc = kc + row * kv_row + kvh * HD + ch * 8;
             const u16* vsrc = vc + row * kv_row + kvh * HD + ch * 8;
-            cp_async16(Ks + stage * TILE + pr * KS + ch * 8, ksrc, ok ? 16 : 0);
-            cp_async16(Vs + stage * TILE + pr * KS + ch * 8, vsrc, ok ? 16 : 0);
+            if (p != own) {
+                cp_async16(Ks + stage * TILE + pr * KS + ch * 8, ksrc, ok ? 16 : 0);
+                cp_async16(Vs + stage * TILE + pr * KS + ch * 8, vsrc, ok ? 16 : 0);
+            }
         }
         cp_async_commit();
     };
-    pdl_wait();
-    pdl_launch();
+    if (!early) {
+        pdl_wait();
+        pdl_launch();
+    }
+    // Tiles 0 and 1 take stages 0 and 1; tile k + 1 (k >= 1) is issued in iteration k.
     issue(0, 0);
+    if (ntiles > 1) issue(1, 1);
+    uint4 ownk = make_uint4(0, 0, 0, 0), ownv = ownk;
+    int own_tile = -1;
+    if (early) {
+        pdl_wait();
+        pdl_launch();
+        if (own < p1) {
+            own_tile = (own - p0) / FA_BK;
+            if (tid < CH) {
+                long long row = (long long)bl[own / bt] * bt + own % bt;
+                ownk = *(const uint4*)(kc + row * kv_row + kvh * HD + tid * 8);
+                ownv = *(const uint4*)(vc + row * kv_row + kvh * HD + tid * 8);
+            }
+        }
+    }
     u32 qa[HD / 16][4];
     dec_load_q<HD>(qa, q, t, n_head, kvh, G, g, c);
     float o[HD / 8][4];
@@ -79,15 +105,17 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         int stage = tile % AB_STAGES;
         // The next tile's copy goes out before this one is waited for (its stage was last read
         // in the previous iteration, which every warp has left: the barrier at its end).
-        if (tile + 1 < ntiles) {
-            issue(tile + 1, (tile + 1) % AB_STAGES);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        if (tile >= 1 && tile + 1 < ntiles) issue(tile + 1, (tile + 1) % AB_STAGES);
+        if (tile + 1 < ntiles) cp_async_wait<1>();
+        else cp_async_wait<0>();
         const u16* K = Ks + stage * TILE;
         const u16* V = Vs + stage * TILE;
+        if (tile == own_tile && tid < CH) {
+            int pr = (own - p0) % FA_BK;
+            *(uint4*)(Ks + stage * TILE + pr * KS + tid * 8) = ownk;
+            *(uint4*)(Vs + stage * TILE + pr * KS + tid * 8) = ownv;
+        }
+        __syncthreads();
         int base = p0 + tile * FA_BK;
         u32 pa[4];
         dec_tile_softmax<HD, KS>(qa, K, base, p1, scale, warp, g, c, m0, l0, o, pa);
@@ -114,10 +142,60 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     extern "C" __global__ void __launch_bounds__(128) attn_batch_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
-        float* part) { \
+        float* part, int early) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
         attn_batch_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
-                                scale, part, ab_sh); \
+                                scale, part, ab_sh, early); \
     }
 DEF_ATTN_BATCH(2)
 DEF_ATTN_BATCH(4)
+
+// v8: attn_combine's merge, bit for bit (the same maximum, the same products summed in slice
+// order, the same division), with its loads issued together: every thread's weighted values of
+// up to AM_MC slices and the slices' (max, sum) pairs go out at once, so the merge costs about
+// one memory round trip instead of one per 8 slices (attn_combine walks ~33-66 slices at 4K
+// context in dependent groups). grid = (tokens, n_head), block = hd threads; n_split <= AM_MAXS.
+#define AM_MAXS 1024
+#define AM_MC 64
+extern "C" __global__ void __launch_bounds__(256) attn_merge(const float* part, const int* tok_pos,
+                                                              int n_head, int hd, int n_split,
+                                                              int split_len, float* out) {
+    PDL_ENTRY();
+    __shared__ float sc[AM_MAXS], sls[AM_MAXS], red[8];
+    int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int len = tok_pos[t] + 1;
+    int sl = split_len > 0 ? split_len : ab_slice(len, n_split);
+    int ns = min(n_split, (len + sl - 1) / sl);
+    int stride = hd + 2;
+    const float* pp = part + ((long long)t * n_head + h) * n_split * stride;
+    float av[AM_MC];
+#pragma unroll
+    for (int j = 0; j < AM_MC; j++) av[j] = j < ns ? pp[j * stride + 2 + d] : 0.0f;
+    float mx = NEG_INF;
+    for (int s = d; s < ns; s += blockDim.x) {
+        float m = pp[s * stride];
+        sc[s] = m;
+        sls[s] = pp[s * stride + 1];
+        mx = fmaxf(mx, m);
+    }
+    mx = warp_max(mx);
+    if ((d & 31) == 0) red[d >> 5] = mx;
+    __syncthreads();
+    float M = NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) M = fmaxf(M, red[w]);
+    for (int s = d; s < ns; s += blockDim.x) sc[s] = sc[s] == NEG_INF ? 0.0f : expf(sc[s] - M);
+    __syncthreads();
+    float L = 0.0f, A = 0.0f;
+    for (int s = 0; s < ns; s++) L += sls[s] * sc[s];
+    for (int k0 = 0; k0 < ns; k0 += AM_MC) {
+        if (k0 > 0) {
+#pragma unroll
+            for (int j = 0; j < AM_MC; j++)
+                av[j] = k0 + j < ns ? pp[(k0 + j) * stride + 2 + d] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < AM_MC; j++)
+            if (k0 + j < ns) A += av[j] * sc[k0 + j];
+    }
+    out[((long long)t * n_head + h) * hd + d] = A / L;
+}

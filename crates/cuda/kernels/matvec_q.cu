@@ -415,6 +415,28 @@ template <> struct QI<T_Q5_K> {
     }
 };
 
+// The 32 bytes at the 2-byte aligned address p as eight little-endian words, read as the three
+// aligned 16-byte loads that cover them (v8; was sixteen 2-byte loads), the words picked by two
+// selects and a funnel shift. Reads up to 14 bytes before p and 16 after p + 32, which callers
+// keep inside the same block (Q6_K: its ql and qh runs).
+__device__ __forceinline__ void ld32_a2_wide(const u8* p, u32* w) {
+    unsigned long long a = (unsigned long long)p;
+    const uint4* v = (const uint4*)(a & ~15ull);
+    uint4 x0 = v[0], x1 = v[1], x2 = v[2];
+    u32 x[12] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w, x2.x, x2.y, x2.z, x2.w};
+    int r = (int)(a & 15);
+    bool s1 = (r & 4) != 0, s2 = (r & 8) != 0;
+    u32 sh = (u32)(r & 3) * 8;
+    u32 y[11], z[9];
+#pragma unroll
+    for (int i = 0; i < 11; i++) y[i] = s1 ? x[i + 1] : x[i];
+#pragma unroll
+    for (int i = 0; i < 9; i++) z[i] = s2 ? y[i + 2] : y[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(w[i]) : "r"(z[i]), "r"(z[i + 1]), "r"(sh));
+}
+
 template <> struct QI<T_Q6_K> {
     struct P { float d; int s0, s1; };
     __device__ static __forceinline__ void unit(const u8* b, int j, int* q, P& p) {
@@ -423,13 +445,16 @@ template <> struct QI<T_Q6_K> {
         u32 scw = ld_u16(b + 192 + 8 * h + 2 * k);
         p.s0 = (int)(i8)(scw & 0xff);
         p.s1 = (int)(i8)(scw >> 8);
-        const u8* ql = b + 64 * h + 32 * (k & 1);
-        const u8* qh = b + 128 + 32 * h;
+        // ql run [64h + 32(k & 1), +32) and qh run [128 + 32h, +32): with the wide loads' reach
+        // (14 before, 16 after) they stay within bytes [-14, 208) of this 210-byte block.
+        u32 lw[8], hw[8];
+        ld32_a2_wide(b + 64 * h + 32 * (k & 1), lw);
+        ld32_a2_wide(b + 128 + 32 * h, hw);
         int ls = 4 * (k >> 1), hs = 2 * k;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            u32 lo = (ld_u32_a2(ql + 4 * i) >> ls) & 0x0f0f0f0fu;
-            u32 hi = (ld_u32_a2(qh + 4 * i) >> hs) & 0x03030303u;
+            u32 lo = (lw[i] >> ls) & 0x0f0f0f0fu;
+            u32 hi = (hw[i] >> hs) & 0x03030303u;
             q[i] = SUB_BYTES(lo | (hi << 4), 32);
         }
     }

@@ -214,6 +214,16 @@ pub struct CudaBackend {
     /// Steps of more than 8 tokens that are not prompt-sized take the pipelined many-sequence
     /// attention ([`Gpu::attn_batch`], v7; `CROSSOVER_CUDA_ATTN_BATCH=0` turns it off).
     batch_attn: bool,
+    /// One-token steps take the pipelined split attention ([`Gpu::attn_one`], v8) over about
+    /// this many blocks per SM (0: v7's one-tile [`Gpu::attn_decode`]):
+    /// `CROSSOVER_CUDA_ATTN_ONE`, default 2.
+    one_attn: usize,
+    /// One-token steps merge the splits with [`Gpu::attn_merge`] (v8; same bits as
+    /// [`Gpu::attn_combine`], its loads issued together): off with `CROSSOVER_CUDA_ATTN_MERGE=0`.
+    one_merge: bool,
+    /// That attention issues its first tiles' copies before the Q/K/V kernel ends
+    /// ([`Gpu::attn_one`]; else [`Gpu::attn_batch`]): off with `CROSSOVER_CUDA_ATTN_EARLY=0`.
+    one_early: bool,
     gpu: Gpu,
 }
 
@@ -559,6 +569,12 @@ impl CudaBackend {
             prefill_mma: std::env::var("CROSSOVER_CUDA_PREFILL_MMA").as_deref() != Ok("0"),
             decode_mma: std::env::var("CROSSOVER_CUDA_DECODE_MMA").as_deref() != Ok("0"),
             batch_attn: std::env::var("CROSSOVER_CUDA_ATTN_BATCH").as_deref() != Ok("0"),
+            one_attn: std::env::var("CROSSOVER_CUDA_ATTN_ONE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+            one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
+            one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             gpu,
         })
     }
@@ -773,6 +789,39 @@ impl CudaBackend {
     pub fn set_batch_attn(&mut self, on: bool) {
         self.batch_attn = on;
         self.graphs.clear();
+    }
+
+    /// One-token attention (v8): the pipelined split kernel over about `blocks_per_sm` blocks
+    /// per SM (0: v7's one-tile kernel), its first copies issued before the Q/K/V kernel ends
+    /// (`early`), merged by [`Gpu::attn_merge`] (`fast_merge`) or [`Gpu::attn_combine`]; drops
+    /// captured graphs so later steps use the choice.
+    pub fn set_one_attn(&mut self, blocks_per_sm: usize, early: bool, fast_merge: bool) {
+        self.one_attn = blocks_per_sm;
+        self.one_early = early;
+        self.one_merge = fast_merge;
+        self.graphs.clear();
+    }
+
+    /// The one-token attention choice ([`CudaBackend::set_one_attn`]'s arguments).
+    pub fn one_attn(&self) -> (usize, bool, bool) {
+        (self.one_attn, self.one_early, self.one_merge)
+    }
+
+    /// Splits of the pipelined one-token attention for an `n`-token step, when it takes it.
+    fn one_split(&self, n: usize) -> Option<usize> {
+        let (nh, nkv, hd) = (self.cfg.n_head, self.cfg.n_head_kv, self.cfg.head_dim);
+        (n == 1
+            && self.one_attn > 0
+            && self.decode_mma
+            && kernels::PREFILL_HEAD_DIMS.contains(&hd)
+            && nkv > 0
+            && nh.is_multiple_of(nkv)
+            && nh / nkv <= 8)
+            .then(|| {
+                (self.one_attn * self.gpu.sms as usize)
+                    .div_ceil(nkv)
+                    .clamp(1, self.max_split)
+            })
     }
 
     /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on
@@ -1160,6 +1209,7 @@ impl CudaBackend {
         split_len: usize,
     ) -> Result<(), CudaError> {
         let merge = self.merge_in_split(n);
+        let one = self.one_split(n);
         let gpu = &self.gpu;
         let cfg = &self.cfg;
         let s = &self.s;
@@ -1348,6 +1398,37 @@ impl CudaBackend {
                     s.part.ptr(),
                     Some((s.att.ptr(), s.acnt.ptr())),
                 )?;
+            } else if let Some(ns1) = one {
+                // One token (v8): slices of whole tiles from the token's own length, the next
+                // tile's copy in flight, the first two issued before the Q/K/V kernel ends.
+                let attn = if self.one_early {
+                    Gpu::attn_one
+                } else {
+                    Gpu::attn_batch
+                };
+                attn(
+                    gpu,
+                    n,
+                    s.q.ptr(),
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                    s.tok_pos.ptr(),
+                    s.tok_seq.ptr(),
+                    s.btab.ptr(),
+                    self.max_blocks,
+                    o.block_tokens,
+                    nh,
+                    nkv,
+                    hd,
+                    ns1,
+                    s.part.ptr(),
+                )?;
+                let (p, tp, a) = (s.part.ptr(), s.tok_pos.ptr(), s.att.ptr());
+                if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
+                    gpu.attn_merge(n, p, tp, nh, hd, ns1, 0, a)?;
+                } else {
+                    gpu.attn_combine(n, p, tp, nh, hd, ns1, 0, a)?;
+                }
             } else if self.batch_attn
                 && n > MV_MAX_NT
                 && kernels::PREFILL_HEAD_DIMS.contains(&hd)

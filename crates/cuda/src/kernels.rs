@@ -111,6 +111,8 @@ const K_QUANTIZE_ACT: usize = 10;
 const K_ATTN_PREFILL: usize = 11;
 const K_SWIGLU_Q: usize = 13;
 const K_ATTN_DECODE: usize = 14;
+/// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
+pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
 pub const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Rotation parameters of [`Gpu::rope_store`], the same numbers `cpu::ops::Rope` is built from.
@@ -182,6 +184,7 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("act_quant_w".into());
     v.push("attn_batch_d2".into());
     v.push("attn_batch_d4".into());
+    v.push("attn_merge".into());
     v
 }
 
@@ -763,6 +766,56 @@ impl Gpu {
         n_split: usize,
         part: u64,
     ) -> Result<(), CudaError> {
+        let (g, kv) = (
+            (q, kc, vc),
+            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
+        );
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false)
+    }
+
+    /// [`Gpu::attn_batch`] for steps in which every K/V row of each token's context but its own
+    /// position's was written before the step (one-token decode steps; v8): the first two
+    /// tiles' copies are issued before waiting for the kernel before it (which writes the own
+    /// row), so they overlap that kernel's tail under programmatic dependent launch. Same
+    /// values, same bits as [`Gpu::attn_batch`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_one(
+        &self,
+        n: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        tok_pos: u64,
+        tok_seq: u64,
+        btab: u64,
+        max_blocks: usize,
+        block_tokens: usize,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        part: u64,
+    ) -> Result<(), CudaError> {
+        let (g, kv) = (
+            (q, kc, vc),
+            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
+        );
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attn_split(
+        &self,
+        n: usize,
+        (q, kc, vc): (u64, u64, u64),
+        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        part: u64,
+        early: bool,
+    ) -> Result<(), CudaError> {
         let d = PREFILL_HEAD_DIMS
             .iter()
             .position(|&h| h == hd)
@@ -773,6 +826,7 @@ impl Gpu {
             )));
         }
         let scale = 1.0f32 / (hd as f32).sqrt();
+        let early = early as i32;
         let (mb, bt, nh, nk) = (
             i32_of(max_blocks, "max_blocks")?,
             i32_of(block_tokens, "block_tokens")?,
@@ -790,7 +844,7 @@ impl Gpu {
             ),
             (128, 1, 1),
             smem,
-            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part],
+            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part, early],
         )
     }
 
@@ -1528,6 +1582,40 @@ impl Gpu {
         out: u64,
     ) -> Result<(), CudaError> {
         self.attn_combine_q(n, part, tok_pos, n_head, hd, n_split, split_len, out, None)
+    }
+
+    /// [`Gpu::attn_combine`]'s merge with the same bits (v8: the loads of up to 64 slices
+    /// issued together rather than 8 at a time); at most [`ATTN_MERGE_MAX_SPLIT`] splits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_merge(
+        &self,
+        n: usize,
+        part: u64,
+        tok_pos: u64,
+        n_head: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        if n_split > ATTN_MERGE_MAX_SPLIT || hd > 256 || !hd.is_multiple_of(32) {
+            return Err(CudaError::Arg(format!(
+                "attn_merge of {n_split} splits of head size {hd} (at most \
+                 {ATTN_MERGE_MAX_SPLIT} splits, head sizes multiples of 32 up to 256)"
+            )));
+        }
+        let (nh, h, ns, sl) = (
+            n_head as i32,
+            hd as i32,
+            i32_of(n_split, "splits")?,
+            i32_of(split_len, "split_len")?,
+        );
+        self.launch_id(
+            self.kernel_id("attn_merge")?,
+            (u32_of(n, "tokens")?, n_head as u32, 1),
+            (hd as u32, 1, 1),
+            kargs![part, tok_pos, nh, h, ns, sl, out],
+        )
     }
 
     /// [`Gpu::attn_combine`] that also quantizes each output row (`n_head * hd` wide) for the

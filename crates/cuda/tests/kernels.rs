@@ -1810,6 +1810,204 @@ fn attn_decode_merge_equals_decode_then_combine() {
     }
 }
 
+/// v8: the one-token attention (`attn_one`: `attn_batch` with its first tiles' copies issued
+/// before the wait and the token's own K/V row stored by plain stores) writes `attn_batch`'s
+/// partial results bit for bit, and `attn_merge` writes `attn_combine`'s bits on them (slices
+/// from the token's length) and on `attn_decode`'s (fixed slices); the result within 2e-3 of
+/// an f64 softmax. Contexts of 1, 100, 130 and ~2.5K positions, 1 to 40 splits: the own row in
+/// a slice's first tile, in its second (both copied before the wait) and in a later one.
+#[test]
+fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
+    let Some(g) = gpu_or_skip("attn_one") else {
+        return;
+    };
+    let mut r = rng("attn_one");
+    for hd in cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt) = (24usize, 8usize, 16usize);
+        let max_blocks = 170;
+        let n_seq = 4;
+        let n_blocks = n_seq * max_blocks;
+        let kv_row = nkv * hd;
+        let kh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_bits())
+            .collect();
+        let vh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_bits())
+            .collect();
+        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        let up16 = |d: &[u16]| g.upload(d).unwrap();
+        let (kb, vb, tb) = (up16(&kh), up16(&vh), g.upload(&btab).unwrap());
+        let seq_of = r.gen_range(0..n_seq as i32);
+        for len in [1usize, 100, 130, r.gen_range(2300..2700)] {
+            // One token, as the decode step has it (the kernel's early copies assume so).
+            let (pos, seq) = (vec![len as i32 - 1], vec![seq_of]);
+            let q = randn(&mut r, nh * hd, 1.0);
+            let (qb, pb, sb) = (
+                g.upload(&q).unwrap(),
+                g.upload(&pos).unwrap(),
+                g.upload(&seq).unwrap(),
+            );
+            let args = |qp| (qp, kb.ptr(), vb.ptr(), pb.ptr(), sb.ptr(), tb.ptr());
+            let words = nh * hd;
+            for n_split in [1usize, 7, 33, 40] {
+                let pw = nh * n_split * (hd + 2);
+                let (pa, pbatch) = (poisoned(&g, pw), poisoned(&g, pw));
+                let (q0, k0, v0, p0, s0, b0) = args(qb.ptr());
+                g.attn_one(
+                    1,
+                    q0,
+                    k0,
+                    v0,
+                    p0,
+                    s0,
+                    b0,
+                    max_blocks,
+                    bt,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    pa.ptr(),
+                )
+                .unwrap();
+                g.attn_batch(
+                    1,
+                    q0,
+                    k0,
+                    v0,
+                    p0,
+                    s0,
+                    b0,
+                    max_blocks,
+                    bt,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    pbatch.ptr(),
+                )
+                .unwrap();
+                let got: Vec<u32> = g.download(&pa, pw).unwrap();
+                let want: Vec<u32> = g.download(&pbatch, pw).unwrap();
+                assert!(
+                    got == want,
+                    "hd {hd} len {len} splits {n_split}: attn_one's partials differ from attn_batch's"
+                );
+                let (om, oc) = (poisoned(&g, words), poisoned(&g, words));
+                g.attn_merge(1, pa.ptr(), p0, nh, hd, n_split, 0, om.ptr())
+                    .unwrap();
+                g.attn_combine(1, pa.ptr(), p0, nh, hd, n_split, 0, oc.ptr())
+                    .unwrap();
+                let got: Vec<u32> = g.download(&om, words).unwrap();
+                let want: Vec<u32> = g.download(&oc, words).unwrap();
+                assert!(
+                    got == want,
+                    "hd {hd} len {len} splits {n_split}: attn_merge differs from attn_combine"
+                );
+                // Fixed slices (attn_decode's partial results, split_len > 0).
+                let split_len = len.div_ceil(n_split).div_ceil(32) * 32;
+                let ns = len.div_ceil(split_len);
+                let pd = poisoned(&g, nh * ns * (hd + 2));
+                g.attn_decode(
+                    1,
+                    q0,
+                    k0,
+                    v0,
+                    p0,
+                    s0,
+                    b0,
+                    max_blocks,
+                    bt,
+                    nh,
+                    nkv,
+                    hd,
+                    ns,
+                    split_len,
+                    pd.ptr(),
+                )
+                .unwrap();
+                let (om, oc) = (poisoned(&g, words), poisoned(&g, words));
+                g.attn_merge(1, pd.ptr(), p0, nh, hd, ns, split_len, om.ptr())
+                    .unwrap();
+                g.attn_combine(1, pd.ptr(), p0, nh, hd, ns, split_len, oc.ptr())
+                    .unwrap();
+                let got: Vec<u32> = g.download(&om, words).unwrap();
+                let want: Vec<u32> = g.download(&oc, words).unwrap();
+                assert!(
+                    got == want,
+                    "hd {hd} len {len} {ns} x {split_len}: attn_merge differs from attn_combine"
+                );
+            }
+            // The one-token path's output against a direct f64 softmax.
+            let n_split = 33;
+            let part = poisoned(&g, nh * n_split * (hd + 2));
+            let out = poisoned(&g, words);
+            let (q0, k0, v0, p0, s0, b0) = args(qb.ptr());
+            g.attn_one(
+                1,
+                q0,
+                k0,
+                v0,
+                p0,
+                s0,
+                b0,
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                part.ptr(),
+            )
+            .unwrap();
+            g.attn_merge(1, part.ptr(), p0, nh, hd, n_split, 0, out.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&out, words).unwrap();
+            let scale = 1.0 / (hd as f64).sqrt();
+            let mut want = Vec::with_capacity(words);
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let row = |p: usize| {
+                    let b = btab[seq_of as usize * max_blocks + p / bt] as usize;
+                    (b * bt + p % bt) * kv_row + kvh * hd
+                };
+                let s: Vec<f64> = (0..len)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|d| {
+                                f16::from_f32(q[h * hd + d]).to_f64()
+                                    * f16::from_bits(kh[row(p) + d]).to_f64()
+                            })
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want.push(
+                        (0..len)
+                            .map(|p| e[p] / z * f16::from_bits(vh[row(p) + d]).to_f64())
+                            .sum::<f64>(),
+                    );
+                }
+            }
+            let e = rel_err(&got, &want);
+            eprintln!("attn_one hd {hd} len {len}: relative error {e:.2e}");
+            assert!(
+                e < 2e-3,
+                "hd {hd} len {len}: one-token attention off f64 by {e:.2e}"
+            );
+        }
+    }
+}
+
 /// v7: the prompt path's warp-quantizing kernels (`rms_norm_w`, `act_f16_w`, prefill.cu) give
 /// the bits of the block kernels they replace: RMSNorm within the same ulps of
 /// `cpu::ops::rms_norm` and bit-identical to `rms_norm`; SwiGLU bit-identical to the CPU's; the
