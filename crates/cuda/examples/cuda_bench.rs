@@ -398,7 +398,11 @@ fn main() {
     // --ab-mmq: each aggregate also with the batched products on cuBLAS (f16 copies) instead of
     // the tensor-core integer GEMM, same process, same file.
     let mmq_ab = args.iter().any(|a| a == "--ab-mmq");
-    aggregate(path, &par, graphs, prof, mmq_ab, &mut toks);
+    // --ab-mmf: each aggregate also with the batched products switched between cuBLAS on the
+    // f16 copies (the default) and the f16 tensor-core kernels on the quantized weights, and
+    // each product class timed both ways at 16 and 64 tokens.
+    let mmf_ab = args.iter().any(|a| a == "--ab-mmf");
+    aggregate(path, &par, graphs, prof, mmq_ab, mmf_ab, &mut toks);
 }
 
 /// Prompt steps through cuBLAS against the integer path at 16..128 and 512 tokens.
@@ -438,6 +442,7 @@ fn aggregate(
     graphs: bool,
     prof: bool,
     mmq_ab: bool,
+    mmf_ab: bool,
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
 ) {
     let pmax = par.iter().copied().max().unwrap_or(1);
@@ -450,14 +455,22 @@ fn aggregate(
             ..Default::default()
         };
         let mut b = CudaBackend::load(path, &opts).unwrap_or_else(|e| panic!("{e}"));
-        let mmq0 = b.gpu().mmq.get();
-        // (integer GEMM, many-sequence attention): the default, then the integer GEMM switched
-        // over and the many-sequence attention off.
-        let ab = [(mmq0, true), (!mmq0, true), (mmq0, false)];
-        let modes: &[(bool, bool)] = if mmq_ab { &ab } else { &ab[..1] };
-        for (&p, &(mmq, battn)) in par.iter().flat_map(|p| modes.iter().map(move |m| (p, m))) {
+        let (mmq0, mmf0) = (b.gpu().mmq.get(), b.gpu().mmf.get());
+        // (integer GEMM, many-sequence attention, f16 products on quantized weights): the
+        // default, then (--ab-mmq) the integer GEMM switched over and the many-sequence
+        // attention off, (--ab-mmf) the f16 products on quantized weights switched over.
+        let mut modes = vec![(mmq0, true, mmf0)];
+        if mmq_ab {
+            modes.extend([(!mmq0, true, mmf0), (mmq0, false, mmf0)]);
+        }
+        if mmf_ab {
+            modes.push((mmq0, true, !mmf0));
+        }
+        let modes = &modes;
+        for (&p, &(mmq, battn, mmf)) in par.iter().flat_map(|p| modes.iter().map(move |m| (p, m))) {
             b.set_mmq(mmq);
             b.set_batch_attn(battn);
+            b.set_mmf(mmf);
             let mut last = Vec::new();
             for s in 0..p {
                 let batch = StepBatch {
@@ -487,7 +500,7 @@ fn aggregate(
             }
             let dt = t.elapsed().as_secs_f64();
             let (gs, es) = (b.stats.graph_steps, b.stats.eager_steps);
-            if p == pmax && p > 8 && prof && mmq == mmq0 && battn {
+            if p == pmax && p > 8 && prof && mmq == mmq0 && battn && mmf == mmf0 {
                 // Where one step of the widest batch goes (eagerly, to time each kernel).
                 b.set_graphs(false);
                 let batch = StepBatch {
@@ -507,13 +520,38 @@ fn aggregate(
                 b.release(s as u64);
             }
             println!(
-                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
+                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
                 (p * 128) as f64 / dt,
                 dt * 1e3 / 128.0,
                 gs,
                 es,
                 b.graph_failure()
             );
+        }
+        b.set_mmf(mmf0);
+        if mmf_ab {
+            for n in [16usize, 64] {
+                match b.bench_batched(n, 20) {
+                    Ok(rows) => {
+                        for (name, k, [w4, w8, off], bytes) in rows {
+                            let tb = |ms: f64| bytes / (ms * 1e-3) / 1e12;
+                            println!(
+                                "batched product {name} x{n} tokens ({k} launches, {:.2} MB): mmf \
+                                 4 warps {:.1} us ({:.2} TB/s of quantized weights), 8 warps \
+                                 {:.1} us ({:.2} TB/s), cuBLAS f16 {:.1} us ({:.2}x the best mmf)",
+                                bytes / 1e6,
+                                w4 * 1e3,
+                                tb(w4),
+                                w8 * 1e3,
+                                tb(w8),
+                                off * 1e3,
+                                off / w4.min(w8)
+                            );
+                        }
+                    }
+                    Err(e) => println!("batched products x{n}: {e}"),
+                }
+            }
         }
     }
 }

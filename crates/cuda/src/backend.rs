@@ -128,6 +128,10 @@ struct Scratch {
     logits: DevBuf,
     argmax: DevBuf,
     wf16: Option<DevBuf>,
+    /// Partial sums and zeroed row-tile counters of the split-K f16 products on quantized
+    /// weights ([`Gpu::matmul_f16w`]).
+    mmf_ws: DevBuf,
+    mmf_cnt: DevBuf,
     host: std::cell::RefCell<HostExec>,
     tok_ids: DevBuf,
     tok_pos: DevBuf,
@@ -433,6 +437,20 @@ impl CudaBackend {
                 * cfg.n_head
                 * (cfg.head_dim + 2);
         let f4 = 4usize;
+        // Workspace of the batched products on quantized weights: the largest split-K plan of
+        // any layer matrix at the widest batched-decode step.
+        let (mut mmf_ws, mut mmf_tiles) = (0usize, 0usize);
+        if n > MV_MAX_NT {
+            let nb = n.min(MMQ_MAX_N);
+            for (r, c) in [(qd, e), (kvd, e), (e, qd), (ff, e), (e, ff)] {
+                for warps in [4, 8] {
+                    // (Slices and tiles do not depend on the weight type.)
+                    let p = kernels::mmf_plan(gpu.sms as usize, GgmlType::Q4K, r, c, nb, warps);
+                    mmf_ws = mmf_ws.max(p.ws_floats(r, nb));
+                    mmf_tiles = mmf_tiles.max(p.tiles);
+                }
+            }
+        }
         let mut s = Scratch {
             x: gpu.alloc(n * e * f4)?,
             xn: gpu.alloc(n * e * f4)?,
@@ -454,6 +472,8 @@ impl CudaBackend {
             logits: gpu.alloc(n * nv * f4)?,
             argmax: gpu.alloc(n * 4)?,
             wf16: None,
+            mmf_ws: gpu.alloc(mmf_ws.max(1) * f4)?,
+            mmf_cnt: gpu.alloc_zeroed(mmf_tiles.max(1) * 4)?,
             host: std::cell::RefCell::new(HostExec::new(opts.host.threads)),
             tok_ids: gpu.alloc(n * 4)?,
             tok_pos: gpu.alloc(n * 4)?,
@@ -744,6 +764,95 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Batched-decode products of `n` tokens (9..64) on one random f16 operand, per matrix class
+    /// over all layers (Q/K/V, O, gate/up, down) and for the head: (class, launches, ms per
+    /// launch with [`Gpu::matmul_f16w`] in blocks of 4 and of 8 warps, ms per launch with
+    /// cuBLAS on the f16 copies (NaN without copies or cuBLAS), quantized weight bytes per
+    /// launch). Leaves `Gpu::mmf` and `Gpu::mmf_warps` as it found them.
+    pub fn bench_batched(
+        &mut self,
+        n: usize,
+        reps: usize,
+    ) -> Result<Vec<BatchedTiming>, CudaError> {
+        let gpu = &self.gpu;
+        let s = &self.s;
+        let o = &self.opts;
+        let cfg = &self.cfg;
+        if n <= MV_MAX_NT || n > MMQ_MAX_N || n > o.max_batch_tokens {
+            return Err(CudaError::Arg(format!(
+                "{n} tokens: batched products take 9..=64"
+            )));
+        }
+        let widest = cfg.n_embd.max(cfg.n_ff).max(cfg.n_embd_q());
+        let mut seed = 0x2545_f491u32;
+        let xh: Vec<u16> = (0..n * widest)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                half::f16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5).to_bits()
+            })
+            .collect();
+        gpu.write(&s.xh, 0, &xh)?;
+        let mut st = StepStats::default();
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        type Pick<'a> = Box<dyn Fn(&'a Layer) -> Vec<(&'a Mat, u64)> + 'a>;
+        let classes: Vec<(&str, Pick)> = vec![
+            (
+                "q+k+v",
+                Box::new(|l: &Layer| {
+                    vec![(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())]
+                }),
+            ),
+            ("o", Box::new(|l: &Layer| vec![(&l.wo, s.x.ptr())])),
+            (
+                "gate+up",
+                Box::new(|l: &Layer| vec![(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())]),
+            ),
+            ("down", Box::new(|l: &Layer| vec![(&l.down, s.x.ptr())])),
+        ];
+        let mut jobs: Vec<(String, Vec<(&Mat, u64)>)> = classes
+            .iter()
+            .map(|(name, pick)| {
+                (
+                    name.to_string(),
+                    self.layers.iter().flat_map(pick).collect(),
+                )
+            })
+            .collect();
+        jobs.push(("head".into(), vec![(head, s.logits.ptr())]));
+        let was = (gpu.mmf.get(), gpu.mmf_warps.get());
+        let mut out = Vec::new();
+        for (name, mats) in &jobs {
+            let mut ms = [f64::NAN; 3];
+            for (i, (on, warps)) in [(true, 4), (true, 8), (false, 4)].into_iter().enumerate() {
+                gpu.mmf.set(on);
+                gpu.mmf_warps.set(warps);
+                if !on && (!gpu.has_blas() || mats.iter().any(|(m, _)| m.f16.is_none())) {
+                    continue;
+                }
+                ms[i] = gpu.time_graph(reps, &mut || {
+                    for &(m, y) in mats {
+                        // The operand is already in xh: mark it converted from xn.
+                        let mut a = Acts {
+                            h: Some((s.xn.ptr(), kernels::act_format(m.ty))),
+                            ..Acts::default()
+                        };
+                        Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, &mut st, &mut a)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            let bytes: f64 = mats
+                .iter()
+                .map(|(m, _)| matrix_bytes(m.ty, m.rows, m.cols) as f64)
+                .sum();
+            let k = mats.len();
+            out.push((name.clone(), k, ms.map(|v| v / k as f64), bytes / k as f64));
+        }
+        gpu.mmf.set(was.0);
+        gpu.mmf_warps.set(was.1);
+        Ok(out)
+    }
+
     /// Choose the one-token product kernels (`mvr`: v6's two-rows-per-warp kernels with Q/K/V in
     /// one launch; else the block-per-row ones) and programmatic dependent launch, dropping
     /// the captured decode graphs so the next steps are captured with the new choice.
@@ -828,6 +937,15 @@ impl CudaBackend {
     /// the f16 copies), dropping captured graphs so later steps use the choice.
     pub fn set_mmq(&mut self, on: bool) {
         self.gpu.mmq.set(on);
+        self.graphs.clear();
+        self.wide_graph_failed = None;
+    }
+
+    /// Use the f16 tensor-core products on the quantized weights for 9..64-token steps
+    /// ([`Gpu::matmul_f16w`]; off, the default: cuBLAS on the f16 copies), dropping captured
+    /// graphs.
+    pub fn set_mmf(&mut self, on: bool) {
+        self.gpu.mmf.set(on);
         self.graphs.clear();
         self.wide_graph_failed = None;
     }
@@ -986,8 +1104,28 @@ impl CudaBackend {
                 )
                 .map_err(name);
         }
+        // Batched decode (9..64 tokens): f16 tensor-core products reading the quantized weights
+        // (the same f16 operands cuBLAS gets from the copies), where the workspace holds the
+        // plan's partial sums (head-sized matrices run unsplit).
+        let mmf = n > opts.gemm_min_tokens
+            && mmf_tokens(gpu, n)
+            && kernels::mmf_supports(m.ty)
+            && m.cols.is_multiple_of(m.ty.block_size().max(32))
+            && {
+                let p = kernels::mmf_plan(
+                    gpu.sms as usize,
+                    m.ty,
+                    m.rows,
+                    m.cols,
+                    n,
+                    gpu.mmf_warps.get(),
+                );
+                p.ws_floats(m.rows, n) * 4 <= s.mmf_ws.bytes()
+                    && (p.slices == 1 || p.tiles * 4 <= s.mmf_cnt.bytes())
+            };
         if n > opts.gemm_min_tokens && gpu.has_blas() {
             let w = match (&m.f16, s.wf16.as_ref()) {
+                _ if mmf => m.q.ptr(),
                 (Some(b), _) => b.ptr(),
                 (None, Some(b)) => {
                     gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
@@ -1011,6 +1149,22 @@ impl CudaBackend {
                         None => gpu.to_f16(x, n * m.cols, s.xh.ptr())?,
                     }
                     acts.h = Some(key);
+                }
+                if mmf {
+                    return gpu
+                        .matmul_f16w(
+                            m.ty,
+                            m.q.ptr(),
+                            m.rows,
+                            m.cols,
+                            s.xh.ptr(),
+                            n,
+                            y,
+                            acc,
+                            s.mmf_ws.ptr(),
+                            s.mmf_cnt.ptr(),
+                        )
+                        .map_err(name);
                 }
                 stats.gemm_calls += 1;
                 return gpu.gemm_f16(
@@ -1909,6 +2063,18 @@ impl CudaBackend {
 /// steps of 9..64 tokens, while it is switched on (`Gpu::mmq`, off by default).
 fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
     gpu.mmq.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
+}
+
+/// One product class of [`CudaBackend::bench_batched`]: (class, launches, ms per launch with the
+/// f16 products on quantized weights in blocks of 4 and 8 warps and with cuBLAS, quantized
+/// weight bytes per launch).
+pub type BatchedTiming = (String, usize, [f64; 3], f64);
+
+/// Whether a product over `n` tokens takes the f16 tensor-core kernels on the quantized weights
+/// ([`Gpu::matmul_f16w`]) rather than cuBLAS on the f16 copies: steps of 9..64 tokens, while
+/// `Gpu::mmf` is on (off by default).
+fn mmf_tokens(gpu: &Gpu, n: usize) -> bool {
+    gpu.mmf.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
 }
 
 /// Batch sizes decode graphs are captured for: a step of `n` sequences replays the smallest

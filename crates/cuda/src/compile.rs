@@ -24,6 +24,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
+    ("mmf.cu", include_str!("../kernels/mmf.cu")),
 ];
 
 /// The whole program: every kernel file, each preceded by a `#line` directive so NVRTC's error

@@ -129,6 +129,16 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_MMQ=1` (correct, but on the H200 it runs at ~0.1 TB/s: a 64-sequence step
     /// took 46 ms against cuBLAS's 5.1, docs/perf/cuda.md v7).
     pub mmq: std::cell::Cell<bool>,
+    /// Products of 9..64 tokens take the f16 tensor-core kernels that read the quantized
+    /// weights ([`Gpu::matmul_f16w`], v8: the operands cuBLAS gets from the f16 copies) rather
+    /// than cuBLAS: off unless `CROSSOVER_CUDA_MMF=1` (correct, but on the H200 still slower
+    /// than cuBLAS on the copies: a 64-sequence step 10.0 against 5.6 ms, docs/perf/cuda.md v8).
+    pub mmf: std::cell::Cell<bool>,
+    /// Warps per block of those products, 4 or 8 (`CROSSOVER_CUDA_MMF_WARPS`, default 8).
+    pub mmf_warps: std::cell::Cell<usize>,
+    /// Those products decode Q4_K and Q6_K with byte permutes instead of the conversion unit
+    /// (the same values): on unless `CROSSOVER_CUDA_MMF_FASTDEC=0`.
+    pub mmf_fast: std::cell::Cell<bool>,
     /// The prompt path's f16 operands (RMSNorm, SwiGLU, attention output) are quantized a warp
     /// per 256-element group (prefill.cu, v7) rather than a block per group with three
     /// barriers: on unless `CROSSOVER_CUDA_WARPQ=0`.
@@ -254,6 +264,11 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_FUSE_QUANT").as_deref() == Ok("1"),
             ),
             mmq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MMQ").as_deref() == Ok("1")),
+            mmf: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MMF").as_deref() == Ok("1")),
+            mmf_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MMF_WARPS", 8)),
+            mmf_fast: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MMF_FASTDEC").as_deref() != Ok("0"),
+            ),
             warp_quant: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_WARPQ").as_deref() != Ok("0"),
             ),

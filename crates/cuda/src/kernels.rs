@@ -185,7 +185,102 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("attn_batch_d2".into());
     v.push("attn_batch_d4".into());
     v.push("attn_merge".into());
+    for (_, t) in QTYPES {
+        for nt in MMF_NT {
+            v.push(format!("mmf_{t}_{nt}"));
+        }
+    }
     v
+}
+
+/// Token tiles of 8 of the f16 tensor-core products on quantized weights (`mmf_<type>_<nt>`,
+/// mmf.cu).
+pub const MMF_NT: [usize; 3] = [2, 4, 8];
+/// Rows one warp of those products owns (`MMF_MT` tiles of 16 in mmf.cu).
+const MMF_WARP_ROWS: usize = 32;
+/// Shared memory a block of 8 warps may take (a block of 4 takes half: two fit a multiprocessor).
+const MMF_SMEM: usize = 225 * 1024;
+/// Most K slices of one product.
+const MMF_MAX_SLICES: usize = 16;
+
+/// How [`Gpu::matmul_f16w`] lays out one product: token tiles of 8 (`nt`), units (32 columns)
+/// per K slice and per shared-memory load of the activations, K slices, and the dynamic
+/// shared memory of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmfPlan {
+    /// Warps per block (32 rows each).
+    pub warps: usize,
+    /// Token tiles of 8 (one of [`MMF_NT`]).
+    pub nt: usize,
+    /// Units of 32 columns per K slice (a multiple of 8).
+    pub per: usize,
+    /// Units per shared-memory load of the activations (a multiple of 8).
+    pub chunk: usize,
+    /// K slices (blocks along K; over 1, partial sums go through the workspace).
+    pub slices: usize,
+    /// Row tiles (blocks along the rows).
+    pub tiles: usize,
+    /// Dynamic shared memory of a block in bytes.
+    pub smem: usize,
+}
+
+impl MmfPlan {
+    /// Floats of workspace the product needs for `n` tokens (0 with one K slice).
+    pub fn ws_floats(&self, rows: usize, n: usize) -> usize {
+        if self.slices > 1 {
+            self.slices * n * rows
+        } else {
+            0
+        }
+    }
+}
+
+/// The layout of a `rows x cols` product of `n` tokens (9..=64) on `sms` multiprocessors with
+/// blocks of `warps` warps (4 or 8): enough K slices that the blocks fill the chip about twice
+/// over (8 warps: once).
+pub fn mmf_plan(
+    sms: usize,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    warps: usize,
+) -> MmfPlan {
+    let warps = if warps >= 8 { 8 } else { 4 };
+    // One warp's stage buffer (`MmfStage<T>::WS` in mmf.cu): 8 units of 32 rows, copied 16
+    // bytes at a time where blocks are 16-byte aligned, else as 4-byte words plus one.
+    let (bb, upb) = (ty.type_size(), (ty.block_size() / 32).max(1));
+    let bytes = 8 / upb * bb;
+    let cp = if bb.is_multiple_of(16) { 16 } else { 4 };
+    let nw = bytes.div_ceil(cp) + usize::from(cp == 4);
+    let wbuf = 32 * (nw * cp).div_ceil(16) * 16;
+    let nt = MMF_NT
+        .iter()
+        .copied()
+        .find(|&b| n <= 8 * b)
+        .unwrap_or(MMF_NT[MMF_NT.len() - 1]);
+    let units = (cols / 32).max(1);
+    let tiles = rows.div_ceil(MMF_WARP_ROWS * warps).max(1);
+    let act = (MMF_SMEM * warps / 8).saturating_sub(2 * warps * wbuf);
+    let chunk = (act / (8 * nt * 64) / 8 * 8).max(8);
+    let resident = sms * 8 / warps;
+    let want = ((resident + tiles / 2) / tiles).clamp(1, MMF_MAX_SLICES);
+    let per = (units.div_ceil(want).div_ceil(8) * 8).max(8);
+    let slices = units.div_ceil(per);
+    MmfPlan {
+        warps,
+        nt,
+        per,
+        chunk: chunk.min(per),
+        slices,
+        tiles,
+        smem: 8 * nt * (chunk.min(per) * 64 + 64) + 2 * warps * wbuf,
+    }
+}
+
+/// Whether [`Gpu::matmul_f16w`] has kernels for a weight type.
+pub fn mmf_supports(ty: GgmlType) -> bool {
+    qtype_index(ty).is_ok()
 }
 
 /// Token tiles of 8 per block of the tensor-core integer GEMM kernels (`mmq_<type>_<nb>`,
@@ -658,6 +753,67 @@ impl Gpu {
             (128, 1, 1),
             u32_of(smem, "shared memory")?,
             kargs![w, rr, c, qs, ds, nn, y, a],
+        )
+    }
+
+    /// `y[t, :] (+)= W16 x16[t, :]` for 1..=64 tokens on the tensor cores (f16 `mma`, f32
+    /// sums), reading the quantized weights: `W16` is exactly what [`Gpu::dequant_f16`] writes
+    /// (the cuBLAS path's weight copy) and `xh` the same f16 operand that path multiplies
+    /// (`n` rows of `cols` halves), so only the order of the f32 sums differs from
+    /// [`Gpu::gemm_f16`] on the copy. `ws` holds [`MmfPlan::ws_floats`] floats and `cnt` one
+    /// zeroed `u32` per row tile ([`MmfPlan::tiles`]; the kernel leaves them zeroed); both may be
+    /// 0 when the plan has one K slice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_f16w(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        xh: u64,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+        ws: u64,
+        cnt: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let t = QTYPES[qtype_index(ty)?].1;
+        if n == 0 || rows == 0 {
+            return Ok(());
+        }
+        if n > 8 * MMF_NT[MMF_NT.len() - 1] {
+            return Err(CudaError::Arg(format!(
+                "{n} tokens in one f16 product on quantized weights (max 64)"
+            )));
+        }
+        let p = mmf_plan(self.sms as usize, ty, rows, cols, n, self.mmf_warps.get());
+        if p.slices > 1 && (ws == 0 || cnt == 0) {
+            return Err(CudaError::Arg(format!(
+                "{rows}x{cols} product of {n} tokens takes {} K slices: needs a workspace",
+                p.slices
+            )));
+        }
+        let k = self.kernel_id(&format!("mmf_{t}_{}", p.nt))?;
+        let (rr, c, nn, a, per, ch, fast) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            i32_of(n, "tokens")?,
+            accumulate as i32,
+            i32_of(p.per, "units per slice")?,
+            i32_of(p.chunk, "units per chunk")?,
+            self.mmf_fast.get() as i32,
+        );
+        self.launch_id_smem(
+            k,
+            (
+                u32_of(p.tiles, "row tiles")?,
+                u32_of(p.slices, "K slices")?,
+                1,
+            ),
+            (32 * p.warps as u32, 1, 1),
+            u32_of(p.smem, "shared memory")?,
+            kargs![w, rr, c, xh, nn, y, a, per, ch, ws, cnt, fast],
         )
     }
 

@@ -2218,3 +2218,181 @@ fn wide_product_prep_equals_quantize_then_product() {
         }
     }
 }
+
+/// One f16 product on quantized weights ([`Gpu::matmul_f16w`]) with its own workspace.
+#[allow(clippy::too_many_arguments)]
+fn run_mmf(
+    g: &Gpu,
+    ty: GgmlType,
+    w: &DevBuf,
+    rows: usize,
+    cols: usize,
+    xh: &DevBuf,
+    n: usize,
+    y: &DevBuf,
+    acc: bool,
+) -> cuda::kernels::MmfPlan {
+    let p = cuda::kernels::mmf_plan(g.sms as usize, ty, rows, cols, n, g.mmf_warps.get());
+    let ws = g.alloc(p.ws_floats(rows, n).max(1) * 4).unwrap();
+    let cnt = g.alloc_zeroed(p.tiles * 4).unwrap();
+    for _ in 0..2 {
+        // Twice: the counters must be left at zero for the next launch.
+        if acc {
+            break;
+        }
+        g.matmul_f16w(
+            ty,
+            w.ptr(),
+            rows,
+            cols,
+            xh.ptr(),
+            n,
+            y.ptr(),
+            false,
+            ws.ptr(),
+            cnt.ptr(),
+        )
+        .unwrap();
+    }
+    if acc {
+        g.matmul_f16w(
+            ty,
+            w.ptr(),
+            rows,
+            cols,
+            xh.ptr(),
+            n,
+            y.ptr(),
+            true,
+            ws.ptr(),
+            cnt.ptr(),
+        )
+        .unwrap();
+    }
+    let left: Vec<u32> = g.download(&cnt, p.tiles).unwrap();
+    assert!(
+        left.iter().all(|&c| c == 0),
+        "row-tile counters not left at zero"
+    );
+    p
+}
+
+#[test]
+fn matmul_f16w_matches_f16_reference_and_cublas() {
+    let Some(g) = gpu_or_skip("matmul_f16w") else {
+        return;
+    };
+    let mut r = rng("matmul_f16w");
+    for &(ty, name) in QTYPES {
+        // Odd row counts (partial row tiles); 70 rows of 2048 split K 16 ways; the two types of
+        // the 3B file also at a head-like 34,000 rows (one K slice, several activation chunks).
+        let mut shapes = vec![(301usize, 512usize), (70, 2048)];
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+            shapes.push((34_000, 2048));
+        }
+        for (rows, cols) in shapes {
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            // The f16 weights the cuBLAS path multiplies: dequant_f16's copy.
+            let wh = g.alloc(rows * cols * 2).unwrap();
+            g.dequant_f16(ty, w.ptr(), rows, cols, wh.ptr()).unwrap();
+            let w16: Vec<u16> = g.download(&wh, rows * cols).unwrap();
+            let w64: Vec<f64> = w16.iter().map(|&b| f16::from_bits(b).to_f64()).collect();
+            // f64 reference on every row of the small shapes, every 97th of the big one.
+            let check: Vec<usize> = if rows > 1000 {
+                (0..rows).step_by(97).collect()
+            } else {
+                (0..rows).collect()
+            };
+            // Both block sizes; Q4_K and Q6_K also with the conversion-unit decode.
+            let kq = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+            for (n, warps, fast) in [9usize, 17, 33, 64].into_iter().flat_map(|n| {
+                [(n, 4usize, true), (n, 8, true), (n, 8, false)]
+                    .into_iter()
+                    .filter(move |c| c.2 || kq)
+            }) {
+                g.mmf_warps.set(warps);
+                g.mmf_fast.set(fast);
+                // One-hot activations: each product is one weight, exactly (this checks the
+                // decode and the k order bit for bit against the f16 copy).
+                let cols_hot: Vec<usize> = (0..n).map(|_| r.gen_range(0..cols)).collect();
+                let mut hot = vec![0u16; n * cols];
+                for (t, &c) in cols_hot.iter().enumerate() {
+                    hot[t * cols + c] = f16::ONE.to_bits();
+                }
+                let xh = g.upload(&hot).unwrap();
+                let y = poisoned(&g, n * rows);
+                let p = run_mmf(&g, ty, &w, rows, cols, &xh, n, &y, false);
+                let got: Vec<f32> = g.download(&y, n * rows).unwrap();
+                for t in 0..n {
+                    for rr in 0..rows {
+                        let want = f16::from_bits(w16[rr * cols + cols_hot[t]]).to_f32();
+                        let a = got[t * rows + rr];
+                        // (== rather than bits: a -0 weight sums to +0 with the zeros.)
+                        assert!(
+                            a == want,
+                            "{name} {rows}x{cols} n={n} fast={fast} {p:?}: one-hot token {t} \
+                             row {rr}: {a} against the f16 copy's {want}"
+                        );
+                    }
+                }
+                // Random activations against f64 sums of the same f16 operands, plain and
+                // accumulating, and against cuBLAS on the f16 copy.
+                let x: Vec<u16> = randn(&mut r, n * cols, 1.0)
+                    .iter()
+                    .map(|&v| f16::from_f32(v).to_bits())
+                    .collect();
+                let x64: Vec<f64> = x.iter().map(|&b| f16::from_bits(b).to_f64()).collect();
+                let xh = g.upload(&x).unwrap();
+                let y0 = randn(&mut r, n * rows, 1.0);
+                let y = poisoned(&g, n * rows);
+                run_mmf(&g, ty, &w, rows, cols, &xh, n, &y, false);
+                let got: Vec<f32> = g.download(&y, n * rows).unwrap();
+                let ya = g.upload(&y0).unwrap();
+                run_mmf(&g, ty, &w, rows, cols, &xh, n, &ya, true);
+                let got_acc: Vec<f32> = g.download(&ya, n * rows).unwrap();
+                let (mut g1, mut g2, mut w1, mut w2) = (vec![], vec![], vec![], vec![]);
+                for t in 0..n {
+                    for &rr in &check {
+                        let wr = &w64[rr * cols..(rr + 1) * cols];
+                        let xr = &x64[t * cols..(t + 1) * cols];
+                        let s: f64 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let mag: f64 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                        let i = t * rows + rr;
+                        // f32 sums of `cols` exact products: within cols * 2^-24 of the
+                        // magnitude in the worst case, far less in practice.
+                        assert!(
+                            (got[i] as f64 - s).abs() <= 2e-5 * mag + 1e-30,
+                            "{name} {rows}x{cols} n={n} warps {warps}: token {t} row {rr}: {} \
+                             against {s}",
+                            got[i]
+                        );
+                        g1.push(got[i]);
+                        w1.push(s);
+                        g2.push(got_acc[i]);
+                        w2.push(s + y0[i] as f64);
+                    }
+                }
+                // f32 sums of up to 2048 terms: ~sqrt(2048) * 2^-24 = 3e-6 in norm.
+                let (e1, e2) = (rel_err(&g1, &w1), rel_err(&g2, &w2));
+                assert!(
+                    e1 < 1e-5 && e2 < 1e-5,
+                    "{name} {rows}x{cols} n={n} warps {warps}: relative error {e1:e} \
+                     (accumulating {e2:e})"
+                );
+                if g.has_blas() {
+                    let yc = poisoned(&g, n * rows);
+                    g.gemm_f16(wh.ptr(), xh.ptr(), yc.ptr(), rows, n, cols, 0.0)
+                        .unwrap();
+                    let blas: Vec<f32> = g.download(&yc, n * rows).unwrap();
+                    let b64: Vec<f64> = blas.iter().map(|&v| v as f64).collect();
+                    let e = rel_err(&got, &b64);
+                    assert!(
+                        e < 1e-5,
+                        "{name} {rows}x{cols} n={n}: relative difference to cuBLAS {e:e}"
+                    );
+                }
+            }
+        }
+    }
+}
