@@ -6,7 +6,9 @@
 //! [`CpuOptions::no_repack`] every weight stays memory-mapped, zero-copy (pageable, and shared
 //! through the page cache with other processes mapping the file), multiplied by the GGUF-layout
 //! kernels: slower, bit-identical logits. The KV cache is f16, paged in blocks, and sized from
-//! the context length asked for, not the model's maximum.
+//! the context length asked for, not the model's maximum. Products of the 32-element block
+//! types run in one summation order per engine ([`CpuOptions::order`]): whole-block sums by
+//! default, or llama.cpp's (bit-identical logits) with [`SumOrder::Ggml`].
 
 mod attention;
 mod forward;
@@ -254,7 +256,9 @@ impl CpuBackend {
     /// over the file's weights, result copied back) exactly as a device backend
     /// without that kernel runs them. Named `cpu-lacking-<type>` (`cpu-lacking-q8_0`); its
     /// `support` reports those matmuls as `Fallback { to: "host", .. }`. It exists so `audit`
-    /// and the fallback path can be tested on a machine without a GPU.
+    /// and the fallback path can be tested on a machine without a GPU. The host executor
+    /// multiplies in llama.cpp's summation order ([`SumOrder::Ggml`]), so the double equals a
+    /// backend whose [`CpuOptions::order`] is `Ggml` bit for bit.
     pub fn lacking_kernel(
         file: Arc<GgufFile>,
         label: &str,

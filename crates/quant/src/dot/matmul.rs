@@ -548,8 +548,6 @@ fn run_jobs(
             }
             _ => None,
         };
-        #[cfg(not(target_arch = "x86_64"))]
-        let block_rows: Option<Option<u32>> = None;
         let (a_ptr, arb) = match wide {
             #[cfg(target_arch = "x86_64")]
             None if block_rows.is_some() => {
