@@ -382,6 +382,56 @@ fn matmul(
     })
 }
 
+/// `outs[i] = x · mats[i]` for matrices that share their input (Q/K/V, gate/up): one dispatch
+/// with the input quantized once where the matrices allow it (owned alike: same type, columns
+/// and layout), else one product after another. The results are the same bits either way.
+#[allow(clippy::too_many_arguments)]
+fn matmul_group(
+    file: &GgufFile,
+    mats: &[&Mat],
+    x: &[f32],
+    n_tok: usize,
+    outs: &mut [&mut Vec<f32>],
+    pool: &Pool,
+    order: dot::SumOrder,
+) -> Result<(), BackendError> {
+    let packed: Option<Vec<&dot::PackedMat>> = mats
+        .iter()
+        .map(|m| m.packed.as_deref().filter(|_| !m.host))
+        .collect();
+    let alike = packed.as_ref().is_some_and(|ps| {
+        ps.windows(2).all(|w| {
+            w[0].weight_type() == w[1].weight_type()
+                && w[0].cols() == w[1].cols()
+                && w[0].is_interleaved() == w[1].is_interleaved()
+        })
+    });
+    match packed {
+        Some(ps) if alike && ps.len() == outs.len() => {
+            let mut pairs: Vec<(&dot::PackedMat, &mut [f32])> = ps
+                .into_iter()
+                .zip(outs.iter_mut())
+                .map(|(p, o)| {
+                    resize(o, n_tok * p.rows());
+                    (p, &mut o[..])
+                })
+                .collect();
+            dot::matmul_f32_packed_multi_ordered(&mut pairs, x, n_tok, pool, order).map_err(|e| {
+                BackendError::Device {
+                    backend: "cpu".into(),
+                    msg: format!("{}: {e}", mats[0].info.name),
+                }
+            })
+        }
+        _ => {
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                matmul(file, m, x, n_tok, o, pool, order)?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// The fallback path: activations copied to the executor's staging buffer, the weight rows
 /// dequantized from the memory-mapped file, the result copied back, as a device backend does it
 /// (`runtime::fallback`).
@@ -608,9 +658,15 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("attn_norm", li, 0, &mut s.xn);
             }
-            matmul(file, &l.wq, &s.xn, m, &mut s.q, pool, model.order)?;
-            matmul(file, &l.wk, &s.xn, m, &mut s.k, pool, model.order)?;
-            matmul(file, &l.wv, &s.xn, m, &mut s.v, pool, model.order)?;
+            matmul_group(
+                file,
+                &[&l.wq, &l.wk, &l.wv],
+                &s.xn,
+                m,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+                pool,
+                model.order,
+            )?;
             let row = kv.row;
             if s.trace.is_none() {
                 // Bias, RoPE and the KV store of each token in one pass, spread over the pool
@@ -765,8 +821,15 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_norm", li, 0, &mut s.xn);
             }
-            matmul(file, &l.gate, &s.xn, m, &mut s.g, pool, model.order)?;
-            matmul(file, &l.up, &s.xn, m, &mut s.u, pool, model.order)?;
+            matmul_group(
+                file,
+                &[&l.gate, &l.up],
+                &s.xn,
+                m,
+                &mut [&mut s.g, &mut s.u],
+                pool,
+                model.order,
+            )?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_gate", li, 0, &mut s.g);
                 t("ffn_up", li, 0, &mut s.u);

@@ -1142,3 +1142,77 @@ fn dot_sum_order_names_round_trip() {
     assert_eq!(dot::SumOrder::from_name("fast"), None);
     assert_eq!(dot::SumOrder::default(), dot::SumOrder::Ggml);
 }
+
+/// Packed products of one dispatch (`matmul_f32_packed_multi_ordered`, the engine's Q/K/V and
+/// gate/up) give each matrix's results of a product alone, bit for bit, in both orders, for
+/// decode and many tokens; matrices that differ in type, row length or layout are refused.
+#[test]
+fn dot_packed_multi_equals_separate_products() {
+    let mut rng = Rng(0x3a17_0001);
+    let pool = Pool::new(2).unwrap();
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+        let cols = 512;
+        let mats: Vec<dot::PackedMat> = [64usize, 16, 32]
+            .iter()
+            .map(|&rows| {
+                let w: Vec<u8> = (0..rows)
+                    .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                    .collect();
+                match dot::PackedMat::pack(ty, &w, rows, cols).unwrap() {
+                    Some(p) => p,
+                    None => dot::PackedMat::copy(ty, &w, rows, cols).unwrap(),
+                }
+            })
+            .collect();
+        for order in dot::SumOrder::ALL {
+            for n_tokens in [1usize, 5, 19, 64] {
+                let x = rng.acts(n_tokens * cols);
+                let want: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|m| {
+                        let mut o = vec![f32::NAN; n_tokens * m.rows()];
+                        dot::matmul_f32_packed_ordered(m, &x, n_tokens, &mut o, &pool, order)
+                            .unwrap();
+                        o
+                    })
+                    .collect();
+                let mut outs: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|m| vec![f32::NAN; n_tokens * m.rows()])
+                    .collect();
+                let mut pairs: Vec<(&dot::PackedMat, &mut [f32])> = mats
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(m, o)| (m, &mut o[..]))
+                    .collect();
+                dot::matmul_f32_packed_multi_ordered(&mut pairs, &x, n_tokens, &pool, order)
+                    .unwrap();
+                for (i, (a, b)) in want.iter().zip(&outs).enumerate() {
+                    let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{ty} {order} {n_tokens} tokens: matrix {i} differs");
+                }
+            }
+        }
+    }
+    let a = dot::PackedMat::copy(GgmlType::Q8_0, &vec![0u8; 34 * 2], 1, 64).unwrap();
+    let b = dot::PackedMat::copy(GgmlType::Q8_0, &vec![0u8; 34], 1, 32).unwrap();
+    let (mut oa, mut ob) = (vec![0f32; 1], vec![0f32; 1]);
+    let err = dot::matmul_f32_packed_multi_ordered(
+        &mut [(&a, &mut oa[..]), (&b, &mut ob[..])],
+        &[0.5; 64],
+        1,
+        &pool,
+        dot::SumOrder::Block,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DotError::Mixed {
+                what: "columns",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -209,6 +209,63 @@ pub fn matmul_f32_packed_ordered(
     )
 }
 
+/// Several products of packed matrices ([`PackedMat`]) over the same f32 activations `x`
+/// (`n_tokens` rows), e.g. the Q, K and V projections, in one dispatch: the input is quantized
+/// once and the threads share one pool of chunks. The matrices must share their weight type,
+/// row length and layout ([`DotError::Mixed`] otherwise); each output (`n_tokens` × its rows,
+/// token-major) is bit for bit what [`matmul_f32_packed_ordered`] gives for its matrix alone.
+pub fn matmul_f32_packed_multi_ordered(
+    mats: &mut [(&PackedMat, &mut [f32])],
+    x: &[f32],
+    n_tokens: usize,
+    pool: &Pool,
+    order: SumOrder,
+) -> Result<(), DotError> {
+    let Some((first, _)) = mats.first() else {
+        return Ok(());
+    };
+    let first: &PackedMat = first;
+    for (m, _) in mats.iter() {
+        let mixed = |what, a: String, b: String| DotError::Mixed {
+            what,
+            first: a,
+            other: b,
+        };
+        if m.weight_type() != first.weight_type() {
+            let (a, b) = (first.weight_type(), m.weight_type());
+            return Err(mixed("weight type", a.to_string(), b.to_string()));
+        }
+        if m.cols() != first.cols() {
+            let (a, b) = (first.cols(), m.cols());
+            return Err(mixed("columns", a.to_string(), b.to_string()));
+        }
+        if m.is_interleaved() != first.is_interleaved() {
+            let name = |i: bool| if i { "packed" } else { "plain copy" }.to_string();
+            return Err(mixed(
+                "layout",
+                name(first.is_interleaved()),
+                name(m.is_interleaved()),
+            ));
+        }
+    }
+    let amx = if super::amx_enabled() {
+        first.amx_kernel(order)
+    } else {
+        None
+    };
+    let (packed, cols) = (first.kernels(order), first.cols());
+    let mut jobs: Vec<MatJob<'_>> = mats
+        .iter_mut()
+        .map(|(m, out)| MatJob {
+            weight_ty: m.weight_type(),
+            w: m.bytes(),
+            rows: m.rows(),
+            out: &mut **out,
+        })
+        .collect();
+    f32_jobs(&mut jobs, x, n_tokens, cols, pool, packed, amx, order)
+}
+
 /// Run several products over the same activations in one dispatch. `acts` holds the input
 /// quantized for every activation type the jobs need (one [`ActBuf`] per type, any order, all
 /// with the same tokens and columns).

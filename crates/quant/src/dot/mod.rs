@@ -39,8 +39,8 @@ mod avx512;
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{
     matmul, matmul_f32, matmul_f32_multi, matmul_f32_ordered, matmul_f32_packed,
-    matmul_f32_packed_ordered, matmul_multi, matmul_ordered, matmul_packed, matmul_packed_ordered,
-    matmul_packed_with_amx, matmul_with_isa, MatJob,
+    matmul_f32_packed_multi_ordered, matmul_f32_packed_ordered, matmul_multi, matmul_ordered,
+    matmul_packed, matmul_packed_ordered, matmul_packed_with_amx, matmul_with_isa, MatJob,
 };
 pub use packed::{PackedMat, Q4K_GROUP_BYTES, Q4K_GROUP_ROWS, Q6K_GROUP_BYTES};
 pub use pool::Pool;
@@ -105,6 +105,14 @@ pub enum DotError {
     /// The requested instruction set is not available on this CPU.
     #[error("instruction set {isa:?} is not available on this CPU")]
     IsaUnavailable { isa: Isa },
+    /// Packed matrices multiplied in one dispatch differ in what they must share.
+    #[error("packed matrices of one dispatch must share {what}: {first} vs {other}")]
+    Mixed {
+        /// `"weight type"`, `"columns"` or `"layout"`.
+        what: &'static str,
+        first: String,
+        other: String,
+    },
     /// A worker thread could not be started.
     #[error("could not start worker thread {index}: {reason}")]
     Spawn { index: usize, reason: String },
