@@ -1194,8 +1194,8 @@ fn dot_packed_multi_equals_separate_products() {
             }
         }
     }
-    let a = dot::PackedMat::copy(GgmlType::Q8_0, &vec![0u8; 34 * 2], 1, 64).unwrap();
-    let b = dot::PackedMat::copy(GgmlType::Q8_0, &vec![0u8; 34], 1, 32).unwrap();
+    let a = dot::PackedMat::copy(GgmlType::Q8_0, &[0u8; 34 * 2], 1, 64).unwrap();
+    let b = dot::PackedMat::copy(GgmlType::Q8_0, &[0u8; 34], 1, 32).unwrap();
     let (mut oa, mut ob) = (vec![0f32; 1], vec![0f32; 1]);
     let err = dot::matmul_f32_packed_multi_ordered(
         &mut [(&a, &mut oa[..]), (&b, &mut ob[..])],

@@ -260,7 +260,7 @@ pub fn matmul_f32_packed_multi_ordered(
             weight_ty: m.weight_type(),
             w: m.bytes(),
             rows: m.rows(),
-            out: &mut **out,
+            out,
         })
         .collect();
     f32_jobs(&mut jobs, x, n_tokens, cols, pool, packed, amx, order)
