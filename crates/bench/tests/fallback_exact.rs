@@ -59,7 +59,8 @@ fn every_type_falls_back_bit_for_bit() {
         max_seqs: 1,
         // The host fallback executor runs ggml's summation order (`runtime::fallback`): the
         // doubles equal a backend in that order bit for bit.
-        order: cpu::SumOrder::Ggml,
+        prompt_order: cpu::SumOrder::Ggml,
+        decode_order: cpu::SumOrder::Ggml,
         ..CpuOptions::default()
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);

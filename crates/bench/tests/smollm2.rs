@@ -43,7 +43,8 @@ fn opts(ctx: usize, seqs: usize) -> CpuOptions {
         max_batch_tokens: 256,
         // The host fallback executor runs ggml's summation order (`runtime::fallback`): the
         // doubles equal a backend in that order bit for bit.
-        order: cpu::SumOrder::Ggml,
+        prompt_order: cpu::SumOrder::Ggml,
+        decode_order: cpu::SumOrder::Ggml,
         ..CpuOptions::default()
     }
 }

@@ -143,9 +143,23 @@ pub(crate) struct Model {
     pub rope: Rope,
     /// Weight type whose matmuls go through the host fallback executor (test double only).
     pub host_fallback: Option<GgmlType>,
-    /// The summation order of every product of the 32-element block types, prompt and decode
-    /// alike (one order per engine: a token's logits do not depend on what shares its step).
-    pub order: dot::SumOrder,
+    /// The summation order of the products of the 32-element block types for the tokens of
+    /// chunks of two or more tokens (`CpuOptions::prompt_order`).
+    pub prompt_order: dot::SumOrder,
+    /// The same for one-token chunks (`CpuOptions::decode_order`). Chosen per chunk, never per
+    /// step, so a token's logits do not depend on what shares its step.
+    pub decode_order: dot::SumOrder,
+}
+
+impl Model {
+    /// The summation order of the products for a chunk of `len` tokens.
+    fn order_for(&self, len: usize) -> dot::SumOrder {
+        if len == 1 {
+            self.decode_order
+        } else {
+            self.prompt_order
+        }
+    }
 }
 
 fn vector(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>, String> {
@@ -237,7 +251,8 @@ impl Model {
             rope,
             cfg,
             host_fallback: None,
-            order: dot::SumOrder::default(),
+            prompt_order: dot::SumOrder::default(),
+            decode_order: dot::SumOrder::default(),
         })
     }
 
@@ -354,6 +369,19 @@ fn matmul(
     order: dot::SumOrder,
 ) -> Result<(), BackendError> {
     resize(out, n_tok * m.rows);
+    matmul_into(file, m, x, n_tok, &mut out[..n_tok * m.rows], pool, order)
+}
+
+/// [`matmul`] into a slice of exactly `n_tok * m.rows` values.
+fn matmul_into(
+    file: &GgufFile,
+    m: &Mat,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+    pool: &Pool,
+    order: dot::SumOrder,
+) -> Result<(), BackendError> {
     if m.host {
         return host_matmul(file, m, x, n_tok, out);
     }
@@ -564,6 +592,11 @@ pub(crate) fn forward(
         })
         .collect();
     let n = toks.len();
+    // Each token's product order, from its chunk's length (`Model::order_for`).
+    let ord: Vec<dot::SumOrder> = toks
+        .iter()
+        .map(|t| model.order_for(chunks[t.chunk].tokens.len()))
+        .collect();
     let slots: Vec<usize> = toks
         .iter()
         .map(|t| {
@@ -631,7 +664,7 @@ pub(crate) fn forward(
         .collect();
     let scale = 1.0 / (hd as f32).sqrt();
     // Each layer runs FFN_TOKENS tokens at a time (the whole batch under a trace hook, so the
-    // hook sees whole tensors): every per-token buffer but the residual stream is that small,
+    // hook sees whole tensors, unless the batch mixes product orders): every per-token buffer but the residual stream is that small,
     // and a slice's keys and values are stored before its attention reads them, as the
     // earlier slices' were. The layer's weights stay in cache across its slices.
     let step = if s.trace.is_some() {
@@ -642,7 +675,11 @@ pub(crate) fn forward(
     for (li, l) in model.layers.iter().enumerate() {
         let mut b0 = 0;
         while b0 < n {
-            let b1 = (b0 + step).min(n);
+            // A slice never mixes product orders (a step may hold prompt chunks and decode
+            // tokens): it ends where the order changes.
+            let order = ord[b0];
+            let lim = (b0 + step).min(n);
+            let b1 = (b0 + 1..lim).find(|&j| ord[j] != order).unwrap_or(lim);
             let m = b1 - b0;
             let (toks, slots, angles) = (&toks[b0..b1], &slots[b0..b1], &angles[b0..b1]);
             resize(&mut s.xn, m * e);
@@ -665,7 +702,7 @@ pub(crate) fn forward(
                 m,
                 &mut [&mut s.q, &mut s.k, &mut s.v],
                 pool,
-                model.order,
+                order,
             )?;
             let row = kv.row;
             if s.trace.is_none() {
@@ -785,7 +822,7 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("kqv_out", li, 0, &mut s.att);
             }
-            matmul(file, &l.wo, &s.att, m, &mut s.o, pool, model.order)?;
+            matmul(file, &l.wo, &s.att, m, &mut s.o, pool, order)?;
             if let Some(t) = s.trace.as_mut() {
                 t("attn_out", li, 0, &mut s.o);
             }
@@ -828,7 +865,7 @@ pub(crate) fn forward(
                 m,
                 &mut [&mut s.g, &mut s.u],
                 pool,
-                model.order,
+                order,
             )?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_gate", li, 0, &mut s.g);
@@ -847,7 +884,7 @@ pub(crate) fn forward(
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_swiglu", li, 0, &mut s.g);
             }
-            matmul(file, &l.down, &s.g, m, &mut s.o, pool, model.order)?;
+            matmul(file, &l.down, &s.g, m, &mut s.o, pool, order)?;
             if let Some(t) = s.trace.as_mut() {
                 t("ffn_out", li, 0, &mut s.o);
             }
@@ -896,16 +933,25 @@ pub(crate) fn forward(
         });
     }
     // Zeroed by the allocator (fresh pages need no clearing) rather than by `resize`.
-    let mut logits = vec![0f32; sel.len() * model.output.rows];
-    matmul(
-        file,
-        &model.output,
-        &h,
-        sel.len(),
-        &mut logits,
-        pool,
-        model.order,
-    )?;
+    let (rows, mut logits) = (model.output.rows, vec![0f32; sel.len() * model.output.rows]);
+    // One product per run of rows of the same order.
+    let mut r0 = 0;
+    while r0 < sel.len() {
+        let order = ord[sel[r0]];
+        let r1 = (r0 + 1..sel.len())
+            .find(|&r| ord[sel[r]] != order)
+            .unwrap_or(sel.len());
+        matmul_into(
+            file,
+            &model.output,
+            &h[r0 * e..r1 * e],
+            r1 - r0,
+            &mut logits[r0 * rows..r1 * rows],
+            pool,
+            order,
+        )?;
+        r0 = r1;
+    }
     // Every chunk's keys and values are in place: their full blocks may serve later prompts
     // with the same beginning (the prefix cache, `runtime::kv`).
     for c in chunks {

@@ -7,8 +7,9 @@
 //! through the page cache with other processes mapping the file), multiplied by the GGUF-layout
 //! kernels: slower, bit-identical logits. The KV cache is f16, paged in blocks, and sized from
 //! the context length asked for, not the model's maximum. Products of the 32-element block
-//! types run in one summation order per engine ([`CpuOptions::order`]): whole-block sums by
-//! default, or llama.cpp's (bit-identical logits) with [`SumOrder::Ggml`].
+//! types take llama.cpp's summation order in prompts (bit-identical logits) and whole-block sums
+//! in one-token decode steps by default ([`CpuOptions::prompt_order`],
+//! [`CpuOptions::decode_order`]).
 
 mod attention;
 mod forward;
@@ -50,42 +51,60 @@ pub struct CpuOptions {
     /// owned memory at load.
     pub no_repack: bool,
     /// How the products of the 32-element block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`)
-    /// round ([`dot::SumOrder`]), for every product of the engine, prompt and decode alike:
-    /// [`dot::SumOrder::Ggml`] gives logits bit-identical to llama.cpp's CPU backend;
-    /// [`dot::SumOrder::Block`] (one f32 step per 32-element block) makes many-token products
-    /// much faster and rounds no worse, but not as llama.cpp does. In either order a
-    /// sequence's logits are the same whether it runs alone or batched. Default: `Block`,
-    /// or what the environment variable `CROSSOVER_CPU_ORDER` (`ggml` or `block`) says
-    /// (an invalid value there is refused at load, [`CpuError::Option`]).
-    pub order: dot::SumOrder,
+    /// round ([`dot::SumOrder`]) in chunks of two or more tokens (prompts, teacher forcing,
+    /// scoring). Default [`dot::SumOrder::Ggml`]: llama.cpp's order, so a prompt's logits (and
+    /// the keys and values it leaves in the cache) are bit-identical to llama.cpp's CPU
+    /// backend's.
+    pub prompt_order: dot::SumOrder,
+    /// The same for one-token chunks (decode steps). Default [`dot::SumOrder::Block`]: one f32
+    /// step per 32-element block, which makes many-sequence decode steps about twice as fast
+    /// and rounds no worse, but not as llama.cpp does, so generated tokens may leave
+    /// llama.cpp's after a few steps. The order is chosen per chunk, never per step, so a
+    /// sequence's logits are the same whether it runs alone or batched (as the attention's
+    /// one-token order is). The environment variable `CROSSOVER_CPU_ORDER` sets both defaults:
+    /// `auto` (the default described here), `ggml` (llama.cpp's order everywhere: decode
+    /// bit-identical to llama.cpp too) or `block` (whole-block sums everywhere: fastest
+    /// prompts); an invalid value there is refused at load ([`CpuError::Option`]).
+    pub decode_order: dot::SumOrder,
 }
 
-/// The environment variable that sets [`CpuOptions::order`]'s default.
+/// The environment variable that sets [`CpuOptions::prompt_order`]'s and
+/// [`CpuOptions::decode_order`]'s defaults.
 pub const ORDER_ENV: &str = "CROSSOVER_CPU_ORDER";
 
-/// The order `CROSSOVER_CPU_ORDER` names: `Ok(None)` when unset, an error naming the variable
-/// and its value when it names no order.
-fn order_from_env() -> Result<Option<dot::SumOrder>, CpuError> {
+/// What `CROSSOVER_CPU_ORDER` may say.
+const ORDER_VALUES: &str = "must be `auto`, `ggml` or `block`";
+
+/// The (prompt, decode) orders of the default policy: llama.cpp's for prompts, whole-block sums
+/// for decode steps.
+pub const AUTO_ORDERS: (dot::SumOrder, dot::SumOrder) = (dot::SumOrder::Ggml, dot::SumOrder::Block);
+
+/// The (prompt, decode) orders `CROSSOVER_CPU_ORDER` names: `Ok(None)` when unset, an error
+/// naming the variable and its value when it names no policy.
+fn order_from_env() -> Result<Option<(dot::SumOrder, dot::SumOrder)>, CpuError> {
     match std::env::var(ORDER_ENV) {
         Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) if v.trim().eq_ignore_ascii_case("auto") => Ok(Some(AUTO_ORDERS)),
         Ok(v) => match dot::SumOrder::from_name(&v) {
-            Some(o) => Ok(Some(o)),
+            Some(o) => Ok(Some((o, o))),
             None => Err(CpuError::Option {
                 name: ORDER_ENV,
                 value: v,
-                why: "must be `ggml` or `block`",
+                why: ORDER_VALUES,
             }),
         },
         Err(std::env::VarError::NotUnicode(v)) => Err(CpuError::Option {
             name: ORDER_ENV,
             value: v.to_string_lossy().into_owned(),
-            why: "must be `ggml` or `block`",
+            why: ORDER_VALUES,
         }),
     }
 }
 
 impl Default for CpuOptions {
     fn default() -> Self {
+        // An invalid value is reported by `CpuBackend::from_file`.
+        let (prompt_order, decode_order) = order_from_env().ok().flatten().unwrap_or(AUTO_ORDERS);
         CpuOptions {
             threads: None,
             ctx_size: 4096,
@@ -93,11 +112,8 @@ impl Default for CpuOptions {
             block_tokens: 32,
             max_batch_tokens: 512,
             no_repack: false,
-            // An invalid value is reported by `CpuBackend::from_file`.
-            order: order_from_env()
-                .ok()
-                .flatten()
-                .unwrap_or(dot::SumOrder::Block),
+            prompt_order,
+            decode_order,
         }
     }
 }
@@ -173,7 +189,8 @@ impl CpuBackend {
             path: label.into(),
             why,
         })?;
-        model.order = opts.order;
+        model.prompt_order = opts.prompt_order;
+        model.decode_order = opts.decode_order;
         if opts.ctx_size == 0 {
             return Err(CpuError::Option {
                 name: "ctx_size",
@@ -198,10 +215,11 @@ impl CpuBackend {
         let info = BackendInfo {
             name: "cpu".into(),
             device: format!(
-                "{} threads, {}, {} order, weights {}",
+                "{} threads, {}, {} order for prompts and {} for decode, weights {}",
                 threads,
                 dot::best_isa().name(),
-                opts.order.name(),
+                opts.prompt_order.name(),
+                opts.decode_order.name(),
                 if opts.no_repack {
                     "memory-mapped (no repack)"
                 } else {
@@ -258,7 +276,8 @@ impl CpuBackend {
     /// `support` reports those matmuls as `Fallback { to: "host", .. }`. It exists so `audit`
     /// and the fallback path can be tested on a machine without a GPU. The host executor
     /// multiplies in llama.cpp's summation order ([`SumOrder::Ggml`]), so the double equals a
-    /// backend whose [`CpuOptions::order`] is `Ggml` bit for bit.
+    /// backend whose [`CpuOptions::prompt_order`] and [`CpuOptions::decode_order`] are `Ggml`
+    /// bit for bit.
     pub fn lacking_kernel(
         file: Arc<GgufFile>,
         label: &str,
@@ -284,9 +303,16 @@ impl CpuBackend {
         self.model.owned_bytes()
     }
 
-    /// The summation order of this engine's products ([`CpuOptions::order`]).
-    pub fn order(&self) -> dot::SumOrder {
-        self.model.order
+    /// The summation order of this engine's products in chunks of two or more tokens
+    /// ([`CpuOptions::prompt_order`]).
+    pub fn prompt_order(&self) -> dot::SumOrder {
+        self.model.prompt_order
+    }
+
+    /// The summation order of this engine's products in one-token chunks
+    /// ([`CpuOptions::decode_order`]).
+    pub fn decode_order(&self) -> dot::SumOrder {
+        self.model.decode_order
     }
 
     /// The model's hyper-parameters.

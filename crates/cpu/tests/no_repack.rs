@@ -51,7 +51,8 @@ fn run(
         ctx_size: 96,
         max_batch_tokens: 128,
         no_repack,
-        order,
+        prompt_order: order,
+        decode_order: order,
         ..CpuOptions::default()
     };
     let mut be = CpuBackend::load(path, &opts).expect("load");

@@ -1,17 +1,18 @@
 //! Teacher-forced logits of the CPU engine against llama.cpp's (fixtures made by
 //! scripts/ref_logits.py with llama-cpp-python 0.3.36): at every position, top-1 agreement and
 //! the KL divergence of llama.cpp's distribution from ours, in both summation orders of the
-//! 32-element block types: `ggml` (llama.cpp's own, bit-identical logits) and `block` (the
-//! engine's default: whole-block integer sums, one f32 step per block).
+//! 32-element block types: `ggml` (llama.cpp's own, bit-identical logits; the engine's default
+//! for prompts) and `block` (whole-block integer sums, one f32 step per block; the engine's
+//! default for one-token decode steps).
 
 use conformance::{teacher_forced, Figures, Fixture};
-use cpu::{CpuBackend, CpuOptions, SumOrder};
+use cpu::{CpuBackend, CpuOptions, SumOrder, AUTO_ORDERS};
 use quant::dot::{best_isa, Isa};
 use runtime::Backend;
 
-/// Runs the fixture's tokens through the engine (128-token chunks) in `order` and returns the
-/// comparison with llama.cpp.
-fn compare(fixture: &str, order: SumOrder) -> Figures {
+/// Runs the fixture's tokens through the engine in `chunk`-token chunks with the (prompt,
+/// decode) product orders `orders` and returns the comparison with llama.cpp.
+fn compare(fixture: &str, orders: (SumOrder, SumOrder), chunk: usize) -> Figures {
     let fx = Fixture::load(fixture).unwrap_or_else(|e| panic!("{e}"));
     let path = fx
         .model_path("run scripts/fetch_model.sh or scripts/synth_model.sh --for-fixture (CI does this first)")
@@ -19,17 +20,28 @@ fn compare(fixture: &str, order: SumOrder) -> Figures {
     let opts = CpuOptions {
         ctx_size: fx.tokens.len(),
         max_batch_tokens: 128,
-        order,
+        prompt_order: orders.0,
+        decode_order: orders.1,
         ..CpuOptions::default()
     };
     let mut be = CpuBackend::load(&path, &opts).unwrap_or_else(|e| panic!("load: {e}"));
-    assert_eq!(be.order(), order);
-    let rows = teacher_forced(&mut be, &fx, 128).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((be.prompt_order(), be.decode_order()), orders);
+    let rows = teacher_forced(&mut be, &fx, chunk).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(be.kv().blocks_used, 0, "blocks left after release");
     let f = Figures::compare(&fx, &rows);
-    eprintln!("{} order: {}", order.name(), f.line(&fx));
+    eprintln!(
+        "{} prompt / {} decode order, {chunk}-token chunks: {}",
+        orders.0.name(),
+        orders.1.name(),
+        f.line(&fx)
+    );
     assert_eq!(f.non_finite_rows, 0, "non-finite logits");
     f
+}
+
+/// Every product in `order`.
+fn all(order: SumOrder) -> (SumOrder, SumOrder) {
+    (order, order)
 }
 
 /// In ggml's order the AVX-512 and scalar kernels mirror llama.cpp's rounding op by op
@@ -45,7 +57,8 @@ fn assert_bit_identical(f: &Figures) {
 
 #[test]
 fn smollm2_q4_1_matches_llama_cpp() {
-    let f = compare("smollm2_q4_1_logits.json", SumOrder::Ggml);
+    // The engine's default orders (`AUTO_ORDERS`): prompts, as here, in llama.cpp's.
+    let f = compare("smollm2_q4_1_logits.json", AUTO_ORDERS, 128);
     // Issue 3's bounds. Measured: top-1 1.0000, KL 0, |logit diff| max 0 (`cargo test --release
     // -p cpu --test teacher_forced -- --nocapture`).
     assert!(f.top1 >= 0.98, "top-1 agreement {}", f.top1);
@@ -63,7 +76,7 @@ fn smollm2_q4_1_block_order_agrees_with_llama_cpp() {
     // top-1 0.9647, decisive top-1 0.9882 (5 of 424 rows), mean KL 2.21e-3, |logit diff| mean
     // 0.135, max 0.88. The bounds keep a margin over that, and sit far below what a wrong
     // product gives (garbage logits: top-1 near 0, KL of several nats).
-    let f = compare("smollm2_q4_1_logits.json", SumOrder::Block);
+    let f = compare("smollm2_q4_1_logits.json", all(SumOrder::Block), 128);
     assert!(f.top1 >= 0.95, "top-1 agreement {}", f.top1);
     assert!(
         f.decisive_top1 >= 0.98,
@@ -77,7 +90,7 @@ fn smollm2_q4_1_block_order_agrees_with_llama_cpp() {
 fn synth_llama_1b_q4_k_m_matches_llama_cpp() {
     // The model is made by `scripts/synth_model.sh --for-fixture` (scripts/test.sh runs it); the
     // fixture pins its sha256.
-    let f = compare("synth_llama1b_q4_k_m_logits.json", SumOrder::Ggml);
+    let f = compare("synth_llama1b_q4_k_m_logits.json", AUTO_ORDERS, 128);
     // Issue 3's bounds. Measured: top-1 1.0000, KL 0, logits bit-identical: the repacked Q4_K
     // gemm/gemv and tiled Q6_K orders of llama.cpp are mirrored (docs/perf/cpu.md). Random
     // weights give flat distributions where any rounding difference flips near-ties (llama.cpp
@@ -92,7 +105,11 @@ fn synth_llama_1b_q4_k_m_matches_llama_cpp() {
 fn synth_llama_1b_q4_k_m_block_order_agrees_with_llama_cpp() {
     // Its matrices are Q4_K and Q6_K, which have one order each (the summation order only
     // concerns the 32-element block types): the logits stay llama.cpp's, bit for bit.
-    let f = compare("synth_llama1b_q4_k_m_logits.json", SumOrder::Block);
+    let f = compare(
+        "synth_llama1b_q4_k_m_logits.json",
+        all(SumOrder::Block),
+        128,
+    );
     assert!(f.top1 >= 0.99, "top-1 agreement {}", f.top1);
     assert!(
         f.decisive_top1 >= 0.99,
@@ -101,4 +118,20 @@ fn synth_llama_1b_q4_k_m_block_order_agrees_with_llama_cpp() {
     );
     assert!(f.kl <= 1e-3, "mean KL {}", f.kl);
     assert_bit_identical(&f);
+}
+
+#[test]
+fn smollm2_q4_1_token_by_token_in_the_default_decode_order_agrees_with_llama_cpp() {
+    // One token per step: every product takes the default decode order (whole-block sums) and
+    // the attention its one-token order, against llama.cpp's logits of the whole text at once.
+    // Measured (docs/perf/cpu.md "Session 6"): see the line this prints; the bounds are the
+    // Block order's above.
+    let f = compare("smollm2_q4_1_logits.json", AUTO_ORDERS, 1);
+    assert!(f.top1 >= 0.95, "top-1 agreement {}", f.top1);
+    assert!(
+        f.decisive_top1 >= 0.98,
+        "decisive top-1 agreement {}",
+        f.decisive_top1
+    );
+    assert!(f.kl <= 5e-3, "mean KL {}", f.kl);
 }

@@ -3,7 +3,10 @@
 //! - a decode step of many sequences gives each the logits it gets decoding alone;
 //! - the per-token work spread over the thread pool (norms, RoPE, KV stores, residual adds)
 //!   equals the serial path the trace hook runs;
-//! - a prompt started from prefix-cache blocks gives the logits of computing those blocks itself.
+//! - a prompt started from prefix-cache blocks gives the logits of computing those blocks itself;
+//! - a step that mixes a prompt chunk with decode tokens (whose products take different
+//!   summation orders, `CpuOptions::prompt_order` / `decode_order`) gives each chunk its own
+//!   logits.
 //!
 //! Prompts are fresh random token ids (seeded).
 
@@ -145,4 +148,45 @@ fn a_prompt_started_from_cached_blocks_gets_the_logits_of_computing_them() {
     let mut other = prompt.clone();
     other[5] ^= 1;
     assert_eq!(be.reuse_prefix(4, &other), 0);
+}
+
+#[test]
+fn a_step_mixing_a_prompt_with_decode_tokens_gives_each_its_own_logits() {
+    let (file, _tok) = common::open();
+    let ps = prompts(11, 4);
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let late: Vec<u32> = (0..23).map(|_| r.gen_range(0..49152)).collect();
+    let next: Vec<u32> = (0..4).map(|_| r.gen_range(0..49152)).collect();
+    let mut be = backend(&file, 5, 2);
+    step(
+        &mut be,
+        ps.iter()
+            .enumerate()
+            .map(|(i, p)| (i as SeqId, p.clone(), 0))
+            .collect(),
+    );
+    // The late prompt sits between decode tokens, so the step's tokens change order twice.
+    let mixed = step(
+        &mut be,
+        vec![
+            (0, vec![next[0]], ps[0].len()),
+            (1, vec![next[1]], ps[1].len()),
+            (4, late.clone(), 0),
+            (2, vec![next[2]], ps[2].len()),
+            (3, vec![next[3]], ps[3].len()),
+        ],
+    );
+    assert_eq!(mixed.len(), 5);
+    let mut alone_be = backend(&file, 1, 2);
+    let late_alone = step(&mut alone_be, vec![(4, late.clone(), 0)]);
+    assert_eq!(mixed[2], late_alone[0], "the prompt chunk batched vs alone");
+    for (k, i) in [(0usize, 0usize), (1, 1), (3, 2), (4, 3)] {
+        let mut alone_be = backend(&file, 1, 2);
+        step(&mut alone_be, vec![(9, ps[i].clone(), 0)]);
+        let alone = step(&mut alone_be, vec![(9, vec![next[i]], ps[i].len())]);
+        assert_eq!(
+            mixed[k], alone[0],
+            "decode of sequence {i} batched vs alone"
+        );
+    }
 }
