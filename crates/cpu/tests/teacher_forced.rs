@@ -124,8 +124,8 @@ fn synth_llama_1b_q4_k_m_block_order_agrees_with_llama_cpp() {
 fn smollm2_q4_1_token_by_token_in_the_default_decode_order_agrees_with_llama_cpp() {
     // One token per step: every product takes the default decode order (whole-block sums) and
     // the attention its one-token order, against llama.cpp's logits of the whole text at once.
-    // Measured (docs/perf/cpu.md "Session 6"): see the line this prints; the bounds are the
-    // Block order's above.
+    // Measured (docs/perf/cpu.md "Session 6, lead"): top-1 0.9801, decisive 0.9929, mean KL
+    // 2.30e-3; the bounds are the Block order's above.
     let f = compare("smollm2_q4_1_logits.json", AUTO_ORDERS, 1);
     assert!(f.top1 >= 0.95, "top-1 agreement {}", f.top1);
     assert!(
