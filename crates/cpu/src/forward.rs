@@ -348,6 +348,9 @@ pub(crate) struct Scratch {
     o: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
+    /// A logits buffer handed back by the caller (`Backend::recycle`), written by the next
+    /// step's output product instead of a fresh allocation.
+    pub logits: Vec<f32>,
 }
 
 /// `v` with `n` elements for a caller that writes every one of them (the products assign their
@@ -932,8 +935,10 @@ pub(crate) fn forward(
             );
         });
     }
-    // Zeroed by the allocator (fresh pages need no clearing) rather than by `resize`.
-    let (rows, mut logits) = (model.output.rows, vec![0f32; sel.len() * model.output.rows]);
+    let rows = model.output.rows;
+    // Every value is written by the products below; only growth is zeroed.
+    let mut logits = std::mem::take(&mut s.logits);
+    resize(&mut logits, sel.len() * rows);
     // One product per run of rows of the same order.
     let mut r0 = 0;
     while r0 < sel.len() {

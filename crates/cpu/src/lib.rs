@@ -421,4 +421,11 @@ impl Backend for CpuBackend {
         // Blocks are indexed by `forward` once their keys and values are written.
         self.kv.alloc.reuse_prefix(seq, prompt)
     }
+
+    fn recycle(&mut self, logits: Vec<f32>) {
+        // The larger buffer stays: the next step's logits are written into it (every value).
+        if logits.capacity() > self.scratch.logits.capacity() {
+            self.scratch.logits = logits;
+        }
+    }
 }

@@ -1251,26 +1251,29 @@ impl<'t> Actor<'t> {
         }
         self.status.consecutive_failures = 0;
         let n_vocab = out.n_vocab;
-        let mut row = 0usize;
-        let mut finished: Vec<(usize, Option<FinishReason>)> = Vec::new();
+        // The sequences given a row of logits, in row order.
+        let mut sampled: Vec<usize> = Vec::with_capacity(want_rows);
         for (k, &(i, n)) in plan.iter().enumerate() {
-            let r = &mut self.running[i];
-            r.fed += n;
-            if batch.chunks[k].want != Want::Last {
-                continue;
+            self.running[i].fed += n;
+            if batch.chunks[k].want == Want::Last {
+                sampled.push(i);
             }
-            let a = row * n_vocab;
-            row += 1;
-            let Some(logits) = out.logits.get_mut(a..a + n_vocab) else {
+        }
+        let ids = sample_rows(&mut self.running, &sampled, &mut out.logits, n_vocab);
+        let mut finished: Vec<(usize, Option<FinishReason>)> = Vec::new();
+        for (&i, id) in sampled.iter().zip(ids) {
+            let Some(id) = id else {
                 continue;
             };
-            if let Some(reason) = sample_and_send(r, logits, self.tok) {
+            let r = &mut self.running[i];
+            if let Some(reason) = send_token(r, id, self.tok) {
                 finished.push((i, Some(reason)));
             } else if r.events.is_closed() {
                 finished.push((i, None));
             }
             self.status.tokens_generated += 1;
         }
+        self.backend.recycle(std::mem::take(&mut out.logits));
         // Remove from the back so indices stay valid.
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
@@ -1320,13 +1323,97 @@ impl<'t> Actor<'t> {
     }
 }
 
-/// Sample one token for `r`, send its event, and say whether the sequence is finished.
-fn sample_and_send(
-    r: &mut Running<'_>,
+/// Rows of a step at least this many are sampled on several threads.
+const PARALLEL_SAMPLE_ROWS: usize = 8;
+
+/// Sample the next token of `running[seqs[j]]` from row `j` of `logits` (`n_vocab` values
+/// each), for every `j`; `None` where the row is missing. Each sequence has its own sampler
+/// and random stream, so the rows are independent and the tokens do not depend on how they
+/// are shared out: with many rows (a batched decode step: 64 rows of a 49k vocabulary are a
+/// few milliseconds of work, during which the backend's threads would wait) they are split
+/// over up to `available_parallelism` threads, in contiguous runs.
+fn sample_rows(
+    running: &mut [Running<'_>],
+    seqs: &[usize],
     logits: &mut [f32],
-    tok: &Tokenizer,
-) -> Option<FinishReason> {
-    let id = r.sampler.sample(logits, &r.tokens);
+    n_vocab: usize,
+) -> Vec<Option<u32>> {
+    let mut ids = vec![None; seqs.len()];
+    // Position in `seqs` of each running sequence given a row (a sequence has one chunk per
+    // step, so at most one row).
+    let mut slot = vec![usize::MAX; running.len()];
+    for (j, &i) in seqs.iter().enumerate() {
+        if let Some(s) = slot.get_mut(i) {
+            *s = j;
+        }
+    }
+    let mut rows: Vec<Option<&mut [f32]>> = (0..seqs.len()).map(|_| None).collect();
+    for (j, row) in logits.chunks_exact_mut(n_vocab.max(1)).enumerate() {
+        if let Some(r) = rows.get_mut(j) {
+            *r = Some(row);
+        }
+    }
+    type Job<'a> = (
+        &'a mut Sampler,
+        &'a [u32],
+        &'a mut [f32],
+        &'a mut Option<u32>,
+    );
+    let mut jobs: Vec<Job<'_>> = Vec::with_capacity(seqs.len());
+    let mut id_slots: Vec<Option<&mut Option<u32>>> = ids.iter_mut().map(Some).collect();
+    for (i, r) in running.iter_mut().enumerate() {
+        let Some(&j) = slot.get(i).filter(|&&j| j != usize::MAX) else {
+            continue;
+        };
+        let (Some(row), Some(out)) = (
+            rows.get_mut(j).and_then(Option::take),
+            id_slots.get_mut(j).and_then(Option::take),
+        ) else {
+            continue;
+        };
+        if n_vocab == 0 {
+            continue;
+        }
+        jobs.push((&mut r.sampler, &r.tokens, row, out));
+    }
+    let run = |part: &mut [Job<'_>]| {
+        for (sampler, history, row, out) in part.iter_mut() {
+            **out = Some(sampler.sample(row, history));
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let parts = threads
+        .min(jobs.len() / (PARALLEL_SAMPLE_ROWS / 2).max(1))
+        .max(1);
+    if parts <= 1 || jobs.len() < PARALLEL_SAMPLE_ROWS {
+        run(&mut jobs);
+        return ids;
+    }
+    let per = jobs.len().div_ceil(parts);
+    std::thread::scope(|sc| {
+        let mut chunks = jobs.chunks_mut(per);
+        let mine = chunks.next();
+        for part in chunks {
+            let spawned = std::thread::Builder::new()
+                .name("sampler".into())
+                .spawn_scoped(sc, || run(part));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "sampling thread did not start");
+            }
+        }
+        if let Some(part) = mine {
+            run(part);
+        }
+    });
+    // The part of a thread that could not start is sampled here.
+    for (sampler, history, row, out) in jobs.iter_mut().filter(|j| j.3.is_none()) {
+        **out = Some(sampler.sample(row, history));
+    }
+    ids
+}
+
+/// Record token `id` of `r`, send its event, and say whether the sequence is finished.
+fn send_token(r: &mut Running<'_>, id: u32, tok: &Tokenizer) -> Option<FinishReason> {
     let now = Instant::now();
     r.first_token.get_or_insert(now);
     r.last_token = now;

@@ -168,6 +168,9 @@ impl Backend for Faulty {
     fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
         self.inner.reuse_prefix(seq, prompt)
     }
+    fn recycle(&mut self, logits: Vec<f32>) {
+        self.inner.recycle(logits)
+    }
 }
 
 #[cfg(test)]
