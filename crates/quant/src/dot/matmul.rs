@@ -517,6 +517,11 @@ fn run_jobs(
     let mut block_used: Vec<Vec<WideLine>> = Vec::new();
     let wide_bufs = &mut wide_guard;
     let mut wide_built = [false; 2];
+    // The last activation rows laid out for the whole-block kernels: (source rows, row bytes,
+    // blocks, extra) and where they were put.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::type_complexity)]
+    let mut last_block: Option<((*const u8, usize, usize, Option<u32>), *const u8)> = None;
     let mut total_chunks = 0usize;
     let mut total_macs = 0usize;
     for j in jobs.iter_mut() {
@@ -609,11 +614,29 @@ fn run_jobs(
             #[cfg(target_arch = "x86_64")]
             None if block_rows.is_some() => {
                 let extra = block_rows.flatten();
-                let mut buf = block_bufs.pop().unwrap_or_default();
-                super::avx512::block_acts(a.bytes(), a.row_bytes(), n_tokens, nb, extra, &mut buf);
-                let ptr = buf.as_ptr() as *const u8;
-                // The buffer's heap block does not move when the vector is moved.
-                block_used.push(buf);
+                let key = (a.bytes().as_ptr(), a.row_bytes(), nb, extra);
+                let ptr = match last_block {
+                    // The jobs of a grouped product (Q/K/V, gate/up) read the same rows.
+                    Some((k, ptr)) if k == key => ptr,
+                    _ => {
+                        let mut buf = block_bufs.pop().unwrap_or_default();
+                        super::avx512::block_acts_pool(
+                            a.bytes(),
+                            a.row_bytes(),
+                            n_tokens,
+                            nb,
+                            extra,
+                            &mut buf,
+                            pool,
+                        );
+                        let ptr = buf.as_ptr() as *const u8;
+                        // The buffer's heap block does not move when the vector is moved; it
+                        // lives in `block_used` until every job has run.
+                        block_used.push(buf);
+                        last_block = Some((key, ptr));
+                        ptr
+                    }
+                };
                 (ptr, nb * super::avx512::BLOCK_ACT)
             }
             #[cfg(target_arch = "x86_64")]
@@ -768,6 +791,9 @@ unsafe fn run_chunk(p: &Prepared, c: usize) {
     }
 }
 
+/// Products of at least this many tokens are cut into finer row chunks (see `Plan::new`).
+const MANY_TOKENS: usize = 16;
+
 /// How a product is cut into chunks: `row_chunks × tok_chunks`, row-chunk-major.
 #[derive(Clone, Copy)]
 struct Plan {
@@ -798,8 +824,12 @@ impl Plan {
         let rc = if macs < SERIAL_MACS || threads == 1 {
             rows
         } else {
-            // Aim for about four chunks per thread so uneven progress balances out.
-            let want_row_chunks = (threads * 4).div_ceil(tok_chunks).max(1);
+            // Aim for about four chunks per thread so uneven progress balances out; sixteen
+            // for many-token products, whose chunks each take tens of microseconds: a thread
+            // that takes the last chunk while the others have none left holds the whole
+            // product up for it (docs/server.md, "Session 7").
+            let per_thread = if n_tokens >= MANY_TOKENS { 16 } else { 4 };
+            let want_row_chunks = (threads * per_thread).div_ceil(tok_chunks).max(1);
             rows.div_ceil(want_row_chunks)
         };
         let max_rc = (CHUNK_WEIGHT_BYTES / wrb.max(1)).max(1);
