@@ -2,8 +2,9 @@
 """Load test of `crossover serve` on loopback: N concurrent streaming clients against the CPU
 backend with the default model (SmolLM2-135M-Instruct Q4_1).
 
-Starts the server (127.0.0.1, a free port), measures streaming requests alone, one after another
-(the median of --single-reps is the single-stream rate), then runs N clients at once, each asking for exactly --max-tokens tokens
+Starts the server (127.0.0.1, a free port), then per run: streaming requests alone, one after
+another, half of --single-reps before the N clients and half after (their median is the
+single-stream rate), and between them N clients at once, each asking for exactly --max-tokens tokens
 (ignore_eos). Passes when every request completes with the tokens it asked for, with zero errors,
 and the aggregate generated tok/s is at least --min-speedup times the single-stream rate.
 Bounded: every request has a timeout and the whole run a deadline.
@@ -174,15 +175,19 @@ async def measure(a, base, server_pid):
     for run in range(a.runs):
         # The single-stream rate is the median of --single-reps requests one after another: one
         # 64-token request lasts a few tenths of a second, and one such sample on a shared
-        # machine moved by +-30 % between runs.
-        singles = []
-        for _ in range(a.single_reps):
-            n1, _, dt1, err1 = await request(client, "m", prompt, a.max_tokens, 120)
-            if err1:
-                sys.exit(f"single stream failed: {err1}")
-            singles.append(n1 / dt1)
-        singles.sort()
-        single = singles[len(singles) // 2]
+        # machine moved by +-30 % between runs. Half of them run before the concurrent streams
+        # and half after, so that the machine's own drift over the run (its speed moves by ~25 %
+        # from one minute to the next) weighs on both sides of the ratio alike.
+        async def singles_now(k):
+            out = []
+            for _ in range(k):
+                n1, _, dt1, err1 = await request(client, "m", prompt, a.max_tokens, 120)
+                if err1:
+                    sys.exit(f"single stream failed: {err1}")
+                out.append(n1 / dt1)
+            return out
+
+        before = await singles_now((a.single_reps + 1) // 2)
         load0 = os.getloadavg()[0]
         c0, s0 = own_cpu_seconds(), cpu_seconds(server_pid)
         t_start = time.perf_counter()
@@ -192,13 +197,19 @@ async def measure(a, base, server_pid):
         wall = time.perf_counter() - t_start
         c1, s1 = own_cpu_seconds(), cpu_seconds(server_pid)
         load1 = os.getloadavg()[0]
+        after = await singles_now(a.single_reps // 2)
+        singles = sorted(before + after)
+        # The median; with an even count, the mean of the middle two.
+        m = len(singles)
+        single = singles[m // 2] if m % 2 else (singles[m // 2 - 1] + singles[m // 2]) / 2
         errors = [r[3] for r in results if r[3]]
         short = [i for i, r in enumerate(results) if not r[3] and r[0] != a.max_tokens]
         total = sum(r[0] for r in results if not r[3])
         aggregate = total / wall
         lat = sorted(r[2] for r in results if not r[3])
         server_cpu = (s1 - s0) if s0 is not None and s1 is not None else float("nan")
-        print(f"run {run + 1}: single stream {n1} tokens, median of {len(singles)} requests "
+        print(f"run {run + 1}: single stream {a.max_tokens} tokens, median of {len(singles)} requests "
+              f"({len(before)} before, {len(after)} after the concurrent streams) "
               f"{single:.1f} tok/s (min {singles[0]:.1f}, max {singles[-1]:.1f}); "
               f"{a.clients} concurrent streams: {total} tokens in {wall:.2f} s = {aggregate:.1f} tok/s "
               f"({aggregate / single:.2f}x single); errors {len(errors)}; short {len(short)}; "
@@ -206,7 +217,8 @@ async def measure(a, base, server_pid):
               f"load avg {load0:.2f} -> {load1:.2f}; CPU s: client {c1 - c0:.2f}, server {server_cpu:.2f}",
               flush=True)
         runs.append({"single_tok_s": round(single, 2),
-                     "single_tok_s_all": [round(v, 2) for v in singles], "aggregate_tok_s": round(aggregate, 2),
+                     "single_tok_s_before": [round(v, 2) for v in before],
+                     "single_tok_s_after": [round(v, 2) for v in after], "aggregate_tok_s": round(aggregate, 2),
                      "speedup": round(aggregate / single, 2), "errors": len(errors),
                      "short": len(short), "wall_s": round(wall, 2), "load": round(load0, 2),
                      "client_cpu_s": round(c1 - c0, 2), "server_cpu_s": round(server_cpu, 2),
@@ -230,8 +242,9 @@ def main():
                     help="raw: a plain asyncio HTTP/SSE client (light); openai: the official "
                          "AsyncOpenAI client (its per-event cost competes with the server for "
                          "the same cores)")
-    ap.add_argument("--single-reps", type=int, default=5,
-                    help="single-stream requests per run; their median is the single-stream rate")
+    ap.add_argument("--single-reps", type=int, default=10,
+                    help="single-stream requests per run, half before and half after the "
+                         "concurrent streams; their median is the single-stream rate")
     ap.add_argument("--min-speedup", type=float, default=3.0)
     ap.add_argument("--deadline", type=float, default=600.0)
     a = ap.parse_args()
