@@ -29,11 +29,78 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* smem) {
                  : "r"(s));
 }
 
+// The slices of token t's G heads of KV head kvh merged into merged[t, h*HD + d] by the last of
+// the token's `ns` working blocks to arrive (a counter per (token, KV head), reset by that block
+// for the next replay), with attn_combine's operations in its order: the maximum over the
+// slices, then L and A summed in slice order, A / L (the same bits as attn_combine with
+// split_len 0). Loads of MC slices go out together; ld_cg reads the other blocks' slices from
+// L2. Every thread of the block calls it after its own slice is written.
 template <int HD>
+__device__ __forceinline__ void ab_merge_slices(const float* part, float* merged, u32* cnt, int t,
+                                                int kvh, int G, int n_head, int n_kv, int n_split,
+                                                int ns) {
+    __shared__ int last;
+    ns = min(n_split, ns);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* cp = cnt + (long long)t * n_kv + kvh;
+        u32 old = atomicAdd(cp, 1u);
+        last = old + 1 == (u32)ns;
+        if (last) *cp = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    constexpr int MC = 8;
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD, h = kvh * G + r;
+        const float* pp = part + ((long long)t * n_head + h) * n_split * (HD + 2);
+        float M = NEG_INF;
+        for (int k0 = 0; k0 < ns; k0 += MC) {
+            float mv[MC];
+#pragma unroll
+            for (int j = 0; j < MC; j++)
+                mv[j] = k0 + j < ns ? ld_cg(pp + (k0 + j) * (HD + 2)) : NEG_INF;
+#pragma unroll
+            for (int j = 0; j < MC; j++) M = fmaxf(M, mv[j]);
+        }
+        float L = 0.0f, A = 0.0f;
+        for (int k0 = 0; k0 < ns; k0 += MC) {
+            float mv[MC], lv[MC], av[MC];
+#pragma unroll
+            for (int j = 0; j < MC; j++) {
+                const float* ps = pp + (k0 + j) * (HD + 2);
+                bool ok = k0 + j < ns;
+                mv[j] = ok ? ld_cg(ps) : NEG_INF;
+                lv[j] = ok ? ld_cg(ps + 1) : 0.0f;
+                av[j] = ok ? ld_cg(ps + 2 + d) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < MC; j++) {
+                if (k0 + j < ns) {
+                    float c = mv[j] == NEG_INF ? 0.0f : expf(mv[j] - M);
+                    L += lv[j] * c;
+                    A += av[j] * c;
+                }
+            }
+        }
+        merged[((long long)t * n_head + h) * HD + d] = A / L;
+    }
+}
+
+// EARLY is a template parameter, not a kernel argument (v9): with the one-token path's own-row
+// registers in the same function, ptxas gave attn_batch_d4 178 registers instead of v7's 140,
+// two blocks per SM instead of three (70 KB of shared memory each), and the many-sequence steps
+// lost ~8-11% (docs/perf/cuda.md v9). Each entry point now carries only its own path.
+//
+// MERGE (v9, attn_batchm_d*): the last block of (token, KV head) to finish merges the slices of
+// its G heads into merged[t, h*HD + d] (ab_merge_slices), so steps need no attn_combine launch.
+template <int HD, bool EARLY, bool MERGE>
 __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
                                 int n_head, int n_kv, float scale, float* part, u16* sh,
-                                int early) {
+                                float* merged, u32* cnt) {
     constexpr int KS = HD + 8, CH = HD / 8;
     constexpr int TILE = FA_BK * KS;  // halves per K (or V) tile
     u16* Ks = sh;                          // [AB_STAGES][FA_BK][KS]
@@ -54,7 +121,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // the kernel before this one writes) was written by earlier steps, so the first two tiles'
     // copies go out before waiting for that kernel, overlapping its tail; the own row is loaded
     // after the wait and stored into its tile by plain stores (issue() leaves it alone).
-    int own = early ? len - 1 : -1;
+    int own = EARLY ? len - 1 : -1;
     // Loader: thread tid copies 16-byte piece (tid % CH) of rows tid / CH + (128 / CH) * j.
     constexpr int RSTEP = 128 / CH;
     auto issue = [&](int tile, int stage) {
@@ -67,14 +134,14 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
             long long row = ok ? (long long)bl[p / bt] * bt + p % bt : 0;
             const u16* ksrc = kc + row * kv_row + kvh * HD + ch * 8;
             const u16* vsrc = vc + row * kv_row + kvh * HD + ch * 8;
-            if (p != own) {
+            if (!EARLY || p != own) {
                 cp_async16(Ks + stage * TILE + pr * KS + ch * 8, ksrc, ok ? 16 : 0);
                 cp_async16(Vs + stage * TILE + pr * KS + ch * 8, vsrc, ok ? 16 : 0);
             }
         }
         cp_async_commit();
     };
-    if (!early) {
+    if (!EARLY) {
         pdl_wait();
         pdl_launch();
     }
@@ -83,7 +150,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     if (ntiles > 1) issue(1, 1);
     uint4 ownk = make_uint4(0, 0, 0, 0), ownv = ownk;
     int own_tile = -1;
-    if (early) {
+    if (EARLY) {
         pdl_wait();
         pdl_launch();
         if (own < p1) {
@@ -110,7 +177,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         else cp_async_wait<0>();
         const u16* K = Ks + stage * TILE;
         const u16* V = Vs + stage * TILE;
-        if (tile == own_tile && tid < CH) {
+        if (EARLY && tile == own_tile && tid < CH) {
             int pr = (own - p0) % FA_BK;
             *(uint4*)(Ks + stage * TILE + pr * KS + tid * 8) = ownk;
             *(uint4*)(Vs + stage * TILE + pr * KS + tid * 8) = ownv;
@@ -136,19 +203,40 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
     dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s);
+    if (MERGE)
+        ab_merge_slices<HD>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
+                            (len + slen - 1) / slen);
 }
 
-#define DEF_ATTN_BATCH(D) \
-    extern "C" __global__ void __launch_bounds__(128) attn_batch_d##D( \
+// attn_batch_d*: every step of more than one token (and one-token steps without the early
+// copies); attn_one_d*: one-token steps whose first tiles' copies go out before the PDL wait.
+#define DEF_ATTN_BATCH(NAME, D, EARLY) \
+    extern "C" __global__ void __launch_bounds__(128) NAME##_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
-        float* part, int early) { \
+        float* part) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
-        attn_batch_impl<32 * D>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, \
-                                scale, part, ab_sh, early); \
+        attn_batch_impl<32 * D, EARLY, false>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
+                                              n_head, n_kv, scale, part, ab_sh, nullptr, \
+                                              nullptr); \
     }
-DEF_ATTN_BATCH(2)
-DEF_ATTN_BATCH(4)
+DEF_ATTN_BATCH(attn_batch, 2, false)
+DEF_ATTN_BATCH(attn_batch, 4, false)
+DEF_ATTN_BATCH(attn_one, 2, true)
+DEF_ATTN_BATCH(attn_one, 4, true)
+// attn_batchm_d*: attn_batch_d* that also merges the slices (cnt: one zeroed u32 per (token,
+// KV head), left zeroed).
+#define DEF_ATTN_BATCHM(D) \
+    extern "C" __global__ void __launch_bounds__(128) attn_batchm_d##D( \
+        const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
+        const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
+        float* part, float* merged, u32* cnt) { \
+        extern __shared__ __align__(16) u16 ab_sh[]; \
+        attn_batch_impl<32 * D, false, true>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
+                                             n_head, n_kv, scale, part, ab_sh, merged, cnt); \
+    }
+DEF_ATTN_BATCHM(2)
+DEF_ATTN_BATCHM(4)
 
 // v8: attn_combine's merge, bit for bit (the same maximum, the same products summed in slice
 // order, the same division), with its loads issued together: every thread's weighted values of

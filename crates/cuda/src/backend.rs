@@ -218,6 +218,13 @@ pub struct CudaBackend {
     /// Steps of more than 8 tokens that are not prompt-sized take the pipelined many-sequence
     /// attention ([`Gpu::attn_batch`], v7; `CROSSOVER_CUDA_ATTN_BATCH=0` turns it off).
     batch_attn: bool,
+    /// Blocks per SM that attention aims for (its split count) in those steps:
+    /// `CROSSOVER_CUDA_AB_CTAS`, default 8 (v7).
+    ab_ctas: usize,
+    /// Those steps' attention merges its slices itself ([`Gpu::attn_batch_merge`], v9: no
+    /// [`Gpu::attn_combine`] launch, same bits): `CROSSOVER_CUDA_AB_MERGE=1` (off by default:
+    /// no faster on the H200, docs/perf/cuda.md v9).
+    ab_merge: bool,
     /// One-token steps take the pipelined split attention ([`Gpu::attn_one`], v8) over about
     /// this many blocks per SM (0: v7's one-tile [`Gpu::attn_decode`]):
     /// `CROSSOVER_CUDA_ATTN_ONE`, default 2.
@@ -589,6 +596,12 @@ impl CudaBackend {
             prefill_mma: std::env::var("CROSSOVER_CUDA_PREFILL_MMA").as_deref() != Ok("0"),
             decode_mma: std::env::var("CROSSOVER_CUDA_DECODE_MMA").as_deref() != Ok("0"),
             batch_attn: std::env::var("CROSSOVER_CUDA_ATTN_BATCH").as_deref() != Ok("0"),
+            ab_ctas: std::env::var("CROSSOVER_CUDA_AB_CTAS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v: &usize| v > 0)
+                .unwrap_or(8),
+            ab_merge: std::env::var("CROSSOVER_CUDA_AB_MERGE").as_deref() == Ok("1"),
             one_attn: std::env::var("CROSSOVER_CUDA_ATTN_ONE")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1590,36 +1603,57 @@ impl CudaBackend {
             {
                 // Many sequences (v7): each block walks a slice of several tiles, the next
                 // tile's copy in flight; slices from each token's own length.
-                let ab_split = (8 * gpu.sms as usize)
+                let ab_split = (self.ab_ctas * gpu.sms as usize)
                     .div_ceil(n * nkv)
                     .min((n_split * split_len).div_ceil(64))
                     .clamp(1, self.max_split);
-                gpu.attn_batch(
-                    n,
-                    s.q.ptr(),
-                    self.kc[li].ptr(),
-                    self.vc[li].ptr(),
-                    s.tok_pos.ptr(),
-                    s.tok_seq.ptr(),
-                    s.btab.ptr(),
-                    self.max_blocks,
-                    o.block_tokens,
-                    nh,
-                    nkv,
-                    hd,
-                    ab_split,
-                    s.part.ptr(),
-                )?;
-                gpu.attn_combine(
-                    n,
-                    s.part.ptr(),
-                    s.tok_pos.ptr(),
-                    nh,
-                    hd,
-                    ab_split,
-                    0,
-                    s.att.ptr(),
-                )?;
+                if self.ab_merge {
+                    gpu.attn_batch_merge(
+                        n,
+                        (s.q.ptr(), self.kc[li].ptr(), self.vc[li].ptr()),
+                        (
+                            s.tok_pos.ptr(),
+                            s.tok_seq.ptr(),
+                            s.btab.ptr(),
+                            self.max_blocks,
+                            o.block_tokens,
+                        ),
+                        nh,
+                        nkv,
+                        hd,
+                        ab_split,
+                        s.part.ptr(),
+                        s.att.ptr(),
+                        s.acnt.ptr(),
+                    )?;
+                } else {
+                    gpu.attn_batch(
+                        n,
+                        s.q.ptr(),
+                        self.kc[li].ptr(),
+                        self.vc[li].ptr(),
+                        s.tok_pos.ptr(),
+                        s.tok_seq.ptr(),
+                        s.btab.ptr(),
+                        self.max_blocks,
+                        o.block_tokens,
+                        nh,
+                        nkv,
+                        hd,
+                        ab_split,
+                        s.part.ptr(),
+                    )?;
+                    gpu.attn_combine(
+                        n,
+                        s.part.ptr(),
+                        s.tok_pos.ptr(),
+                        nh,
+                        hd,
+                        ab_split,
+                        0,
+                        s.att.ptr(),
+                    )?;
+                }
             } else {
                 let attn = if self.decode_mma && kernels::PREFILL_HEAD_DIMS.contains(&hd) {
                     Gpu::attn_decode

@@ -184,6 +184,10 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("act_quant_w".into());
     v.push("attn_batch_d2".into());
     v.push("attn_batch_d4".into());
+    v.push("attn_one_d2".into());
+    v.push("attn_one_d4".into());
+    v.push("attn_batchm_d2".into());
+    v.push("attn_batchm_d4".into());
     v.push("attn_merge".into());
     for (_, t) in QTYPES {
         for nt in MMF_NT {
@@ -926,7 +930,33 @@ impl Gpu {
             (q, kc, vc),
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false)
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, None)
+    }
+
+    /// [`Gpu::attn_batch`] followed by [`Gpu::attn_combine`] (`split_len` 0) in one launch
+    /// (v9): the last block of each (token, KV head) to finish merges its heads' slices into
+    /// `merged` (`n x n_head*hd` floats) with attn_combine's operations in its order, the same
+    /// bits. `cnt` holds one zeroed `u32` per (token, KV head), left zeroed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_batch_merge(
+        &self,
+        n: usize,
+        (q, kc, vc): (u64, u64, u64),
+        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        n_split: usize,
+        part: u64,
+        merged: u64,
+        cnt: u64,
+    ) -> Result<(), CudaError> {
+        let (g, kv) = (
+            (q, kc, vc),
+            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
+        );
+        let m = Some((merged, cnt));
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, m)
     }
 
     /// [`Gpu::attn_batch`] for steps in which every K/V row of each token's context but its own
@@ -956,7 +986,7 @@ impl Gpu {
             (q, kc, vc),
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true)
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -971,6 +1001,7 @@ impl Gpu {
         n_split: usize,
         part: u64,
         early: bool,
+        merge: Option<(u64, u64)>,
     ) -> Result<(), CudaError> {
         let d = PREFILL_HEAD_DIMS
             .iter()
@@ -982,7 +1013,6 @@ impl Gpu {
             )));
         }
         let scale = 1.0f32 / (hd as f32).sqrt();
-        let early = early as i32;
         let (mb, bt, nh, nk) = (
             i32_of(max_blocks, "max_blocks")?,
             i32_of(block_tokens, "block_tokens")?,
@@ -991,17 +1021,35 @@ impl Gpu {
         );
         // Two stages of K and V tiles (64 rows of hd + 8 halves each).
         let smem = (2 * 2 * 64 * (hd + 8) * 2) as u32;
-        self.launch_id_smem(
-            self.kernel_id(["attn_batch_d2", "attn_batch_d4"][d])?,
-            (
-                u32_of(n, "tokens")?,
-                n_kv as u32,
-                u32_of(n_split, "splits")?,
+        let grid = (
+            u32_of(n, "tokens")?,
+            n_kv as u32,
+            u32_of(n_split, "splits")?,
+        );
+        // Separate entry points (v9): the early path's registers cost the wide steps a block
+        // per SM when both lived in one kernel.
+        let name = match (early, merge) {
+            (true, _) => ["attn_one_d2", "attn_one_d4"][d],
+            (false, Some(_)) => ["attn_batchm_d2", "attn_batchm_d4"][d],
+            (false, None) => ["attn_batch_d2", "attn_batch_d4"][d],
+        };
+        let k = self.kernel_id(name)?;
+        match merge {
+            Some((mg, mc)) if !early => self.launch_id_smem(
+                k,
+                grid,
+                (128, 1, 1),
+                smem,
+                kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part, mg, mc],
             ),
-            (128, 1, 1),
-            smem,
-            kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part, early],
-        )
+            _ => self.launch_id_smem(
+                k,
+                grid,
+                (128, 1, 1),
+                smem,
+                kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part],
+            ),
+        }
     }
 
     /// One token's Q, K and V products (`w`, `rows`: matrices of type `ty`; any may have 0 rows,

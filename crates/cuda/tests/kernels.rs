@@ -2008,6 +2008,108 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
     }
 }
 
+/// v9: the many-sequence attention that merges its own slices (`attn_batchm`, the last block of
+/// each token and KV head to finish) gives attn_batch + attn_combine's output bit for bit, for
+/// tokens of many lengths (shorter than one tile, partial tiles, fewer tiles than splits) in one
+/// launch, twice on the same counters (a graph replay), which it leaves zeroed.
+#[test]
+fn batch_attention_merge_equals_batch_then_combine() {
+    let Some(g) = gpu_or_skip("attn_batchm") else {
+        return;
+    };
+    let mut r = rng("attn_batchm");
+    for hd in cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt) = (24usize, 8usize, 16usize);
+        let (max_blocks, n_seq) = (48usize, 6usize);
+        let n_blocks = n_seq * max_blocks;
+        let kv_row = nkv * hd;
+        let mut half = |n: usize| -> Vec<u16> {
+            randn(&mut r, n, 1.0)
+                .iter()
+                .map(|&v| f16::from_f32(v).to_bits())
+                .collect()
+        };
+        let (kh, vh) = (half(n_blocks * bt * kv_row), half(n_blocks * bt * kv_row));
+        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        let n = 21;
+        let seq: Vec<i32> = (0..n).map(|_| r.gen_range(0..n_seq as i32)).collect();
+        let pos: Vec<i32> = (0..n)
+            .map(|i| match i {
+                0 => 0,
+                1 => 63,
+                2 => 64,
+                _ => r.gen_range(1..max_blocks * bt) as i32,
+            })
+            .collect();
+        let q = randn(&mut r, n * nh * hd, 1.0);
+        let up16 = |d: &[u16]| g.upload(d).unwrap();
+        let (kb, vb, tb) = (up16(&kh), up16(&vh), g.upload(&btab).unwrap());
+        let (qb, pb, sb) = (
+            g.upload(&q).unwrap(),
+            g.upload(&pos).unwrap(),
+            g.upload(&seq).unwrap(),
+        );
+        let words = n * nh * hd;
+        let cnt = g.alloc_zeroed(n * nkv * 4).unwrap();
+        for n_split in [1usize, 3, 9, 13] {
+            let pw = n * nh * n_split * (hd + 2);
+            let (pa, pm) = (poisoned(&g, pw), poisoned(&g, pw));
+            g.attn_batch(
+                n,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                pb.ptr(),
+                sb.ptr(),
+                tb.ptr(),
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                pa.ptr(),
+            )
+            .unwrap();
+            let oc = poisoned(&g, words);
+            g.attn_combine(n, pa.ptr(), pb.ptr(), nh, hd, n_split, 0, oc.ptr())
+                .unwrap();
+            let want: Vec<u32> = g.download(&oc, words).unwrap();
+            for replay in 0..2 {
+                let om = poisoned(&g, words);
+                g.attn_batch_merge(
+                    n,
+                    (qb.ptr(), kb.ptr(), vb.ptr()),
+                    (pb.ptr(), sb.ptr(), tb.ptr(), max_blocks, bt),
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    pm.ptr(),
+                    om.ptr(),
+                    cnt.ptr(),
+                )
+                .unwrap();
+                let got: Vec<u32> = g.download(&om, words).unwrap();
+                let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    bad, 0,
+                    "hd {hd} splits {n_split} replay {replay}: {bad} of {words} merged outputs \
+                     differ from attn_batch + attn_combine"
+                );
+                let left: Vec<u32> = g.download(&cnt, n * nkv).unwrap();
+                assert!(
+                    left.iter().all(|&c| c == 0),
+                    "hd {hd} splits {n_split}: counters left non-zero: {left:?}"
+                );
+            }
+        }
+    }
+}
+
 /// v7: the prompt path's warp-quantizing kernels (`rms_norm_w`, `act_f16_w`, prefill.cu) give
 /// the bits of the block kernels they replace: RMSNorm within the same ulps of
 /// `cpu::ops::rms_norm` and bit-identical to `rms_norm`; SwiGLU bit-identical to the CPU's; the
