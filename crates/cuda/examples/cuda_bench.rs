@@ -179,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -372,6 +372,35 @@ fn main() {
             }
         }
         b.set_one_attn(b0, e0, m0);
+    }
+    // --ab-v9: v9's one-token changes (merge that quantizes O's activation, products' first
+    // weights loaded before the wait, mixed-type Q/K/V launch), each alone and all together,
+    // alternating, in one process.
+    if args.iter().any(|a| a == "--ab-v9") {
+        let d0 = b.decode_v9();
+        let combos = [
+            d0,
+            (false, false, false),
+            (false, false, true),
+            (false, true, false),
+            (true, true, true),
+            (true, false, false),
+            d0,
+            (false, false, false),
+        ];
+        for (merge_q, early_w, mixed) in combos {
+            b.set_decode_v9(merge_q, early_w, mixed);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b v9 merge_q={merge_q} early_w={early_w} qkv_mixed={mixed}: tg128 @ \
+                     depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_decode_v9(d0.0, d0.1, d0.2);
     }
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",

@@ -108,10 +108,22 @@ __device__ __forceinline__ double block_sum_d(double v, double* sh) {
 // reciprocal square root). The f64 sum's order depends on blockDim.x only (each thread's strided
 // partial sum, then block_sum_d), so every kernel that calls this with 256 threads gets the
 // bits rms_norm gets. `sh` holds 32 doubles.
+// v9: each thread's loads (up to 16) are issued together before the ordered sum (one L2 round
+// trip for a 3072-wide row at 256 threads instead of three); the order of the additions and so
+// the bits are unchanged (and x * x is exact in f64, so contraction cannot move them).
 __device__ __forceinline__ float rms_scale(const float* xr, int n, float eps, double* sh) {
     double s = 0.0;
-#pragma unroll 4
-    for (int c = threadIdx.x; c < n; c += blockDim.x) s += (double)xr[c] * (double)xr[c];
+    for (int c0 = threadIdx.x; c0 < n; c0 += 16 * blockDim.x) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int c = c0 + i * blockDim.x;
+            v[i] = c < n ? xr[c] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            if (c0 + i * (int)blockDim.x < n) s += (double)v[i] * (double)v[i];
+    }
     s = block_sum_d(s, sh);
     float mean = (float)(s / (double)n);
     return 1.0f / sqrtf(mean + eps);

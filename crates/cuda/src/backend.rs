@@ -232,6 +232,14 @@ pub struct CudaBackend {
     /// One-token steps merge the splits with [`Gpu::attn_merge`] (v8; same bits as
     /// [`Gpu::attn_combine`], its loads issued together): off with `CROSSOVER_CUDA_ATTN_MERGE=0`.
     one_merge: bool,
+    /// One-token steps merge the attention slices and quantize the output projection's
+    /// activation in one launch ([`Gpu::attn_merge_q`], v9): off unless
+    /// `CROSSOVER_CUDA_MERGE_Q=1` (on the H200 it saved nothing: tg128 1.735 against 1.731 ms
+    /// per token at depth 0, 1.905 against 1.888 at 4096, docs/perf/cuda.md v9).
+    one_merge_q: bool,
+    /// One-token Q/K/V launches take a V of another type in the same launch
+    /// ([`Gpu::matvec_q_qkv_rope_mixed`], v9): on unless `CROSSOVER_CUDA_QKV_MIXED=0`.
+    qkv_mixed: bool,
     /// That attention issues its first tiles' copies before the Q/K/V kernel ends
     /// ([`Gpu::attn_one`]; else [`Gpu::attn_batch`]): off with `CROSSOVER_CUDA_ATTN_EARLY=0`.
     one_early: bool,
@@ -607,6 +615,8 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
             one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
+            one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() == Ok("1"),
+            qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             gpu,
         })
@@ -922,6 +932,22 @@ impl CudaBackend {
         self.one_early = early;
         self.one_merge = fast_merge;
         self.graphs.clear();
+    }
+
+    /// v9's one-token changes: the merge that quantizes the output projection's activation
+    /// (`merge_q`), the products' weights loaded before the wait (`early_w`) and a V of another
+    /// type in the Q/K/V launch (`qkv_mixed`); drops captured graphs so later steps use the
+    /// choice.
+    pub fn set_decode_v9(&mut self, merge_q: bool, early_w: bool, qkv_mixed: bool) {
+        self.one_merge_q = merge_q;
+        self.qkv_mixed = qkv_mixed;
+        self.gpu.early_w.set(early_w);
+        self.graphs.clear();
+    }
+
+    /// v9's one-token choices ([`CudaBackend::set_decode_v9`]'s arguments).
+    pub fn decode_v9(&self) -> (bool, bool, bool) {
+        (self.one_merge_q, self.gpu.early_w.get(), self.qkv_mixed)
     }
 
     /// The one-token attention choice ([`CudaBackend::set_one_attn`]'s arguments).
@@ -1459,6 +1485,38 @@ impl CudaBackend {
                     norm: l.attn_norm.ptr(),
                     eps: cfg.rms_norm_eps,
                 };
+                // v9: a V of another type joins the launch where a mixed kernel exists.
+                if !same
+                    && !prep_qkv
+                    && self.qkv_mixed
+                    && Gpu::qkv_mixed_fits(l.wq.ty, l.wv.ty)
+                    && kernels::act_format(l.wv.ty) == qf
+                {
+                    launches.clear();
+                }
+                if launches.is_empty() {
+                    gpu.matvec_q_qkv_rope_mixed(
+                        l.wq.ty,
+                        l.wv.ty,
+                        [l.wq.q.ptr(), l.wk.q.ptr(), l.wv.q.ptr()],
+                        [l.wq.rows, l.wk.rows, l.wv.rows],
+                        l.wq.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        s.q.ptr(),
+                        &self.rope,
+                        s.tok_pos.ptr(),
+                        s.tok_slot.ptr(),
+                        hd,
+                        kvd,
+                        self.kc[li].ptr(),
+                        self.vc[li].ptr(),
+                    )
+                    .map_err(|e| match e {
+                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wv.name)),
+                        o => o,
+                    })?;
+                }
                 for (ty, w, rows) in launches {
                     let (pos, slot) = (s.tok_pos.ptr(), s.tok_slot.ptr());
                     let (kcl, vcl) = (self.kc[li].ptr(), self.vc[li].ptr());
@@ -1591,7 +1649,20 @@ impl CudaBackend {
                     s.part.ptr(),
                 )?;
                 let (p, tp, a) = (s.part.ptr(), s.tok_pos.ptr(), s.att.ptr());
-                if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
+                // v9: the merge quantizes the output projection's activation itself.
+                let mq = kernels::act_format(l.wo.ty).filter(|_| {
+                    self.one_merge
+                        && self.one_merge_q
+                        && matvec_path
+                        && !prep
+                        && l.wo.host.is_none()
+                        && tr.is_none()
+                        && Gpu::attn_merge_q_fits(nh, hd, ns1)
+                });
+                if let Some(f) = mq {
+                    gpu.attn_merge_q(n, p, tp, nh, hd, ns1, 0, a, f, s.aq.ptr(), s.ad.ptr())?;
+                    qc.q = Some((a, f));
+                } else if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
                     gpu.attn_merge(n, p, tp, nh, hd, ns1, 0, a)?;
                 } else {
                     gpu.attn_combine(n, p, tp, nh, hd, ns1, 0, a)?;

@@ -166,6 +166,11 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_WIDE=1` (slower than quantize_act + the block-per-row kernel on the
     /// H200: 2.44 against 2.20 ms per token with `fuse_prep`).
     pub wide: std::cell::Cell<bool>,
+    /// One-token products load their first weights into registers before waiting for the
+    /// kernel before them (v9: the plain and Q/K/V `mvr_*` kernels' first step, not the SwiGLU
+    /// form; the down projection through `mvqe_*`; the same sums, within an ulp of the plain
+    /// kernels' results): on unless `CROSSOVER_CUDA_EARLY_W=0`.
+    pub early_w: std::cell::Cell<bool>,
 }
 
 /// A positive integer from the environment, or `default` when unset or not one.
@@ -284,6 +289,9 @@ impl Gpu {
             prep_blocks: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_PREP_BLOCKS", 4)),
             dec_slice: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_DEC_SLICE", 128)),
             wide: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WIDE").as_deref() == Ok("1")),
+            early_w: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_EARLY_W").as_deref() != Ok("0"),
+            ),
         })
     }
 

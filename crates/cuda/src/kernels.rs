@@ -194,8 +194,23 @@ pub fn all_kernel_names() -> Vec<String> {
             v.push(format!("mmf_{t}_{nt}"));
         }
     }
+    for (_, t) in QTYPES {
+        v.push(format!("mvqe_{t}"));
+    }
+    v.push("attn_merge_q".into());
+    for (a, b) in QKV_PAIRS {
+        let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
+        v.push(format!("mvr_rope2_{}_{}", name(a), name(b)));
+    }
     v
 }
+
+/// (Q/K type, V type) pairs of the one-launch mixed Q/K/V kernels (`mvr_rope2_*`,
+/// `FOR_EACH_QKV_PAIR` in matvec_q.cu).
+pub const QKV_PAIRS: [(GgmlType, GgmlType); 2] = [
+    (GgmlType::Q4K, GgmlType::Q6K),
+    (GgmlType::Q5K, GgmlType::Q6K),
+];
 
 /// Token tiles of 8 of the f16 tensor-core products on quantized weights (`mmf_<type>_<nt>`,
 /// mmf.cu).
@@ -665,6 +680,9 @@ impl Gpu {
         if nt == 1 && self.mvr_fits(cols) {
             return self.matvec_q_multi(ty, &[(w, rows, y)], cols, qs, ds, accumulate);
         }
+        if nt == 1 && self.pdl.get() && self.early_w.get() {
+            return self.matvec_q_early(ty, w, rows, cols, qs, ds, y, accumulate);
+        }
         let k = mvq_id(ty, false, nt)?;
         let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
@@ -677,6 +695,41 @@ impl Gpu {
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
+        )
+    }
+
+    /// One token's `y (+)= W x` with the block-per-row kernel that decodes each thread's first
+    /// two weight units before waiting for the kernel before it (`mvqe_*`, v9): the sums of
+    /// [`Gpu::matvec_q`]'s block-per-row kernel for one token (`mvq_*_1`) in its order,
+    /// activations quantized as for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_early(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let name = QTYPES
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map(|(_, n)| format!("mvqe_{n}"))
+            .ok_or_else(|| CudaError::Arg(format!("no integer matrix-vector kernel for {ty}")))?;
+        let (rr, c, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+        );
+        self.launch_id(
+            self.kernel_id(&name)?,
+            (u32_of(rows, "rows")?, 1, 1),
+            (mvq_threads(cols), 1, 1),
+            kargs![w, rr, c, qs, ds, y, a],
         )
     }
 
@@ -1078,7 +1131,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         let a = ActIn::Quantized { qs, ds };
         self.qkv_rope(
-            ty, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
+            ty, None, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
         )
     }
 
@@ -1104,14 +1157,67 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         let a = ActIn::Prep(*prep);
         self.qkv_rope(
-            ty, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
+            ty, None, w, rows, cols, a, yq, rope, pos, slot, hd, kv_row, kc, vc,
         )
+    }
+
+    /// [`Gpu::matvec_q_qkv_rope`] for a V of type `tv` other than Q and K's `ty` (v9: Q4_K_M
+    /// files store half the layers' V as Q6_K), in one launch rather than two: the pairs
+    /// [`Gpu::qkv_mixed_fits`] names; the same bits as the two single-type launches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_qkv_rope_mixed(
+        &self,
+        ty: GgmlType,
+        tv: GgmlType,
+        w: [u64; 3],
+        rows: [usize; 3],
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        yq: u64,
+        rope: &RopeParams,
+        pos: u64,
+        slot: u64,
+        hd: usize,
+        kv_row: usize,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
+        if !Self::qkv_mixed_fits(ty, tv) {
+            return Err(CudaError::Arg(format!(
+                "no one-launch Q/K/V kernel for Q/K of {ty} and V of {tv}"
+            )));
+        }
+        check_cols(tv, cols)?;
+        let a = ActIn::Quantized { qs, ds };
+        self.qkv_rope(
+            ty,
+            Some(tv),
+            w,
+            rows,
+            cols,
+            a,
+            yq,
+            rope,
+            pos,
+            slot,
+            hd,
+            kv_row,
+            kc,
+            vc,
+        )
+    }
+
+    /// Whether [`Gpu::matvec_q_qkv_rope_mixed`] has a kernel for Q/K of `ty` and V of `tv`.
+    pub fn qkv_mixed_fits(ty: GgmlType, tv: GgmlType) -> bool {
+        QKV_PAIRS.contains(&(ty, tv))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn qkv_rope(
         &self,
         ty: GgmlType,
+        tv: Option<GgmlType>,
         w: [u64; 3],
         rows: [usize; 3],
         cols: usize,
@@ -1175,16 +1281,42 @@ impl Gpu {
             i32_of(rows[1], "rows")?,
             i32_of(rows[2], "rows")?,
         );
-        let (c, pf) = (i32_of(cols, "cols")?, self.pdl.get() as i32);
+        let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
         let (blocks, loops) = self.mvr_grid(total.div_ceil(2 * MVR_WARPS), &act);
+        if let Some(tv) = tv {
+            let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
+            let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), name(tv), &act) else {
+                return Err(CudaError::Arg(format!(
+                    "mixed Q/K/V launch of {ty} and {tv}"
+                )));
+            };
+            if !(rows[0] + rows[1]).is_multiple_of(2) {
+                return Err(CudaError::Arg(format!("mixed Q/K/V launch: rows {rows:?}")));
+            }
+            return self.launch_id(
+                self.kernel_id(&format!("mvr_rope2_{a}_{b}"))?,
+                (u32_of(blocks, "rows")?, 1, 1),
+                (32 * MVR_WARPS as u32, 1, 1),
+                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp],
+            );
+        }
         self.launch_id(
             mvr_id(ty, false)? + 2,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
         )
+    }
+
+    /// The `prefetch` argument of the `mvr_*` kernels: bit 0, ask L2 for the block's weights
+    /// before the wait (under programmatic dependent launch); bit 1, also decode each warp's
+    /// first step into registers before it (v9, [`Gpu::early_w`]; with PDL only, since without
+    /// it nothing overlaps).
+    fn mvr_flags(&self) -> i32 {
+        let pdl = self.pdl.get();
+        pdl as i32 | (((pdl && self.early_w.get()) as i32) << 1)
     }
 
     /// Blocks and row pairs per warp of an `mvr` launch that needs `blocks` blocks at one pair
@@ -1255,11 +1387,7 @@ impl Gpu {
             y[i] = yi;
         }
         let total: usize = segs.iter().map(|s| s.1).sum();
-        let (c, a, pf) = (
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-            self.pdl.get() as i32,
-        );
+        let (c, a, pf) = (i32_of(cols, "cols")?, accumulate as i32, self.mvr_flags());
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
@@ -1384,7 +1512,7 @@ impl Gpu {
         let (r, c, pf) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
-            self.pdl.get() as i32,
+            self.mvr_flags(),
         );
         let (qf, qc, qq, qd) = match quant {
             Some((f, c, q, d)) => (f as i32, c, q, d),
@@ -1820,6 +1948,55 @@ impl Gpu {
             (hd as u32, 1, 1),
             kargs![part, tok_pos, nh, h, ns, sl, out],
         )
+    }
+
+    /// [`Gpu::attn_merge`] (the same output bits) that also quantizes each output row
+    /// (`n_head * hd` wide) in `fmt` for the output projection's integer product, as
+    /// [`Gpu::quantize_act`] would (the same bytes), in the same launch (v9): a block per 256
+    /// outputs, so no counters. Head sizes that divide 256, rows a multiple of 256.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_merge_q(
+        &self,
+        n: usize,
+        part: u64,
+        tok_pos: u64,
+        n_head: usize,
+        hd: usize,
+        n_split: usize,
+        split_len: usize,
+        out: u64,
+        fmt: ActFormat,
+        qs: u64,
+        ds: u64,
+    ) -> Result<(), CudaError> {
+        if !Self::attn_merge_q_fits(n_head, hd, n_split) {
+            return Err(CudaError::Arg(format!(
+                "attn_merge_q of {n_split} splits of {n_head} heads of {hd} (at most \
+                 {ATTN_MERGE_MAX_SPLIT} splits, head sizes 32..256 dividing 256, rows a \
+                 multiple of 256)"
+            )));
+        }
+        let (nh, h, ns, sl, f) = (
+            n_head as i32,
+            hd as i32,
+            i32_of(n_split, "splits")?,
+            i32_of(split_len, "split_len")?,
+            fmt as i32,
+        );
+        self.launch_id(
+            self.kernel_id("attn_merge_q")?,
+            (u32_of(n, "tokens")?, (n_head * hd / 256) as u32, 1),
+            (256, 1, 1),
+            kargs![part, tok_pos, nh, h, ns, sl, out, f, qs, ds],
+        )
+    }
+
+    /// Whether [`Gpu::attn_merge_q`] takes `n_head` heads of `hd` merged from `n_split` slices.
+    pub fn attn_merge_q_fits(n_head: usize, hd: usize, n_split: usize) -> bool {
+        n_split <= ATTN_MERGE_MAX_SPLIT
+            && (32..=256).contains(&hd)
+            && 256 % hd == 0
+            && (n_head * hd).is_multiple_of(256)
     }
 
     /// [`Gpu::attn_combine`] that also quantizes each output row (`n_head * hd` wide) for the

@@ -841,6 +841,46 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
             let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
             assert_eq!(a, b, "case {ci} V {vty}: V cache");
+            if !Gpu::qkv_mixed_fits(GgmlType::Q4K, vty) {
+                continue;
+            }
+            // v9: V of the other type in the same launch (weights before the wait on and off).
+            for early in [true, false] {
+                g.early_w.set(early);
+                let q3 = poisoned(&g, rq);
+                let (kc3, vc3) = (
+                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                );
+                g.matvec_q_qkv_rope_mixed(
+                    GgmlType::Q4K,
+                    vty,
+                    [wq.ptr(), wk.ptr(), wv.ptr()],
+                    [rq, rk, rk],
+                    cols,
+                    qa.ptr(),
+                    da.ptr(),
+                    q3.ptr(),
+                    rope,
+                    pb.ptr(),
+                    sb.ptr(),
+                    hd,
+                    rk,
+                    kc3.ptr(),
+                    vc3.ptr(),
+                )
+                .unwrap();
+                let a: Vec<u32> = g.download(&q1, rq).unwrap();
+                let b: Vec<u32> = g.download(&q3, rq).unwrap();
+                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: rotated Q");
+                let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
+                let b: Vec<u16> = g.download(&kc3, 8 * rk).unwrap();
+                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: K cache");
+                let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
+                let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
+                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: V cache");
+            }
+            g.early_w.set(true);
         }
     }
 }
@@ -2493,6 +2533,247 @@ fn matmul_f16w_matches_f16_reference_and_cublas() {
                         e < 1e-5,
                         "{name} {rows}x{cols} n={n}: relative difference to cuBLAS {e:e}"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// v9: the one-token products that decode their first weights before waiting for the kernel
+/// before them (`mvr_*` with the early flag, `mvqe_*` for rows wider than `mvr` takes) stay
+/// within 5e-6 of the CPU's scalar `vec_dot` and within 1e-6 of the same products without it
+/// (same integer sums in the same order; the compiler may contract a unit's scale products into
+/// a fused multiply-add differently in the two code paths, which moved Q4_1 outputs by an ulp
+/// on the H200), for every quantized type, rows of 1024 (one unit per lane), 3072 (the early
+/// step of two units, then the rest) and 8192 columns (`mvqe_*` against `mvq_*_1`), plain,
+/// accumulating, three matrices in one launch; the SwiGLU form (never early) keeps its bits.
+#[test]
+fn early_weight_products_keep_the_bits() {
+    let Some(g) = gpu_or_skip("early_weights") else {
+        return;
+    };
+    let mut r = rng("early_weights");
+    let bits = |b: &DevBuf, n: usize| -> Vec<u32> { g.download(b, n).unwrap() };
+    for &(ty, name) in QTYPES {
+        let fmt = act_format(ty).unwrap();
+        for cols in [1024usize, 3072, 8192] {
+            let x = randn(&mut r, cols, 1.0);
+            let mut buf = quant::dot::ActBuf::new();
+            quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+            let xb = g.upload(&x).unwrap();
+            let (qb, db) = act_bufs(&g, 1, cols);
+            g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+                .unwrap();
+            let rows = [
+                r.gen_range(200..400usize),
+                r.gen_range(1..70usize),
+                r.gen_range(1..70usize),
+            ];
+            let mut ws = Vec::new();
+            let mut want = Vec::new();
+            for &n in &rows {
+                let (q, _) = quantized(ty, &randn(&mut r, n * cols, 0.5));
+                let rb = q.len() / n;
+                let a = buf.row(0).unwrap();
+                want.push(
+                    (0..n)
+                        .map(|i| {
+                            quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar)
+                                .unwrap() as f64
+                        })
+                        .collect::<Vec<f64>>(),
+                );
+                ws.push(g.upload(&q).unwrap());
+            }
+            let y0 = randn(&mut r, rows[0], 1.0);
+            let run = |early: bool, acc: bool| -> DevBuf {
+                g.early_w.set(early);
+                let y = if acc {
+                    g.upload(&y0).unwrap()
+                } else {
+                    poisoned(&g, rows[0])
+                };
+                g.matvec_q(
+                    ty,
+                    ws[0].ptr(),
+                    rows[0],
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    y.ptr(),
+                    acc,
+                )
+                .unwrap();
+                y
+            };
+            let close = |on: &[u32], off: &[u32], what: &str| {
+                let a: Vec<f32> = on.iter().map(|&b| f32::from_bits(b)).collect();
+                let b: Vec<f64> = off.iter().map(|&b| f32::from_bits(b) as f64).collect();
+                let e = rel_err(&a, &b);
+                assert!(
+                    e < 1e-6,
+                    "{name} {cols} columns {what}: {e:e} from the plain kernel"
+                );
+            };
+            for acc in [false, true] {
+                let (on, off) = (run(true, acc), run(false, acc));
+                close(
+                    &bits(&on, rows[0]),
+                    &bits(&off, rows[0]),
+                    &format!("accumulate={acc}"),
+                );
+                let got: Vec<f32> = g.download(&on, rows[0]).unwrap();
+                let w: Vec<f64> = want[0]
+                    .iter()
+                    .zip(&y0)
+                    .map(|(&a, &b)| if acc { a + b as f64 } else { a })
+                    .collect();
+                let e = rel_err(&got, &w);
+                assert!(
+                    e < 5e-6,
+                    "{name} {cols} columns accumulate={acc}: relative error {e:e} against the CPU"
+                );
+            }
+            if !g.mvr_fits(cols) {
+                continue;
+            }
+            // Three matrices in one launch (Q, K, V), and the SwiGLU form on the first two.
+            let multi = |early: bool| -> Vec<Vec<u32>> {
+                g.early_w.set(early);
+                let ys: Vec<DevBuf> = rows.iter().map(|&n| poisoned(&g, n)).collect();
+                let segs: Vec<(u64, usize, u64)> = (0..3)
+                    .map(|i| (ws[i].ptr(), rows[i], ys[i].ptr()))
+                    .collect();
+                g.matvec_q_multi(ty, &segs, cols, qb.ptr(), db.ptr(), false)
+                    .unwrap();
+                (0..3).map(|i| bits(&ys[i], rows[i])).collect()
+            };
+            let (on, off) = (multi(true), multi(false));
+            for i in 0..3 {
+                close(&on[i], &off[i], &format!("Q/K/V launch matrix {i}"));
+            }
+            for i in 0..3 {
+                let got: Vec<f32> = on[i].iter().map(|&b| f32::from_bits(b)).collect();
+                let e = rel_err(&got, &want[i]);
+                assert!(
+                    e < 5e-6,
+                    "{name} {cols} columns matrix {i}: relative error {e:e}"
+                );
+            }
+            let n = rows[1].min(rows[2]);
+            let glu = |early: bool| -> Vec<u32> {
+                g.early_w.set(early);
+                let y = poisoned(&g, n);
+                g.matvec_q_swiglu(
+                    ty,
+                    ws[1].ptr(),
+                    ws[2].ptr(),
+                    n,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    y.ptr(),
+                )
+                .unwrap();
+                bits(&y, n)
+            };
+            assert_eq!(
+                glu(true),
+                glu(false),
+                "{name} {cols} columns, SwiGLU: bits changed"
+            );
+        }
+    }
+    g.early_w.set(true);
+}
+
+/// v9: `attn_merge_q` writes `attn_merge`'s output bit for bit and the int8 values and scales
+/// `quantize_act` writes from that output, in both activation formats, for head sizes 64 and
+/// 128 (four and two heads per block), 1 to 40 slices of token-length contexts.
+#[test]
+fn merge_with_quantization_equals_merge_then_quantize() {
+    let Some(g) = gpu_or_skip("attn_merge_q") else {
+        return;
+    };
+    let mut r = rng("attn_merge_q");
+    for hd in cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt) = (24usize, 8usize, 16usize);
+        let max_blocks = 170;
+        let kv_row = nkv * hd;
+        let n_blocks = max_blocks;
+        let mk = |r: &mut ChaCha8Rng| -> DevBuf {
+            let v: Vec<u16> = randn(r, n_blocks * bt * kv_row, 1.0)
+                .iter()
+                .map(|&v| f16::from_f32(v).to_bits())
+                .collect();
+            g.upload(&v).unwrap()
+        };
+        let (kb, vb) = (mk(&mut r), mk(&mut r));
+        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        let tb = g.upload(&btab).unwrap();
+        let sb = g.upload(&[0i32]).unwrap();
+        let words = nh * hd;
+        for len in [1usize, 130, r.gen_range(2000..2700)] {
+            let pb = g.upload(&[len as i32 - 1]).unwrap();
+            let qv = g.upload(&randn(&mut r, words, 1.0)).unwrap();
+            for n_split in [1usize, 7, 33, 40] {
+                let part = poisoned(&g, nh * n_split * (hd + 2));
+                g.attn_one(
+                    1,
+                    qv.ptr(),
+                    kb.ptr(),
+                    vb.ptr(),
+                    pb.ptr(),
+                    sb.ptr(),
+                    tb.ptr(),
+                    max_blocks,
+                    bt,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    part.ptr(),
+                )
+                .unwrap();
+                let want = poisoned(&g, words);
+                g.attn_merge(1, part.ptr(), pb.ptr(), nh, hd, n_split, 0, want.ptr())
+                    .unwrap();
+                for fmt in [ActFormat::Q8K, ActFormat::Q8x32] {
+                    let (qa, da) = act_bufs(&g, 1, words);
+                    g.quantize_act(want.ptr(), 1, words, fmt, qa.ptr(), da.ptr())
+                        .unwrap();
+                    let got = poisoned(&g, words);
+                    let (qg, dg) = act_bufs(&g, 1, words);
+                    g.attn_merge_q(
+                        1,
+                        part.ptr(),
+                        pb.ptr(),
+                        nh,
+                        hd,
+                        n_split,
+                        0,
+                        got.ptr(),
+                        fmt,
+                        qg.ptr(),
+                        dg.ptr(),
+                    )
+                    .unwrap();
+                    let what = format!("hd {hd} len {len} splits {n_split} {fmt:?}");
+                    let w: Vec<u32> = g.download(&want, words).unwrap();
+                    let o: Vec<u32> = g.download(&got, words).unwrap();
+                    assert!(w == o, "{what}: output differs from attn_merge");
+                    let (qn, dn) = act_bytes(1, words);
+                    let (a, b): (Vec<u8>, Vec<u8>) =
+                        (g.download(&qa, qn).unwrap(), g.download(&qg, qn).unwrap());
+                    assert!(a == b, "{what}: int8 values differ from quantize_act");
+                    let (a, b): (Vec<u8>, Vec<u8>) =
+                        (g.download(&da, dn).unwrap(), g.download(&dg, dn).unwrap());
+                    assert!(a == b, "{what}: scales differ from quantize_act");
                 }
             }
         }
