@@ -10,7 +10,8 @@
 # (~40 s): a tiny model made first lets each warm its own entry of the shared kernel cache in
 # parallel with the 3B synth, so the timed runs all start warm.
 # ENVRUNS: extra runs of the current build, e.g. "CROSSOVER_CUDA_AB_CTAS=4 CROSSOVER_CUDA_AB_CTAS=12"
-# (one run per word). AGREE: model_agree test filter run last on the 3B file.
+# (one run per word). PROFILE: one more run of the current build with --profile. NCU: a kernel
+# name regex for Nsight Compute. AGREE: model_agree test filters, run last on the 3B file.
 set -uo pipefail
 G=${GPU_DIR:-.gpu-bat}
 OUT=${OUT:-/tmp/gpu-out}
@@ -71,4 +72,13 @@ if [[ -n "${AGREE:-}" ]]; then
   CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout ${AGREE_S:-120} $G/model_agree --nocapture $AGREE 2>&1 \
     | tee "$OUT/model_agree.log" | grep -E "rows|test result|panicked|SKIPPED|error"
   t "agreement done"
+fi
+if [[ -n "${NCU:-}" ]]; then
+  # Hardware counters of the first NCU_COUNT launches of the kernels matching $NCU (a regex) in a
+  # 64-sequence run (clocks left alone).
+  NB=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout ${NCU_S:-60} "${NB:-ncu}" --clock-control none --section SpeedOfLight --section Occupancy \
+    --section MemoryWorkloadAnalysis --section LaunchStats -k "regex:$NCU" -c ${NCU_COUNT:-2} \
+    $G/cuda_bench /tmp/l3b.gguf --depth 512 --par 64 --quick >"$OUT/ncu.txt" 2>&1
+  t "ncu done (rc $?)"
 fi
