@@ -169,7 +169,9 @@ pub struct Gpu {
     /// One-token products load their first weights into registers before waiting for the
     /// kernel before them (v9: the plain and Q/K/V `mvr_*` kernels' first step, not the SwiGLU
     /// form; the down projection through `mvqe_*`; the same sums, within an ulp of the plain
-    /// kernels' results): on unless `CROSSOVER_CUDA_EARLY_W=0`.
+    /// kernels' results): off unless `CROSSOVER_CUDA_EARLY_W=1` (on the H200 the products
+    /// themselves got faster but the step slower: tg128 1.598 against 1.561-1.578 ms per token
+    /// at depth 0, docs/perf/cuda.md v9).
     pub early_w: std::cell::Cell<bool>,
 }
 
@@ -290,7 +292,7 @@ impl Gpu {
             dec_slice: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_DEC_SLICE", 128)),
             wide: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WIDE").as_deref() == Ok("1")),
             early_w: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_EARLY_W").as_deref() != Ok("0"),
+                std::env::var("CROSSOVER_CUDA_EARLY_W").as_deref() == Ok("1"),
             ),
         })
     }

@@ -880,7 +880,7 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
                 assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: V cache");
             }
-            g.early_w.set(true);
+            g.early_w.set(false);
         }
     }
 }
@@ -2686,7 +2686,7 @@ fn early_weight_products_keep_the_bits() {
             );
         }
     }
-    g.early_w.set(true);
+    g.early_w.set(false);
 }
 
 /// v9: `attn_merge_q` writes `attn_merge`'s output bit for bit and the int8 values and scales
