@@ -11,7 +11,7 @@
 #
 # STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
-# llama-bench still fits in a 600 s device call. AGREE lists the agreement runs as FILE:GEMM_MIN
+# llama-bench still fits in a 600 s device call. BENCH_ARGS go to cuda_bench (e.g. --quick). AGREE lists the agreement runs as FILE:GEMM_MIN
 # (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s).
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
@@ -82,7 +82,7 @@ if has ab; then
 fi
 
 if has bench; then
-  timeout ${BENCH_S:-200} $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4,16,64} 2>&1 | tee "$OUT/cuda_bench.log"
+  timeout ${BENCH_S:-200} $G/cuda_bench /tmp/l3b.gguf --depth 4096 --par ${PAR:-4,16,64} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/cuda_bench.log"
   t "our bench done"
 fi
 
