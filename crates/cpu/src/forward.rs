@@ -321,6 +321,11 @@ impl KvCache {
 /// chunks must leave the same tokens over as the whole batch does.
 const FFN_TOKENS: usize = 64;
 
+/// Tokens in a layer's slice from which its attention runs one pool item per token (all its KV
+/// heads) rather than one per (token, KV head): below it (a one-sequence decode step), the
+/// heads of a token are what there is to share between the threads.
+const ATTN_TOKEN_ITEMS: usize = 8;
+
 /// One token of the flattened batch.
 struct Tok {
     id: u32,
@@ -790,7 +795,7 @@ pub(crate) fn forward(
                 let isa = dot::best_isa();
                 let q = &s.q;
                 let out = Rows::new(&mut s.att, gqa * hd);
-                pool.par_for(m * nkv, |item| {
+                let one = |item: usize| {
                     let (i, kvh) = (item / nkv, item % nkv);
                     let t = &toks[i];
                     let c = &chunks[t.chunk];
@@ -820,7 +825,17 @@ pub(crate) fn forward(
                     // i * nkv + kvh of width gqa * hd) belong to this item alone.
                     let o = unsafe { out.row(item) };
                     SCRATCH.with(|sc| attend(isa, &layer, &sp, qg, o, &mut sc.borrow_mut()));
-                });
+                };
+                if m >= ATTN_TOKEN_ITEMS {
+                    // One item per token, its KV heads one after another: the heads' keys and
+                    // values share each position's row, so one core reads a token's rows whole
+                    // (the cache of a 64-sequence step is read from memory, not from the
+                    // caches); ~4 % less time per 64-sequence decode step than spreading the
+                    // heads of a token over both threads.
+                    pool.par_for(m, |i| (i * nkv..(i + 1) * nkv).for_each(one));
+                } else {
+                    pool.par_for(m * nkv, one);
+                }
             }
             if let Some(t) = s.trace.as_mut() {
                 t("kqv_out", li, 0, &mut s.att);

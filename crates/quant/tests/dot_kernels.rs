@@ -1038,6 +1038,78 @@ fn dot_block_order_is_bit_identical_everywhere() {
     }
 }
 
+/// The packed 16-row kernels at the edges of their integer sums: weights with every quant at
+/// its extreme (`Q8_0`'s -128 and 127, the nibbles 0 and 15) against activations all at +-127
+/// give the largest block and group sums the formats allow, both signs (random data seldom comes
+/// near them); every packed product (both orders, one token and many) gives the scalar
+/// reference's results bit for bit.
+#[test]
+fn dot_packed_extreme_sums_are_exact() {
+    if !Isa::Avx512.available() {
+        println!("skipping: AVX-512 not available on this CPU");
+        return;
+    }
+    let pool = Pool::new(2).unwrap();
+    let (rows, cols) = (32usize, 256usize);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let bs = ty.type_size();
+        // Bytes before the quants: d (and m for Q4_1), both 1.0 in f16.
+        let head = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        for fill in [0x00u8, 0xff, 0x80, 0x7f, 0x0f, 0xf0] {
+            let block: Vec<u8> = (0..bs)
+                .map(|i| match i {
+                    _ if i < head && i % 2 == 0 => 0x00,
+                    _ if i < head => 0x3c,
+                    _ => fill,
+                })
+                .collect();
+            let w: Vec<u8> = (0..rows * cols / 32).flat_map(|_| block.clone()).collect();
+            let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
+                .unwrap()
+                .expect("16-row groups pack on AVX-512");
+            for pattern in 0..3 {
+                let n_tokens = 9;
+                let x: Vec<f32> = (0..n_tokens * cols)
+                    .map(|i| match pattern {
+                        0 => 1.0,
+                        1 => -1.0,
+                        _ => [1.0, -1.0][(i / 4) % 2],
+                    })
+                    .collect();
+                let acts = quantized_acts(ty, &x, n_tokens, cols, Isa::Scalar);
+                for order in dot::SumOrder::ALL {
+                    for n in [1usize, n_tokens] {
+                        let rb = dot::row_bytes(ty, cols).unwrap();
+                        let mut got = vec![f32::NAN; rows * n];
+                        dot::matmul_f32_packed_ordered(&p, &x[..n * cols], n, &mut got, &pool, order)
+                            .unwrap();
+                        for t in 0..n {
+                            for r in 0..rows {
+                                let want = dot::vec_dot_ordered(
+                                    ty,
+                                    &w[r * rb..(r + 1) * rb],
+                                    acts.row(t).unwrap(),
+                                    cols,
+                                    Isa::Scalar,
+                                    order,
+                                )
+                                .unwrap();
+                                let g = got[t * rows + r];
+                                assert_eq!(
+                                    want.to_bits(),
+                                    g.to_bits(),
+                                    "{ty} fill {fill:#04x} pattern {pattern} {order:?} {n} tokens: \
+                                     token {t} row {r}: scalar {want} vs packed {g}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Both orders combine the same exact per-block terms `d_b * isum_b` (and `m_b * s_b`); measured
 /// against their exact f64 sum over many random rows and lengths, the whole-block order (one
 /// rounding per block instead of eight plus the final tree) is on average at least as close as
