@@ -1081,8 +1081,15 @@ fn dot_packed_extreme_sums_are_exact() {
                     for n in [1usize, n_tokens] {
                         let rb = dot::row_bytes(ty, cols).unwrap();
                         let mut got = vec![f32::NAN; rows * n];
-                        dot::matmul_f32_packed_ordered(&p, &x[..n * cols], n, &mut got, &pool, order)
-                            .unwrap();
+                        dot::matmul_f32_packed_ordered(
+                            &p,
+                            &x[..n * cols],
+                            n,
+                            &mut got,
+                            &pool,
+                            order,
+                        )
+                        .unwrap();
                         for t in 0..n {
                             for r in 0..rows {
                                 let want = dot::vec_dot_ordered(
