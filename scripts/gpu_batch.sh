@@ -10,7 +10,8 @@
 # (~40 s): a tiny model made first lets each warm its own entry of the shared kernel cache in
 # parallel with the 3B synth, so the timed runs all start warm.
 # ENVRUNS: extra runs of the current build, e.g. "CROSSOVER_CUDA_AB_CTAS=4 CROSSOVER_CUDA_AB_CTAS=12"
-# (one run per word). PROFILE: one more run of the current build with --profile. NCU: a kernel
+# (one run per word). CUR_ARGS: extra cuda_bench arguments of the current build's runs (e.g.
+# "--ab-lt", v10). PROFILE: one more run of the current build with --profile. NCU: a kernel
 # name regex for Nsight Compute. AGREE: model_agree test filters, run last on the 3B file.
 set -uo pipefail
 G=${GPU_DIR:-.gpu-bat}
@@ -50,8 +51,10 @@ for r in $(seq 1 "$ROUNDS"); do
   for v in $VERSIONS; do
     echo "=== round $r: $v ===" >>"$OUT/ab.log"
     # shellcheck disable=SC2086
-    timeout ${RUN_S:-120} "$(bin "$v")" /tmp/l3b.gguf $BENCH 2>&1 | tee -a "$OUT/ab.log" \
-      | grep -E "aggregate|kernels|pp512"
+    X=""; [[ $v == cur ]] && X=${CUR_ARGS:-}
+    # shellcheck disable=SC2086
+    timeout ${RUN_S:-120} "$(bin "$v")" /tmp/l3b.gguf $BENCH $X 2>&1 | tee -a "$OUT/ab.log" \
+      | grep -E "aggregate|kernels|pp512|gemm shape"
     t "round $r $v done"
   done
 done

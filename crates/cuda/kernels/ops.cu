@@ -39,8 +39,9 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.
-// grid.x = tokens. q is rotated in place (it feeds attention next); k and v go to row slot[t]
-// of kc/vc (rows of n_kv*hd). neox selects pairs (i, i + n_rot/2) instead of (2i, 2i+1); pairs
+// grid.x = tokens. q is rotated into qo (rows of n_head*hd; qo == q: in place, it feeds
+// attention next); k and v go to row slot[t] of kc/vc (rows of n_kv*hd). Input rows are qs
+// (q) and kvs (k, v) floats apart: one fused Q/K/V product's rows hold all three (v10). neox selects pairs (i, i + n_rot/2) instead of (2i, 2i+1); pairs
 // past n_rot/2 are left unrotated.
 //
 // The angle of pair i follows cpu::ops::Rope exactly: theta_0 = pos, theta_{i+1} = theta_i *
@@ -52,10 +53,59 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
                                       const float* bk, const float* bv, const int* pos,
                                       const int* slot, const float* factors, float theta_scale,
                                       float freq_scale, int n_rot, int n_head, int n_kv, int hd,
-                                      int neox, u16* kc, u16* vc) { PDL_ENTRY();
+                                      int neox, u16* kc, u16* vc, float* qo, int qs,
+                                      int kvs) { PDL_ENTRY();
     __shared__ float th[128], cs[128], sn[128];
     int t = blockIdx.x;
     int half = hd / 2, rhalf = n_rot / 2;
+    long long kv_row = (long long)n_kv * hd;
+    const float* qt = q + (long long)t * qs;
+    float* qot = qo + (long long)t * n_head * hd;
+    const float* kt = k + (long long)t * kvs;
+    const float* vt = v + (long long)t * kvs;
+    int total = (n_head + n_kv) * half, bd = blockDim.x;
+    // v10: each thread's loads (RU rotation pairs, RV V elements at a time) go out together,
+    // the first ones before the angles are computed: one memory round trip under the sincos
+    // work instead of one per loop iteration (the writes could alias the reads for all the
+    // compiler knew). The arithmetic is unchanged.
+    constexpr int RU = 8, RV = 4;
+    float x0s[RU], x1s[RU], vs[RV];
+    auto pair = [&](int e, bool& is_q, int& i, int& ia, int& ib) {
+        is_q = e < n_head * half;
+        int pe = is_q ? e : e - n_head * half;
+        int h = pe / half;
+        i = pe % half;
+        bool rot = i < rhalf;
+        int a = (neox && rot) ? i : 2 * i, b = (neox && rot) ? i + rhalf : 2 * i + 1;
+        ia = h * hd + a;
+        ib = h * hd + b;
+    };
+    auto load_pairs = [&](int e0) {
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            int e = e0 + u * bd;
+            if (e >= total) break;
+            bool is_q;
+            int i, ia, ib;
+            pair(e, is_q, i, ia, ib);
+            if (is_q) {
+                x0s[u] = qt[ia] + (bq ? bq[ia] : 0.0f);
+                x1s[u] = qt[ib] + (bq ? bq[ib] : 0.0f);
+            } else {
+                x0s[u] = kt[ia] + (bk ? bk[ia] : 0.0f);
+                x1s[u] = kt[ib] + (bk ? bk[ib] : 0.0f);
+            }
+        }
+    };
+    auto load_v = [&](int e0) {
+#pragma unroll
+        for (int u = 0; u < RV; u++) {
+            int e = e0 + u * bd;
+            if (e < kv_row) vs[u] = vt[e] + (bv ? bv[e] : 0.0f);
+        }
+    };
+    load_pairs(threadIdx.x);
+    load_v(threadIdx.x);
     if (threadIdx.x == 0) {
         float theta = (float)pos[t];
         for (int i = 0; i < rhalf; i++) {
@@ -73,43 +123,42 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v, 
         sn[i] = (float)s;
     }
     __syncthreads();
-    long long kv_row = (long long)n_kv * hd;
     long long dst = (long long)slot[t] * kv_row;
-    float* qt = q + (long long)t * n_head * hd;
-    const float* kt = k + t * kv_row;
-    const float* vt = v + t * kv_row;
-    for (int e = threadIdx.x; e < (n_head + n_kv) * half; e += blockDim.x) {
-        bool is_q = e < n_head * half;
-        int pe = is_q ? e : e - n_head * half;
-        int h = pe / half, i = pe % half;
-        bool rot = i < rhalf;
-        int a = (neox && rot) ? i : 2 * i, b = (neox && rot) ? i + rhalf : 2 * i + 1;
-        int ia = h * hd + a, ib = h * hd + b;
-        float x0, x1;
-        if (is_q) {
-            x0 = qt[ia] + (bq ? bq[ia] : 0.0f);
-            x1 = qt[ib] + (bq ? bq[ib] : 0.0f);
-        } else {
-            x0 = kt[ia] + (bk ? bk[ia] : 0.0f);
-            x1 = kt[ib] + (bk ? bk[ib] : 0.0f);
-        }
-        float y0 = x0, y1 = x1;
-        if (rot) {
-            float c = cs[i], s = sn[i];
-            // cpu::ops::Rope's fused forms (ggml's, as GCC contracts them in llama.cpp's build).
-            y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-            y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
-        }
-        if (is_q) {
-            qt[ia] = y0;
-            qt[ib] = y1;
-        } else {
-            kc[dst + ia] = f2h(y0);
-            kc[dst + ib] = f2h(y1);
+    for (int e0 = threadIdx.x; e0 < total; e0 += RU * bd) {
+        if (e0 != (int)threadIdx.x) load_pairs(e0);
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            int e = e0 + u * bd;
+            if (e >= total) break;
+            bool is_q;
+            int i, ia, ib;
+            pair(e, is_q, i, ia, ib);
+            float x0 = x0s[u], x1 = x1s[u];
+            float y0 = x0, y1 = x1;
+            if (i < rhalf) {
+                float c = cs[i], s = sn[i];
+                // cpu::ops::Rope's fused forms (ggml's, as GCC contracts them in llama.cpp's
+                // build).
+                y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+                y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
+            }
+            if (is_q) {
+                qot[ia] = y0;
+                qot[ib] = y1;
+            } else {
+                kc[dst + ia] = f2h(y0);
+                kc[dst + ib] = f2h(y1);
+            }
         }
     }
-    for (int e = threadIdx.x; e < kv_row; e += blockDim.x)
-        vc[dst + e] = f2h(vt[e] + (bv ? bv[e] : 0.0f));
+    for (int e0 = threadIdx.x; e0 < kv_row; e0 += RV * bd) {
+        if (e0 != (int)threadIdx.x) load_v(e0);
+#pragma unroll
+        for (int u = 0; u < RV; u++) {
+            int e = e0 + u * bd;
+            if (e < kv_row) vc[dst + e] = f2h(vs[u]);
+        }
+    }
 }
 
 // g = silu(g) * u (the GEMM path; the decode path fuses this into the gate/up product).

@@ -133,10 +133,12 @@ extern "C" __global__ void rms_norm_w(const float* x, const float* w, int n, flo
 
 // Rows of x (n columns) quantized in fmt as quantize_act does: int8 values qs and scales ds
 // and/or the f16 GEMM operand xh (f16(d * q); plain f16 when fmt == 0), any of them null; with
-// u != null, x = silu(x) * u first (ggml's SwiGLU, written back to x), as swiglu_q.
+// u != null, x = silu(x) * u first (ggml's SwiGLU, written back to x), as swiglu_q. Rows of x
+// and u are xs floats apart (n, or the width of one fused gate/up product's rows, v10); the
+// outputs' rows are dense.
 // grid = (rows, ceil(n / 2048)), blockDim.x = 256: a warp per 256-element group.
 extern "C" __global__ void act_quant_w(float* x, const float* u, int n, int fmt, i8* qs,
-                                       float2* ds, u16* xh) {
+                                       float2* ds, u16* xh, long long xs) {
     PDL_ENTRY();
     long long r = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -145,11 +147,11 @@ extern "C" __global__ void act_quant_w(float* x, const float* u, int n, int fmt,
     bool valid = c0 < n;
     float v[8];
     if (valid) {
-        float* xr = x + r * n + c0;
+        float* xr = x + r * xs + c0;
         float4 a = *(const float4*)xr, b = *(const float4*)(xr + 4);
         float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         if (u) {
-            const float* ur = u + r * n + c0;
+            const float* ur = u + r * xs + c0;
             float4 ua = *(const float4*)ur, ub = *(const float4*)(ur + 4);
             float uv[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
 #pragma unroll

@@ -81,9 +81,22 @@ struct Mat {
     cols: usize,
     q: DevBuf,
     f16: Option<DevBuf>,
+    /// The f16 copy's address inside a layer's fused copy (v10: `Layer::qkv16`, `Layer::gu16`);
+    /// 0 when the copy is `f16` or there is none.
+    f16_at: u64,
     /// Multiplied on the host (`q` is then an empty placeholder unless the embedding lookup
     /// needs it).
     host: Option<HostMat>,
+}
+
+impl Mat {
+    /// Address of the f16 copy, wherever it lives.
+    fn f16_ptr(&self) -> Option<u64> {
+        match &self.f16 {
+            Some(b) => Some(b.ptr()),
+            None => (self.f16_at != 0).then_some(self.f16_at),
+        }
+    }
 }
 
 struct Layer {
@@ -99,6 +112,11 @@ struct Layer {
     gate: Mat,
     up: Mat,
     down: Mat,
+    /// v10: the f16 copies of Q, K and V as one `[Wq; Wk; Wv]` matrix (each matrix's copy is
+    /// its rows), so a batched step's three products are one GEMM.
+    qkv16: Option<DevBuf>,
+    /// v10: gate and up as one `[Wgate; Wup]` f16 matrix.
+    gu16: Option<DevBuf>,
 }
 
 struct Scratch {
@@ -123,6 +141,10 @@ struct Scratch {
     att: DevBuf,
     g: DevBuf,
     u: DevBuf,
+    /// Outputs of the fused Q/K/V and gate/up products of batched steps (v10): rows of
+    /// `qd + 2 kvd` and `2 ff` floats for up to 64 tokens.
+    qkv: DevBuf,
+    gu: DevBuf,
     part: DevBuf,
     hn: DevBuf,
     logits: DevBuf,
@@ -243,6 +265,12 @@ pub struct CudaBackend {
     /// That attention issues its first tiles' copies before the Q/K/V kernel ends
     /// ([`Gpu::attn_one`]; else [`Gpu::attn_batch`]): off with `CROSSOVER_CUDA_ATTN_EARLY=0`.
     one_early: bool,
+    /// Batched steps (9..64 tokens on cuBLAS) multiply Q/K/V and gate/up as one GEMM each on
+    /// the fused copies (v10): on unless `CROSSOVER_CUDA_FUSE_GEMM=0`.
+    fuse_gemm: bool,
+    /// Those steps merge the attention slices with [`Gpu::attn_merge`] (same bits as
+    /// [`Gpu::attn_combine`]): off unless `CROSSOVER_CUDA_AB_FASTMERGE=1`.
+    ab_fast_merge: bool,
     gpu: Gpu,
 }
 
@@ -298,6 +326,7 @@ fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, Cuda
         cols,
         q: gpu.upload(data)?,
         f16: None,
+        f16_at: 0,
         host: None,
     })
 }
@@ -321,6 +350,7 @@ fn placed_mat(
         cols: h.cols,
         q: gpu.alloc(0)?,
         f16: None,
+        f16_at: 0,
         host: Some(h),
     })
 }
@@ -397,6 +427,8 @@ impl CudaBackend {
                 gate: placed_mat(&gpu, &file, &l.ffn_gate, &opts.host, Some(li))?,
                 up: placed_mat(&gpu, &file, &l.ffn_up, &opts.host, Some(li))?,
                 down: placed_mat(&gpu, &file, &l.ffn_down, &opts.host, Some(li))?,
+                qkv16: None,
+                gu16: None,
             });
         }
         let mut embd = upload_mat(&gpu, &file, &w.token_embd)?;
@@ -466,6 +498,8 @@ impl CudaBackend {
                 }
             }
         }
+        // Tokens of the widest step that takes the fused products (batched decode, v10).
+        let fused_rows = if n > MV_MAX_NT { n.min(MMQ_MAX_N) } else { 1 };
         let mut s = Scratch {
             x: gpu.alloc(n * e * f4)?,
             xn: gpu.alloc(n * e * f4)?,
@@ -482,6 +516,8 @@ impl CudaBackend {
             att: gpu.alloc(n * qd * f4)?,
             g: gpu.alloc(n * ff * f4)?,
             u: gpu.alloc(n * ff * f4)?,
+            qkv: gpu.alloc(fused_rows * (qd + 2 * kvd) * f4)?,
+            gu: gpu.alloc(fused_rows * 2 * ff * f4)?,
             part: gpu.alloc(part_floats * f4)?,
             hn: gpu.alloc(n * e * f4)?,
             logits: gpu.alloc(n * nv * f4)?,
@@ -519,7 +555,7 @@ impl CudaBackend {
             };
             if cache {
                 let conv = |m: &mut Mat| -> Result<(), CudaError> {
-                    if m.host.is_some() {
+                    if m.host.is_some() || m.f16_at != 0 {
                         return Ok(());
                     }
                     let b = gpu.alloc(m.rows * m.cols * 2)?;
@@ -527,6 +563,29 @@ impl CudaBackend {
                     m.f16 = Some(b);
                     Ok(())
                 };
+                // v10: Q/K/V and gate/up copies made into one matrix each (same bytes, the
+                // separate products read their rows), where all parts are on the device.
+                let fuse = |ms: &mut [&mut Mat]| -> Result<Option<DevBuf>, CudaError> {
+                    let cols = ms.first().map_or(0, |m| m.cols);
+                    if ms.iter().any(|m| m.host.is_some() || m.cols != cols) {
+                        return Ok(None);
+                    }
+                    let rows: usize = ms.iter().map(|m| m.rows).sum();
+                    let b = gpu.alloc(rows * cols * 2)?;
+                    let mut off = 0;
+                    for m in ms.iter_mut() {
+                        gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.at(off))?;
+                        m.f16_at = b.at(off);
+                        off += m.rows * m.cols * 2;
+                    }
+                    Ok(Some(b))
+                };
+                for l in &mut layers {
+                    l.qkv16 = fuse(&mut [&mut l.wq, &mut l.wk, &mut l.wv])?;
+                    if l.gate.rows == l.up.rows {
+                        l.gu16 = fuse(&mut [&mut l.gate, &mut l.up])?;
+                    }
+                }
                 for l in &mut layers {
                     for m in [
                         &mut l.wq,
@@ -618,6 +677,8 @@ impl CudaBackend {
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() == Ok("1"),
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
+            fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
+            ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
             gpu,
         })
     }
@@ -849,7 +910,7 @@ impl CudaBackend {
             for (i, (on, warps)) in [(true, 4), (true, 8), (false, 4)].into_iter().enumerate() {
                 gpu.mmf.set(on);
                 gpu.mmf_warps.set(warps);
-                if !on && (!gpu.has_blas() || mats.iter().any(|(m, _)| m.f16.is_none())) {
+                if !on && (!gpu.has_blas() || mats.iter().any(|(m, _)| m.f16_ptr().is_none())) {
                     continue;
                 }
                 ms[i] = gpu.time_graph(reps, &mut || {
@@ -987,6 +1048,20 @@ impl CudaBackend {
         self.gpu.mmf.set(on);
         self.graphs.clear();
         self.wide_graph_failed = None;
+    }
+
+    /// v10's batched-step products: Q/K/V and gate/up as one GEMM each on the fused copies
+    /// (`fused`) and cuBLASLt's algorithm timed fastest per shape (`lt`); drops captured graphs.
+    pub fn set_batched_products(&mut self, fused: bool, lt: bool) {
+        self.fuse_gemm = fused;
+        self.gpu.lt_on.set(lt);
+        self.graphs.clear();
+        self.wide_graph_failed = None;
+    }
+
+    /// [`CudaBackend::set_batched_products`]'s current arguments.
+    pub fn batched_products(&self) -> (bool, bool) {
+        (self.fuse_gemm, self.gpu.lt_on.get())
     }
 
     fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
@@ -1163,9 +1238,9 @@ impl CudaBackend {
                     && (p.slices == 1 || p.tiles * 4 <= s.mmf_cnt.bytes())
             };
         if n > opts.gemm_min_tokens && gpu.has_blas() {
-            let w = match (&m.f16, s.wf16.as_ref()) {
+            let w = match (m.f16_ptr(), s.wf16.as_ref()) {
                 _ if mmf => m.q.ptr(),
-                (Some(b), _) => b.ptr(),
+                (Some(b), _) => b,
                 (None, Some(b)) => {
                     gpu.dequant_f16(m.ty, m.q.ptr(), m.rows, m.cols, b.ptr())?;
                     b.ptr()
@@ -1176,19 +1251,8 @@ impl CudaBackend {
                 // The f16 operand holds the activations the CPU backend's integer products use
                 // (its Q8_1 / Q8_K values, dequantized), so prompts and decode steps see the same
                 // numbers up to f16 rounding; float weights take plain f16 activations.
-                let key = (x, kernels::act_format(m.ty));
-                if acts.h != Some(key) {
-                    match key.1 {
-                        Some(f) if gpu.warp_quant.get() => gpu
-                            .act_f16_w(x, 0, n, m.cols, Some(f), s.xh.ptr())
-                            .map_err(name)?,
-                        Some(f) => gpu
-                            .quantize_act_f16(x, n, m.cols, f, s.xh.ptr())
-                            .map_err(name)?,
-                        None => gpu.to_f16(x, n * m.cols, s.xh.ptr())?,
-                    }
-                    acts.h = Some(key);
-                }
+                Self::f16_operand(gpu, s, x, n, m.cols, kernels::act_format(m.ty), acts)
+                    .map_err(name)?;
                 if mmf {
                     return gpu
                         .matmul_f16w(
@@ -1257,6 +1321,31 @@ impl CudaBackend {
             }
             .map_err(name)?;
             t0 += nt;
+        }
+        Ok(())
+    }
+
+    /// Make `xh` the f16 GEMM operand of `n` rows of `x` (`cols` wide) in `fmt` (see
+    /// [`Self::linear`]) unless `acts` says it already is.
+    fn f16_operand(
+        gpu: &Gpu,
+        s: &Scratch,
+        x: u64,
+        n: usize,
+        cols: usize,
+        fmt: Option<ActFormat>,
+        acts: &mut Acts,
+    ) -> Result<(), CudaError> {
+        let key = (x, fmt);
+        if acts.h != Some(key) {
+            match fmt {
+                Some(f) if gpu.warp_quant.get() => {
+                    gpu.act_f16_w(x, 0, n, cols, Some(f), s.xh.ptr())?
+                }
+                Some(f) => gpu.quantize_act_f16(x, n, cols, f, s.xh.ptr())?,
+                None => gpu.to_f16(x, n * cols, s.xh.ptr())?,
+            }
+            acts.h = Some(key);
         }
         Ok(())
     }
@@ -1433,6 +1522,15 @@ impl CudaBackend {
             && self.meta.ids.len() == n;
         // One token: the products normalize and quantize their own activations (v7).
         let prep = n == 1 && gpu.fuse_prep.get() && matvec_path && tr.is_none();
+        // Batched steps on cuBLAS: Q/K/V and gate/up as one GEMM each on the fused copies (v10).
+        let wide_gemm = self.fuse_gemm
+            && tr.is_none()
+            && !int_path
+            && n > MV_MAX_NT
+            && n <= MMQ_MAX_N
+            && n <= s.qkv.bytes() / (4 * (qd + 2 * kvd))
+            && gpu.has_blas()
+            && !mmf_tokens(gpu, n);
         for (li, l) in self.layers.iter().enumerate() {
             // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
             let qf = kernels::act_format(l.wq.ty);
@@ -1469,6 +1567,14 @@ impl CudaBackend {
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
             let fused_rope = rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
+            let qkv_w = l.qkv16.as_ref().filter(|_| {
+                wide_gemm
+                    && !fused_rope
+                    && [&l.wk, &l.wv]
+                        .iter()
+                        .all(|m| kernels::act_format(m.ty) == qf)
+            });
+            let qkv_width = qd + 2 * kvd;
             if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
@@ -1559,6 +1665,11 @@ impl CudaBackend {
                         o => o,
                     })?;
                 }
+            } else if let Some(wb) = qkv_w {
+                // v10: one GEMM; rows of the output hold Q, K, V side by side.
+                Self::f16_operand(gpu, s, s.xn.ptr(), n, e, qf, &mut qc)?;
+                st.gemm_calls += 1;
+                gpu.gemm_f16(wb.ptr(), s.xh.ptr(), s.qkv.ptr(), qkv_width, n, e, 0.0)?;
             } else {
                 let qkv = [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())];
                 Self::linear_group(gpu, o, s, &qkv, s.xn.ptr(), n, st, &mut qc)?;
@@ -1568,11 +1679,26 @@ impl CudaBackend {
             }
             if !fused_rope {
                 let b = |x: &Option<DevBuf>| x.as_ref().map_or(0, DevBuf::ptr);
-                gpu.rope_store(
+                let (qi, ki, vi, io) = if qkv_w.is_some() {
+                    let io = kernels::RopeRows {
+                        q_out: s.q.ptr(),
+                        q_stride: qkv_width,
+                        kv_stride: qkv_width,
+                    };
+                    (s.qkv.ptr(), s.qkv.at(qd * 4), s.qkv.at((qd + kvd) * 4), io)
+                } else {
+                    let io = kernels::RopeRows {
+                        q_out: s.q.ptr(),
+                        q_stride: qd,
+                        kv_stride: kvd,
+                    };
+                    (s.q.ptr(), s.k.ptr(), s.v.ptr(), io)
+                };
+                gpu.rope_store_rows(
                     n,
-                    s.q.ptr(),
-                    s.k.ptr(),
-                    s.v.ptr(),
+                    qi,
+                    ki,
+                    vi,
                     [b(&l.bq), b(&l.bk), b(&l.bv)],
                     s.tok_pos.ptr(),
                     s.tok_slot.ptr(),
@@ -1583,6 +1709,7 @@ impl CudaBackend {
                     cfg.rope_style == RopeStyle::Neox,
                     self.kc[li].ptr(),
                     self.vc[li].ptr(),
+                    io,
                 )?;
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("Qcur", li, 2), &s.q, n, qd)?;
@@ -1714,7 +1841,14 @@ impl CudaBackend {
                         ab_split,
                         s.part.ptr(),
                     )?;
-                    gpu.attn_combine(
+                    // v10 (switch): v8's merge with its loads issued together, same bits.
+                    let merge = if self.ab_fast_merge && ab_split <= kernels::ATTN_MERGE_MAX_SPLIT {
+                        Gpu::attn_merge
+                    } else {
+                        Gpu::attn_combine
+                    };
+                    merge(
+                        gpu,
                         n,
                         s.part.ptr(),
                         s.tok_pos.ptr(),
@@ -1857,6 +1991,19 @@ impl CudaBackend {
                     && qc.q == gf.map(|g| (s.xn.ptr(), g))
                     && ff.is_multiple_of(f.block())
             });
+            // v10: gate and up as one GEMM on the fused copy (batched cuBLAS steps).
+            let gu_w = l.gu16.as_ref().filter(|_| {
+                let df = kernels::act_format(l.down.ty);
+                wide_gemm
+                    && gpu.warp_quant.get()
+                    && l.gate.rows == ff
+                    && l.up.rows == ff
+                    && l.down.cols == ff
+                    && kernels::act_format(l.up.ty) == gf
+                    && ff.is_multiple_of(df.map_or(32, |f| f.block().max(32)))
+                    && n <= s.gu.bytes() / (8 * ff)
+            });
+            let mut down_x = s.g.ptr();
             if let Some(f) = df {
                 gpu.matvec_q_swiglu_quant(
                     l.gate.ty,
@@ -1948,6 +2095,16 @@ impl CudaBackend {
                     n,
                     s.g.ptr(),
                 )?;
+            } else if let Some(wb) = gu_w {
+                // v10: gate and up in one GEMM (rows: gate outputs, then up outputs), the
+                // SwiGLU and the down product's f16 operand read them with the row stride.
+                Self::f16_operand(gpu, s, s.xn.ptr(), n, e, gf, &mut qc)?;
+                st.gemm_calls += 1;
+                gpu.gemm_f16(wb.ptr(), s.xh.ptr(), s.gu.ptr(), 2 * ff, n, e, 0.0)?;
+                let df = kernels::act_format(l.down.ty);
+                gpu.act_f16_strided(s.gu.ptr(), s.gu.at(ff * 4), n, ff, 2 * ff, df, s.xh.ptr())?;
+                qc.h = Some((s.gu.ptr(), df));
+                down_x = s.gu.ptr();
             } else {
                 for (m, y) in [(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())] {
                     Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, st, &mut qc)?;
@@ -2006,18 +2163,7 @@ impl CudaBackend {
                     o => o,
                 })?;
             } else {
-                Self::linear(
-                    gpu,
-                    o,
-                    s,
-                    &l.down,
-                    s.g.ptr(),
-                    n,
-                    s.x.ptr(),
-                    true,
-                    st,
-                    &mut qc,
-                )?;
+                Self::linear(gpu, o, s, &l.down, down_x, n, s.x.ptr(), true, st, &mut qc)?;
             }
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
@@ -2120,6 +2266,11 @@ impl CudaBackend {
         }
         // Capture with splits sized for the longest context, so one graph serves any length.
         let (n_split, split_len) = self.splits(bucket, self.opts.ctx_size);
+        if self.gpu.lt_wants(bucket) {
+            // v10: one eager pass first, so that every product shape of this bucket is tuned
+            // (timing is impossible inside a capture). It writes what the replay below writes.
+            self.enqueue(bucket, n_out, n_split, split_len)?;
+        }
         let stream = self.gpu.stream.clone();
         stream
             .begin_capture(

@@ -90,6 +90,8 @@ pub struct Gpu {
     names: Vec<String>,
     _module: Arc<CudaModule>,
     blas: Option<Blas>,
+    /// cuBLASLt with per-shape tuned algorithms for the batched decode products (v10).
+    pub(crate) lt: Option<crate::lt::Lt>,
     /// The stream all work goes to.
     pub stream: Arc<CudaStream>,
     /// The context (kept last so it outlives the stream and module).
@@ -173,6 +175,16 @@ pub struct Gpu {
     /// themselves got faster but the step slower: tg128 1.598 against 1.561-1.578 ms per token
     /// at depth 0, docs/perf/cuda.md v9).
     pub early_w: std::cell::Cell<bool>,
+    /// Products of 9..64 tokens take the cuBLASLt algorithm timed fastest for their shape
+    /// (v10, [`Gpu::lt_wants`]): on unless `CROSSOVER_CUDA_LT=0`.
+    pub lt_on: std::cell::Cell<bool>,
+    /// Heuristic candidates timed per shape (`CROSSOVER_CUDA_LT_ALGOS`, default 16).
+    pub lt_candidates: std::cell::Cell<usize>,
+    /// Why cuBLASLt is not used, when it is not.
+    pub lt_missing: Option<String>,
+    /// Keep the fastest cuBLASLt candidate of a shape tuned from now on even where
+    /// `cublasGemmEx` was faster (for tests of the cuBLASLt path; off).
+    pub lt_force: std::cell::Cell<bool>,
 }
 
 /// A positive integer from the environment, or `default` when unset or not one.
@@ -247,8 +259,27 @@ impl Gpu {
         } else {
             (None, Some("libcublas.so could not be loaded".to_string()))
         };
+        let alloc_ws = |bytes: usize| -> Result<DevBuf, CudaError> {
+            // SAFETY: plain cuMemAlloc in this thread's context; owned by the DevBuf.
+            let ptr = unsafe { drv_result::malloc_sync(bytes) }
+                .map_err(drv("cuMemAlloc (cuBLASLt workspace)"))?;
+            Ok(DevBuf { ptr, bytes })
+        };
+        let (lt, lt_missing) = if blas.is_some() {
+            match crate::lt::Lt::open(alloc_ws) {
+                Ok(l) => (Some(l), None),
+                Err(e) => (None, Some(e)),
+            }
+        } else {
+            (None, blas_missing.clone())
+        };
         Ok(Gpu {
             prof: RefCell::new(None),
+            lt,
+            lt_missing,
+            lt_on: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_LT").as_deref() != Ok("0")),
+            lt_candidates: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_LT_ALGOS", 16)),
+            lt_force: std::cell::Cell::new(false),
             funcs,
             names,
             _module: module,
@@ -592,6 +623,34 @@ impl Gpu {
         k: usize,
         beta: f32,
     ) -> Result<(), CudaError> {
+        // v10: batched decode shapes take their tuned cuBLASLt algorithm where it won.
+        if self.lt_wants(n) {
+            let sh = crate::lt::GemmShape {
+                m,
+                n,
+                k,
+                acc: beta != 0.0,
+            };
+            if self.gemm_lt(sh, w, a, c)? {
+                return self.prof_mark("cublaslt_gemm_f16");
+            }
+        }
+        self.gemm_ex(w, a, c, m, n, k, beta)?;
+        self.prof_mark("cublas_gemm_f16")
+    }
+
+    /// [`Gpu::gemm_f16`] through `cublasGemmEx` (`CUBLAS_GEMM_DEFAULT`), without a profile mark.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_ex(
+        &self,
+        w: u64,
+        a: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), CudaError> {
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
         };
@@ -630,7 +689,6 @@ impl Gpu {
         .map_err(|e| CudaError::Cublas {
             what: format!("gemm m={m} n={n} k={k}"),
             err: format!("{e:?}"),
-        })?;
-        self.prof_mark("cublas_gemm_f16")
+        })
     }
 }

@@ -115,6 +115,17 @@ const K_ATTN_DECODE: usize = 14;
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
 pub const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Where [`Gpu::rope_store_rows`] reads Q, K and V rows and writes the rotated Q.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeRows {
+    /// Rotated Q, rows of `n_head * head_dim` floats (may be the input Q: in place).
+    pub q_out: u64,
+    /// Floats from one input Q row to the next.
+    pub q_stride: usize,
+    /// Floats from one input K (and V) row to the next.
+    pub kv_stride: usize,
+}
+
 /// Rotation parameters of [`Gpu::rope_store`], the same numbers `cpu::ops::Rope` is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
@@ -924,6 +935,28 @@ impl Gpu {
         self.act_quant_w(x, u, rows, n, fmt, 0, 0, xh)
     }
 
+    /// [`Gpu::act_f16_w`] on rows of `x` and `u` that lie `stride` floats apart (v10: the gate
+    /// and up halves of one fused product's rows); `xh` is dense. The SwiGLU is written back
+    /// into `x`'s rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_f16_strided(
+        &self,
+        x: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        stride: usize,
+        fmt: Option<ActFormat>,
+        xh: u64,
+    ) -> Result<(), CudaError> {
+        if stride < n {
+            return Err(CudaError::Arg(format!(
+                "act_f16_strided: row stride {stride} below the width {n}"
+            )));
+        }
+        self.act_quant_launch(x, u, rows, n, fmt, 0, 0, xh, stride)
+    }
+
     /// [`Gpu::act_f16_w`] that also (or only: `xh` = 0) writes the int8 values `qs` and scales
     /// `ds` of [`Gpu::quantize_act`] (same bytes; either may be 0).
     #[allow(clippy::too_many_arguments)]
@@ -938,13 +971,36 @@ impl Gpu {
         ds: u64,
         xh: u64,
     ) -> Result<(), CudaError> {
+        self.act_quant_launch(x, u, rows, n, fmt, qs, ds, xh, n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn act_quant_launch(
+        &self,
+        x: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        fmt: Option<ActFormat>,
+        qs: u64,
+        ds: u64,
+        xh: u64,
+        stride: usize,
+    ) -> Result<(), CudaError> {
         let blk = fmt.map_or(32, |f| f.block().max(32));
         if n == 0 || !n.is_multiple_of(blk) {
             return Err(CudaError::Arg(format!(
                 "act_f16_w: {n} columns is not a multiple of {blk}"
             )));
         }
+        if !stride.is_multiple_of(4) {
+            // Rows are read as float4.
+            return Err(CudaError::Arg(format!(
+                "act_f16_w: row stride {stride} is not a multiple of 4"
+            )));
+        }
         let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32));
+        let xs = stride as i64;
         self.launch_id(
             self.kernel_id("act_quant_w")?,
             (
@@ -953,7 +1009,7 @@ impl Gpu {
                 1,
             ),
             (256, 1, 1),
-            kargs![x, u, nn, f, qs, ds, xh],
+            kargs![x, u, nn, f, qs, ds, xh, xs],
         )
     }
 
@@ -1624,6 +1680,37 @@ impl Gpu {
         kc: u64,
         vc: u64,
     ) -> Result<(), CudaError> {
+        let io = RopeRows {
+            q_out: q,
+            q_stride: n_head * hd,
+            kv_stride: n_kv * hd,
+        };
+        self.rope_store_rows(
+            n, q, k, v, bias, pos, slot, rope, n_head, n_kv, hd, neox, kc, vc, io,
+        )
+    }
+
+    /// [`Gpu::rope_store`] with Q, K and V read from rows `io` says (v10: one fused Q/K/V
+    /// product's rows hold all three) and the rotated Q written densely to `io.q_out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_store_rows(
+        &self,
+        n: usize,
+        q: u64,
+        k: u64,
+        v: u64,
+        bias: [u64; 3],
+        pos: u64,
+        slot: u64,
+        rope: &RopeParams,
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        neox: bool,
+        kc: u64,
+        vc: u64,
+        io: RopeRows,
+    ) -> Result<(), CudaError> {
         if rope.n_rot > hd || !rope.n_rot.is_multiple_of(2) || hd > 256 {
             return Err(CudaError::Arg(format!(
                 "RoPE over {} of {hd} dimensions (even, <= head size <= 256)",
@@ -1638,11 +1725,27 @@ impl Gpu {
             rope.n_rot as i32,
         );
         let [bq, bk, bv] = bias;
+        if io.q_stride < n_head * hd || io.kv_stride < n_kv * hd {
+            return Err(CudaError::Arg(format!(
+                "rope_store: row strides {} / {} below the Q / KV widths {} / {}",
+                io.q_stride,
+                io.kv_stride,
+                n_head * hd,
+                n_kv * hd
+            )));
+        }
+        let (qo, qs, kvs) = (
+            io.q_out,
+            i32_of(io.q_stride, "Q row stride")?,
+            i32_of(io.kv_stride, "KV row stride")?,
+        );
         self.launch_id(
             op(K_ROPE_STORE),
             (u32_of(n, "tokens")?, 1, 1),
             (256, 1, 1),
-            kargs![q, k, v, bq, bk, bv, pos, slot, fac, ts, fs, nr, nh, nk, h, nx, kc, vc],
+            kargs![
+                q, k, v, bq, bk, bv, pos, slot, fac, ts, fs, nr, nh, nk, h, nx, kc, vc, qo, qs, kvs
+            ],
         )
     }
 

@@ -9,9 +9,11 @@ pub mod compile;
 pub mod device;
 pub mod error;
 pub mod kernels;
+pub mod lt;
 
 pub use device::{available, DevBuf, Gpu};
 pub use error::CudaError;
+pub use lt::{GemmShape, GemmTuning};
 pub mod backend;
 pub mod host;
 pub mod power;

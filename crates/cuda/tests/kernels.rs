@@ -2779,3 +2779,267 @@ fn merge_with_quantization_equals_merge_then_quantize() {
         }
     }
 }
+
+/// v10: RoPE and the KV write reading Q/K/V from one fused product's rows (Q/K/V side by side,
+/// rotated Q to its own buffer) give the bits of `rope_store` on dense Q, K and V buffers.
+#[test]
+fn rope_store_rows_on_fused_rows_equals_dense_rope_store() {
+    let Some(g) = gpu_or_skip("rope_store_rows") else {
+        return;
+    };
+    let mut r = rng("rope_store_rows");
+    let (nh, nkv, hd, n) = (6, 2, 64, 7);
+    let (qd, kvd) = (nh * hd, nkv * hd);
+    let width = qd + 2 * kvd;
+    let rows = 12;
+    for (style, n_rot, with_bias) in [
+        (model::RopeStyle::Normal, hd, false),
+        (model::RopeStyle::Neox, hd / 2, true),
+    ] {
+        let params = cuda::kernels::RopeParams::new(n_rot, 500000.0, 1.0, 0);
+        let fused = randn(&mut r, n * width, 1.0);
+        let part = |o: usize, w: usize| -> Vec<f32> {
+            (0..n)
+                .flat_map(|t| fused[t * width + o..t * width + o + w].to_vec())
+                .collect()
+        };
+        let (q, k, v) = (part(0, qd), part(qd, kvd), part(qd + kvd, kvd));
+        let bias: Vec<DevBuf> = [qd, kvd, kvd]
+            .iter()
+            .map(|&w| g.upload(&randn(&mut r, w, 0.1)).unwrap())
+            .collect();
+        let bp = if with_bias {
+            [bias[0].ptr(), bias[1].ptr(), bias[2].ptr()]
+        } else {
+            [0; 3]
+        };
+        let pos: Vec<i32> = (0..n).map(|_| r.gen_range(0..5000)).collect();
+        let slot: Vec<i32> = vec![9, 2, 7, 0, 4, 11, 5];
+        let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+        let up = |d: &[f32]| g.upload(d).unwrap();
+        let (qb, kb, vb, fb) = (up(&q), up(&k), up(&v), up(&fused));
+        let caches = || {
+            (
+                g.upload(&vec![0x7e00u16; rows * kvd]).unwrap(),
+                g.upload(&vec![0x7e00u16; rows * kvd]).unwrap(),
+            )
+        };
+        let ((kc0, vc0), (kc1, vc1)) = (caches(), caches());
+        let neox = style == model::RopeStyle::Neox;
+        g.rope_store(
+            n,
+            qb.ptr(),
+            kb.ptr(),
+            vb.ptr(),
+            bp,
+            pb.ptr(),
+            sb.ptr(),
+            &params,
+            nh,
+            nkv,
+            hd,
+            neox,
+            kc0.ptr(),
+            vc0.ptr(),
+        )
+        .unwrap();
+        let qo = poisoned(&g, n * qd);
+        let io = cuda::kernels::RopeRows {
+            q_out: qo.ptr(),
+            q_stride: width,
+            kv_stride: width,
+        };
+        g.rope_store_rows(
+            n,
+            fb.ptr(),
+            fb.at(qd * 4),
+            fb.at((qd + kvd) * 4),
+            bp,
+            pb.ptr(),
+            sb.ptr(),
+            &params,
+            nh,
+            nkv,
+            hd,
+            neox,
+            kc1.ptr(),
+            vc1.ptr(),
+            io,
+        )
+        .unwrap();
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(
+            bits(g.download(&qb, n * qd).unwrap()),
+            bits(g.download(&qo, n * qd).unwrap()),
+            "{style:?}: rotated Q"
+        );
+        assert_eq!(
+            bits(g.download(&fb, n * width).unwrap()),
+            bits(fused.clone()),
+            "{style:?}: the fused rows are only read"
+        );
+        for (a, b, what) in [(&kc0, &kc1, "K cache"), (&vc0, &vc1, "V cache")] {
+            let a: Vec<u16> = g.download(a, rows * kvd).unwrap();
+            let b: Vec<u16> = g.download(b, rows * kvd).unwrap();
+            assert_eq!(a, b, "{style:?}: {what}");
+        }
+        // A stride below the row width is a typed error, not a launch.
+        let bad = cuda::kernels::RopeRows {
+            q_out: qo.ptr(),
+            q_stride: qd - 1,
+            kv_stride: width,
+        };
+        assert!(g
+            .rope_store_rows(
+                n,
+                fb.ptr(),
+                fb.at(qd * 4),
+                fb.at((qd + kvd) * 4),
+                bp,
+                pb.ptr(),
+                sb.ptr(),
+                &params,
+                nh,
+                nkv,
+                hd,
+                neox,
+                kc1.ptr(),
+                vc1.ptr(),
+                bad,
+            )
+            .is_err());
+    }
+}
+
+/// v10: the SwiGLU + f16 operand kernel on one fused gate/up product's rows (gate then up in
+/// each row) gives the bits of `act_f16_w` on dense gate and up buffers, and writes the same
+/// SwiGLU back into the gate halves.
+#[test]
+fn act_f16_strided_on_fused_rows_equals_dense() {
+    let Some(g) = gpu_or_skip("act_f16_strided") else {
+        return;
+    };
+    let mut r = rng("act_f16_strided");
+    let (rows, ff) = (37usize, 3072usize);
+    let fused = randn(&mut r, rows * 2 * ff, 2.0);
+    let part = |o: usize| -> Vec<f32> {
+        (0..rows)
+            .flat_map(|t| fused[t * 2 * ff + o..t * 2 * ff + o + ff].to_vec())
+            .collect()
+    };
+    let (gate, upv) = (part(0), part(ff));
+    for fmt in [None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)] {
+        let (gb, ub, fb) = (
+            g.upload(&gate).unwrap(),
+            g.upload(&upv).unwrap(),
+            g.upload(&fused).unwrap(),
+        );
+        let ha = g.upload(&vec![0xffffu16; rows * ff]).unwrap();
+        let hb = g.upload(&vec![0x1234u16; rows * ff]).unwrap();
+        g.act_f16_w(gb.ptr(), ub.ptr(), rows, ff, fmt, ha.ptr())
+            .unwrap();
+        g.act_f16_strided(fb.ptr(), fb.at(ff * 4), rows, ff, 2 * ff, fmt, hb.ptr())
+            .unwrap();
+        let a: Vec<u16> = g.download(&ha, rows * ff).unwrap();
+        let b: Vec<u16> = g.download(&hb, rows * ff).unwrap();
+        assert_eq!(a, b, "{fmt:?}: f16 operand");
+        let sw: Vec<f32> = g.download(&gb, rows * ff).unwrap();
+        let fw: Vec<f32> = g.download(&fb, rows * 2 * ff).unwrap();
+        for t in 0..rows {
+            let (x, y) = (&sw[t * ff..(t + 1) * ff], &fw[t * 2 * ff..t * 2 * ff + ff]);
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{fmt:?}: SwiGLU written back, row {t}"
+            );
+            assert!(
+                fw[t * 2 * ff + ff..(t + 1) * 2 * ff]
+                    .iter()
+                    .zip(&upv[t * ff..(t + 1) * ff])
+                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{fmt:?}: up halves untouched, row {t}"
+            );
+        }
+    }
+    let hb = g.alloc(rows * ff * 2).unwrap();
+    let fb = g.upload(&fused).unwrap();
+    assert!(g
+        .act_f16_strided(fb.ptr(), fb.at(ff * 4), rows, ff, ff - 4, None, hb.ptr())
+        .is_err());
+}
+
+/// v10: the cuBLASLt products (each shape's fastest heuristic candidate, kept even where
+/// cublasGemmEx was faster) against the f64 sum of the same f16 operands and against
+/// cublasGemmEx, plain and accumulating, at batched-decode token counts.
+#[test]
+fn gemm_lt_matches_reference_and_gemm_ex() {
+    let Some(g) = gpu_or_skip("gemm_lt") else {
+        return;
+    };
+    if !g.has_blas() || !g.lt_wants(16) {
+        eprintln!(
+            "SKIPPED gemm_lt: {}",
+            g.lt_missing
+                .clone()
+                .unwrap_or_else(|| "cuBLASLt switched off".into())
+        );
+        return;
+    }
+    g.lt_force.set(true);
+    let mut r = rng("gemm_lt");
+    for (m, n, k) in [(640, 16, 512), (1000, 48, 768), (3072, 64, 1024)] {
+        let w = randn(&mut r, m * k, 0.5);
+        let x = randn(&mut r, n * k, 1.0);
+        let wh: Vec<u16> = w.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let xh: Vec<u16> = x.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let (wb, xb) = (g.upload(&wh).unwrap(), g.upload(&xh).unwrap());
+        let mut dot = vec![0f64; n * m];
+        for t in 0..n {
+            for rr in 0..m {
+                dot[t * m + rr] = (0..k)
+                    .map(|c| {
+                        f16::from_bits(wh[rr * k + c]).to_f64()
+                            * f16::from_bits(xh[t * k + c]).to_f64()
+                    })
+                    .sum();
+            }
+        }
+        for acc in [false, true] {
+            let c0 = randn(&mut r, n * m, 1.0);
+            let want: Vec<f64> = dot
+                .iter()
+                .zip(&c0)
+                .map(|(d, &c)| d + if acc { c as f64 } else { 0.0 })
+                .collect();
+            let beta = if acc { 1.0 } else { 0.0 };
+            let mut outs = Vec::new();
+            for lt in [true, false] {
+                g.lt_on.set(lt);
+                let cb = g.upload(&c0).unwrap();
+                g.gemm_f16(wb.ptr(), xb.ptr(), cb.ptr(), m, n, k, beta)
+                    .unwrap();
+                let got: Vec<f32> = g.download(&cb, n * m).unwrap();
+                let e = rel_err(&got, &want);
+                assert!(e < 1e-5, "m {m} n {n} k {k} acc {acc} lt {lt}: error {e:e}");
+                outs.push(got);
+            }
+            let ex: Vec<f64> = outs[1].iter().map(|&v| v as f64).collect();
+            let e = rel_err(&outs[0], &ex);
+            assert!(
+                e < 1e-5,
+                "m {m} n {n} k {k} acc {acc}: cuBLASLt vs GemmEx {e:e}"
+            );
+        }
+    }
+    g.lt_on.set(true);
+    let t = g.gemm_tunings();
+    eprintln!("gemm_lt tunings: {t:?}");
+    assert_eq!(t.len(), 6, "one tuning per shape");
+    assert!(
+        t.iter().all(|t| t.candidates == 0 || t.lt_kept),
+        "forced shapes keep a cuBLASLt candidate"
+    );
+    assert!(
+        t.iter().any(|t| t.candidates > 0),
+        "the heuristic offered no candidate for any shape"
+    );
+}
