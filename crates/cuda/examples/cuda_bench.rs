@@ -179,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-mmq] [--ab-mmf] [--ab-lt]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -435,7 +435,17 @@ fn main() {
     // gate/up GEMMs, cuBLASLt algorithms timed per shape) in the other three combinations, then
     // every tuned shape's cublasGemmEx and best cuBLASLt time.
     let lt_ab = args.iter().any(|a| a == "--ab-lt");
-    aggregate(path, &par, graphs, prof, (mmq_ab, mmf_ab, lt_ab), &mut toks);
+    // --ab-merge: each aggregate also with the wide steps' attention slices merged by
+    // attn_merge instead of attn_combine (or the other way round).
+    let merge_ab = args.iter().any(|a| a == "--ab-merge");
+    aggregate(
+        path,
+        &par,
+        graphs,
+        prof,
+        (mmq_ab, mmf_ab, lt_ab, merge_ab),
+        &mut toks,
+    );
 }
 
 /// Prompt steps through cuBLAS against the integer path at 16..128 and 512 tokens.
@@ -474,7 +484,7 @@ fn aggregate(
     par: &[usize],
     graphs: bool,
     prof: bool,
-    (mmq_ab, mmf_ab, lt_ab): (bool, bool, bool),
+    (mmq_ab, mmf_ab, lt_ab, merge_ab): (bool, bool, bool, bool),
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
 ) {
     let pmax = par.iter().copied().max().unwrap_or(1);
@@ -489,33 +499,45 @@ fn aggregate(
         let mut b = CudaBackend::load(path, &opts).unwrap_or_else(|e| panic!("{e}"));
         let (mmq0, mmf0) = (b.gpu().mmq.get(), b.gpu().mmf.get());
         let prod0 = b.batched_products();
+        let fm0 = b.ab_fast_merge();
+        if lt_ab {
+            // The other product form's shapes tuned now too, outside the timed steps.
+            b.tune_products(!prod0.0).unwrap_or_else(|e| panic!("{e}"));
+        }
         // (integer GEMM, many-sequence attention, f16 products on quantized weights): the
         // default, then (--ab-mmq) the integer GEMM switched over and the many-sequence
         // attention off, (--ab-mmf) the f16 products on quantized weights switched over.
-        let mut modes = vec![(mmq0, true, mmf0, prod0)];
+        let mut modes = vec![(mmq0, true, mmf0, prod0, fm0)];
         if mmq_ab {
-            modes.extend([(!mmq0, true, mmf0, prod0), (mmq0, false, mmf0, prod0)]);
+            modes.extend([
+                (!mmq0, true, mmf0, prod0, fm0),
+                (mmq0, false, mmf0, prod0, fm0),
+            ]);
         }
         if mmf_ab {
-            modes.push((mmq0, true, !mmf0, prod0));
+            modes.push((mmq0, true, !mmf0, prod0, fm0));
         }
         if lt_ab {
             // v9's products (neither), then each of v10's two changes alone.
             let (f, l) = prod0;
             modes.extend([
-                (mmq0, true, mmf0, (!f, !l)),
-                (mmq0, true, mmf0, (f, !l)),
-                (mmq0, true, mmf0, (!f, l)),
+                (mmq0, true, mmf0, (!f, !l), fm0),
+                (mmq0, true, mmf0, (f, !l), fm0),
+                (mmq0, true, mmf0, (!f, l), fm0),
             ]);
         }
+        if merge_ab {
+            modes.push((mmq0, true, mmf0, prod0, !fm0));
+        }
         let modes = &modes;
-        for (&p, &(mmq, battn, mmf, prod)) in
+        for (&p, &(mmq, battn, mmf, prod, fm)) in
             par.iter().flat_map(|p| modes.iter().map(move |m| (p, m)))
         {
             b.set_mmq(mmq);
             b.set_batch_attn(battn);
             b.set_mmf(mmf);
             b.set_batched_products(prod.0, prod.1);
+            b.set_ab_fast_merge(fm);
             let mut last = Vec::new();
             for s in 0..p {
                 let batch = StepBatch {
@@ -545,7 +567,15 @@ fn aggregate(
             }
             let dt = t.elapsed().as_secs_f64();
             let (gs, es) = (b.stats.graph_steps, b.stats.eager_steps);
-            if p == pmax && p > 8 && prof && mmq == mmq0 && battn && mmf == mmf0 && prod == prod0 {
+            if p == pmax
+                && p > 8
+                && prof
+                && mmq == mmq0
+                && battn
+                && mmf == mmf0
+                && prod == prod0
+                && fm == fm0
+            {
                 // Where one step of the widest batch goes (eagerly, to time each kernel).
                 b.set_graphs(false);
                 let batch = StepBatch {
@@ -565,7 +595,7 @@ fn aggregate(
                 b.release(s as u64);
             }
             println!(
-                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} fused_gemm={} lt={}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
+                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} fused_gemm={} lt={} fast_merge={fm}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
                 prod.0,
                 prod.1,
                 (p * 128) as f64 / dt,
@@ -577,13 +607,14 @@ fn aggregate(
         }
         b.set_mmf(mmf0);
         b.set_batched_products(prod0.0, prod0.1);
+        b.set_ab_fast_merge(fm0);
         if lt_ab || prof {
             // Every product shape tuned in this process (f16 weight bytes read per product).
             for t in b.gpu().gemm_tunings() {
                 let sh = t.shape;
                 let tb = |us: f64| (sh.m * sh.k * 2) as f64 / (us * 1e-6) / 1e12;
                 println!(
-                    "gemm shape m={} n={} k={} acc={}: cublasGemmEx {:.1} us ({:.2} TB/s), best of {} cuBLASLt candidates {:.1} us ({:.2} TB/s), kept {}",
+                    "gemm shape m={} n={} k={} acc={}: cublasGemmEx {:.1} us ({:.2} TB/s), best of {} cuBLASLt candidates {:.1} us ({:.2} TB/s, K split {}), kept {}",
                     sh.m,
                     sh.n,
                     sh.k,
@@ -593,6 +624,7 @@ fn aggregate(
                     t.candidates,
                     t.best_lt_us,
                     tb(t.best_lt_us),
+                    t.best_split_k,
                     if t.lt_kept { "cuBLASLt" } else { "cublasGemmEx" }
                 );
             }

@@ -631,7 +631,7 @@ impl CudaBackend {
             mem_loaded >> 20,
             opts.host.note()
         ));
-        Ok(CudaBackend {
+        let mut be = CudaBackend {
             graphs: Vec::new(),
             graph_failed: None,
             wide_graph_failed: None,
@@ -680,7 +680,11 @@ impl CudaBackend {
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
             gpu,
-        })
+        };
+        // v10: the batched decode products' algorithms are chosen here, not in a step.
+        let fused = be.fuse_gemm;
+        be.tune_products(fused)?;
+        Ok(be)
     }
 
     /// The model's hyper-parameters.
@@ -1059,9 +1063,107 @@ impl CudaBackend {
         self.wide_graph_failed = None;
     }
 
+    /// Merge the wide steps' attention slices with [`Gpu::attn_merge`] instead of
+    /// [`Gpu::attn_combine`] (same bits); drops captured graphs.
+    pub fn set_ab_fast_merge(&mut self, on: bool) {
+        self.ab_fast_merge = on;
+        self.graphs.clear();
+    }
+
+    /// Whether [`CudaBackend::set_ab_fast_merge`] is on.
+    pub fn ab_fast_merge(&self) -> bool {
+        self.ab_fast_merge
+    }
+
     /// [`CudaBackend::set_batched_products`]'s current arguments.
     pub fn batched_products(&self) -> (bool, bool) {
         (self.fuse_gemm, self.gpu.lt_on.get())
+    }
+
+    /// Tune the cuBLASLt algorithm of every product shape a batched decode graph bucket of
+    /// this backend takes (16..64 tokens, up to the sequences it holds), with the Q/K/V and
+    /// gate/up products fused (`fused`) or not, on a random f16 operand (v10). Done at load
+    /// for the default, so that no step pays for it; returns the shapes tuned now.
+    pub fn tune_products(&mut self, fused: bool) -> Result<usize, CudaError> {
+        let gpu = &self.gpu;
+        let s = &self.s;
+        let cfg = &self.cfg;
+        // Graph steps of up to `top` sequences replay the smallest bucket that holds them.
+        let top = self.opts.max_seqs.min(MMQ_MAX_N);
+        let cap = DECODE_BUCKETS
+            .iter()
+            .copied()
+            .find(|&b| b >= top)
+            .unwrap_or(MMQ_MAX_N);
+        let buckets: Vec<usize> = DECODE_BUCKETS
+            .iter()
+            .copied()
+            .filter(|&b| {
+                b > MV_MAX_NT && b > self.opts.gemm_min_tokens && b <= cap && gpu.lt_wants(b)
+            })
+            .collect();
+        if buckets.is_empty() || !gpu.has_blas() {
+            return Ok(0);
+        }
+        // Weight, shape (rows, columns), accumulating: one of each distinct shape.
+        let mut mats: Vec<(u64, usize, usize, bool)> = Vec::new();
+        let mut add = |w: Option<u64>, rows: usize, cols: usize, acc: bool| {
+            if let Some(w) = w {
+                if !mats.iter().any(|m| (m.1, m.2, m.3) == (rows, cols, acc)) {
+                    mats.push((w, rows, cols, acc));
+                }
+            }
+        };
+        let (e, qd, kvd, ff) = (cfg.n_embd, cfg.n_embd_q(), cfg.n_embd_kv(), cfg.n_ff);
+        for l in &self.layers {
+            match (&l.qkv16, fused) {
+                (Some(b), true) => add(Some(b.ptr()), qd + 2 * kvd, e, false),
+                _ => {
+                    for m in [&l.wq, &l.wk, &l.wv] {
+                        add(m.f16_ptr(), m.rows, m.cols, false);
+                    }
+                }
+            }
+            add(l.wo.f16_ptr(), l.wo.rows, l.wo.cols, true);
+            match (&l.gu16, fused) {
+                (Some(b), true) => add(Some(b.ptr()), 2 * ff, e, false),
+                _ => {
+                    for m in [&l.gate, &l.up] {
+                        add(m.f16_ptr(), m.rows, m.cols, false);
+                    }
+                }
+            }
+            add(l.down.f16_ptr(), l.down.rows, l.down.cols, true);
+        }
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        add(head.f16_ptr(), head.rows, head.cols, false);
+        let widest = mats.iter().map(|m| m.2).max().unwrap_or(0);
+        let top_n = buckets.iter().copied().max().unwrap_or(0);
+        if widest * top_n * 2 > s.xh.bytes() {
+            return Ok(0);
+        }
+        let mut seed = 0x9e37_79b9u32;
+        let xh: Vec<u16> = (0..top_n * widest)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                half::f16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5).to_bits()
+            })
+            .collect();
+        gpu.write(&s.xh, 0, &xh)?;
+        let before = gpu.gemm_tunings().len();
+        for &n in &buckets {
+            for &(w, m, k, acc) in &mats {
+                // The product runs once after its tuning: into the logits buffer, which the
+                // next step rewrites (skipped where it would not fit).
+                if m * n * 4 > s.logits.bytes() {
+                    continue;
+                }
+                let sh = crate::lt::GemmShape { m, n, k, acc };
+                gpu.gemm_lt(sh, w, s.xh.ptr(), s.logits.ptr())?;
+            }
+        }
+        gpu.sync()?;
+        Ok(gpu.gemm_tunings().len() - before)
     }
 
     fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {

@@ -182,6 +182,9 @@ pub struct Gpu {
     pub lt_candidates: std::cell::Cell<usize>,
     /// Why cuBLASLt is not used, when it is not.
     pub lt_missing: Option<String>,
+    /// Tuning also times the heuristic's first candidates with K split 2, 4 and 8 ways
+    /// (v10): on unless `CROSSOVER_CUDA_LT_SPLITK=0`.
+    pub lt_splitk: std::cell::Cell<bool>,
     /// Keep the fastest cuBLASLt candidate of a shape tuned from now on even where
     /// `cublasGemmEx` was faster (for tests of the cuBLASLt path; off).
     pub lt_force: std::cell::Cell<bool>,
@@ -280,6 +283,9 @@ impl Gpu {
             lt_on: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_LT").as_deref() != Ok("0")),
             lt_candidates: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_LT_ALGOS", 16)),
             lt_force: std::cell::Cell::new(false),
+            lt_splitk: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_LT_SPLITK").as_deref() != Ok("0"),
+            ),
             funcs,
             names,
             _module: module,

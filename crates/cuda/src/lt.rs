@@ -6,8 +6,9 @@
 //! heuristic for several candidates (split-K ones included, within a fixed workspace), times each
 //! once against `cublasGemmEx` as a graph of repeated launches, and keeps the fastest for the rest
 //! of the process: one fixed algorithm per shape, so a shape's results do not change from step to
-//! step. Shapes are tuned on first use outside a graph capture; a capture of an untuned shape
-//! takes `cublasGemmEx` (the backend runs one eager pass before capturing a wide bucket).
+//! step. The backend tunes its decode buckets' shapes at load; any other shape is tuned on first
+//! use outside a graph capture (a capture of an untuned shape takes `cublasGemmEx`, so the
+//! backend runs one eager pass before capturing a wide bucket).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -42,6 +43,8 @@ pub struct GemmTuning {
     pub best_lt_us: f64,
     /// Whether the kept choice is a cuBLASLt algorithm (else `cublasGemmEx`).
     pub lt_kept: bool,
+    /// The K split of the fastest cuBLASLt candidate (1: none).
+    pub best_split_k: u32,
 }
 
 struct Plan {
@@ -163,6 +166,7 @@ fn describe(sh: GemmShape) -> Result<Plan, CudaError> {
             gemm_ex_us: f64::NAN,
             best_lt_us: f64::NAN,
             lt_kept: false,
+            best_split_k: 1,
         },
     };
     // cublasOperation_t: CUBLAS_OP_T = 1 (W), CUBLAS_OP_N = 0 (A).
@@ -205,6 +209,85 @@ fn describe(sh: GemmShape) -> Result<Plan, CudaError> {
     }
     [plan.la, plan.lb, plan.lc] = out;
     Ok(plan)
+}
+
+/// The K split an algorithm is configured with (1 where it says none).
+fn split_k_of(algo: &lt::cublasLtMatmulAlgo_t) -> u32 {
+    let mut v = 1u32;
+    let mut got = 0usize;
+    // SAFETY: reads one u32 attribute of a live algorithm into a local.
+    let s = unsafe {
+        lt::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            (&mut v) as *mut u32 as *mut c_void,
+            std::mem::size_of::<u32>(),
+            &mut got,
+        )
+    };
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        v.max(1)
+    } else {
+        1
+    }
+}
+
+/// More candidates: the heuristic's first four with the K dimension split 2, 4 and 8 ways
+/// (partial sums reduced in the workspace in f32, a fixed order), where cuBLASLt accepts the
+/// configuration. A thin product of few output tiles (m = 3072 at n <= 64: 24 tiles of 128
+/// rows) otherwise leaves most SMs idle.
+fn split_k_variants(
+    l: &Lt,
+    plan: &Plan,
+    cands: &[(lt::cublasLtMatmulAlgo_t, usize)],
+    wsb: usize,
+) -> Vec<(lt::cublasLtMatmulAlgo_t, usize)> {
+    let mut out = Vec::new();
+    for (algo, _) in cands.iter().take(4) {
+        if split_k_of(algo) > 1 {
+            continue;
+        }
+        for split in [2u32, 4, 8] {
+            let mut a = *algo;
+            let scheme =
+                lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+            let set = |a: &mut lt::cublasLtMatmulAlgo_t,
+                       attr: lt::cublasLtMatmulAlgoConfigAttributes_t,
+                       v: u32| {
+                // SAFETY: writes one u32 attribute of a local copy of an algorithm.
+                unsafe {
+                    lt::cublasLtMatmulAlgoConfigSetAttribute(
+                        a,
+                        attr,
+                        (&v) as *const u32 as *const c_void,
+                        std::mem::size_of::<u32>(),
+                    )
+                }
+            };
+            use lt::cublasLtMatmulAlgoConfigAttributes_t as A;
+            if set(&mut a, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split)
+                != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                || set(&mut a, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme)
+                    != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            {
+                continue;
+            }
+            // SAFETY: zeroed result is plain data the call overwrites; descriptors are live.
+            let mut r: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+            let ok = unsafe {
+                lt::cublasLtMatmulAlgoCheck(
+                    l.handle, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, &a, &mut r,
+                )
+            };
+            if ok == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && r.workspaceSize <= wsb
+            {
+                out.push((a, r.workspaceSize));
+            }
+        }
+    }
+    out
 }
 
 impl Gpu {
@@ -305,9 +388,12 @@ impl Gpu {
     }
 
     /// Time `cublasGemmEx` and the heuristic's candidates for `sh` (each as a graph of
-    /// `REPS` products, into a scratch output) and keep the fastest.
+    /// up to 10 products, into a scratch output) and keep the fastest.
     fn lt_tune(&self, l: &Lt, sh: GemmShape, w: u64, a: u64) -> Result<(), CudaError> {
-        const REPS: usize = 10;
+        // Products per timed graph: about 150 us of work each (the weight bytes at ~3 TB/s),
+        // 1 to 10, so a large head costs milliseconds to tune rather than tens of them.
+        let est_us = (sh.m * sh.k * 2) as f64 / 3e6;
+        let reps = ((150.0 / est_us.max(1.0)).round() as usize).clamp(1, 10);
         let want = self.lt_candidates.get().clamp(1, 64);
         let mut plan = describe(sh)?;
         let mut pref = std::ptr::null_mut();
@@ -366,6 +452,10 @@ impl Gpu {
         } else {
             Vec::new()
         };
+        let mut cands = cands;
+        if self.lt_splitk.get() {
+            cands.extend(split_k_variants(l, &plan, &cands, wsb));
+        }
         let need = sh.m * sh.n * 4;
         {
             let mut sc = l.scratch.borrow_mut();
@@ -377,7 +467,7 @@ impl Gpu {
         let c = l.scratch.borrow().as_ref().map_or(0, DevBuf::ptr);
         let beta = if sh.acc { 1.0 } else { 0.0 };
         let ex_ms = self.time_graph(2, &mut || {
-            for _ in 0..REPS {
+            for _ in 0..reps {
                 self.gemm_ex(w, a, c, sh.m, sh.n, sh.k, beta)?;
             }
             Ok(())
@@ -386,7 +476,7 @@ impl Gpu {
         let mut ran = 0;
         for (i, (algo, ws)) in cands.iter().enumerate() {
             let t = self.time_graph(2, &mut || {
-                for _ in 0..REPS {
+                for _ in 0..reps {
                     self.lt_run(l, &plan, algo, *ws, w, a, c, sh.acc)
                         .map_err(lt_err("candidate"))?;
                 }
@@ -402,11 +492,12 @@ impl Gpu {
                 best = Some((t, i));
             }
         }
-        let us = |ms: f64| ms * 1e3 / REPS as f64;
+        let us = |ms: f64| ms * 1e3 / reps as f64;
         plan.tuning.candidates = ran;
         plan.tuning.gemm_ex_us = us(ex_ms);
         if let Some((t, i)) = best {
             plan.tuning.best_lt_us = us(t);
+            plan.tuning.best_split_k = split_k_of(&cands[i].0);
             if t < ex_ms || self.lt_force.get() {
                 plan.algo = Some(cands[i]);
                 plan.tuning.lt_kept = true;
