@@ -271,6 +271,9 @@ pub struct CudaBackend {
     /// Those steps merge the attention slices with [`Gpu::attn_merge`] (same bits as
     /// [`Gpu::attn_combine`]): off unless `CROSSOVER_CUDA_AB_FASTMERGE=1`.
     ab_fast_merge: bool,
+    /// Graph buckets whose product shapes [`CudaBackend::tune_products`] tuned, with the
+    /// product form (fused or not) it tuned them for.
+    tuned: Vec<(usize, bool)>,
     gpu: Gpu,
 }
 
@@ -679,6 +682,7 @@ impl CudaBackend {
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
+            tuned: Vec::new(),
             gpu,
         };
         // v10: the batched decode products' algorithms are chosen here, not in a step.
@@ -1163,7 +1167,9 @@ impl CudaBackend {
             }
         }
         gpu.sync()?;
-        Ok(gpu.gemm_tunings().len() - before)
+        let done = gpu.gemm_tunings().len() - before;
+        self.tuned.extend(buckets.iter().map(|&b| (b, fused)));
+        Ok(done)
     }
 
     fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
@@ -2368,9 +2374,10 @@ impl CudaBackend {
         }
         // Capture with splits sized for the longest context, so one graph serves any length.
         let (n_split, split_len) = self.splits(bucket, self.opts.ctx_size);
-        if self.gpu.lt_wants(bucket) {
+        if self.gpu.lt_wants(bucket) && !self.tuned.contains(&(bucket, self.fuse_gemm)) {
             // v10: one eager pass first, so that every product shape of this bucket is tuned
-            // (timing is impossible inside a capture). It writes what the replay below writes.
+            // (timing is impossible inside a capture), unless tuning at load covered it. It
+            // writes what the replay below writes.
             self.enqueue(bucket, n_out, n_split, split_len)?;
         }
         let stream = self.gpu.stream.clone();
