@@ -274,6 +274,9 @@ pub struct CudaBackend {
     /// Graph buckets whose product shapes [`CudaBackend::tune_products`] tuned, with the
     /// product form (fused or not) it tuned them for.
     tuned: Vec<(usize, bool)>,
+    /// Why tuning the batched products at load failed, if it did (cuBLASLt is then left off
+    /// and the products run on `cublasGemmEx`, as before v10).
+    lt_failed: Option<String>,
     gpu: Gpu,
 }
 
@@ -683,11 +686,17 @@ impl CudaBackend {
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
             tuned: Vec::new(),
+            lt_failed: None,
             gpu,
         };
         // v10: the batched decode products' algorithms are chosen here, not in a step.
+        // A failure there (e.g. no memory for the timing scratch) costs the tuned algorithms,
+        // not the load.
         let fused = be.fuse_gemm;
-        be.tune_products(fused)?;
+        if let Err(e) = be.tune_products(fused) {
+            be.gpu.lt_on.set(false);
+            be.lt_failed = Some(e.to_string());
+        }
         Ok(be)
     }
 
@@ -1077,6 +1086,11 @@ impl CudaBackend {
     /// Whether [`CudaBackend::set_ab_fast_merge`] is on.
     pub fn ab_fast_merge(&self) -> bool {
         self.ab_fast_merge
+    }
+
+    /// Why the batched products' cuBLASLt algorithms were given up at load, if they were.
+    pub fn lt_failure(&self) -> Option<&str> {
+        self.lt_failed.as_deref()
     }
 
     /// [`CudaBackend::set_batched_products`]'s current arguments.
