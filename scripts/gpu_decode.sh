@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call for batch-1 decode (docs/perf/cuda.md, version 9): makes the synthetic 3B
-# Q4_K_M file in the background while the kernel tests named in TESTS run, then cuda_bench's
-# tg128 at depth 0 and $DEPTH with a per-kernel profile and the v9 A/B (--ab-v9: every variant
-# in one process), optionally the earlier version's cuda_bench ($OLD) and this one's again,
+# One device call for batch-1 decode (docs/perf/cuda.md, versions 9 and 10): makes the
+# synthetic 3B Q4_K_M file in the background while the kernel tests named in TESTS run, then
+# cuda_bench's tg128 at depth 0 and $DEPTH with a per-kernel profile and the A/B of
+# BENCH_ARGS (default --ab-v10: every variant of v10 in one process), optionally the earlier
+# version's cuda_bench ($OLD) and this one's again,
 # then the model agreement test on the same file. Binaries from
 # scripts/gpu_prepare.sh in $GPU_DIR. Each part runs under its own timeout.
 set -uo pipefail
@@ -17,16 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
 $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t 12 >"$OUT/synth.log" 2>&1 &
 SYN=$!
-if [[ -n "${TESTS-early_weight merge_with_quant qkv_rope matvec_q prep_products rms_norm}" ]]; then
+if [[ -n "${TESTS-q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output}" ]]; then
   # shellcheck disable=SC2086
-  timeout ${TEST_S:-100} $G/kernels --test-threads 1 ${TESTS-early_weight merge_with_quant qkv_rope matvec_q prep_products rms_norm} 2>&1 \
+  timeout ${TEST_S:-100} $G/kernels --test-threads 1 ${TESTS-q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output} 2>&1 \
     | tee "$OUT/kernels.log" | grep -E "^test |panicked|seed|error|result"
   t "kernel tests done"
 fi
 wait $SYN; t "3B file made (rc $?)"
 # shellcheck disable=SC2086
 timeout ${BENCH_S:-60} $G/cuda_bench /tmp/l3b.gguf --depth ${DEPTH:-4096} --par 0 --quick \
-  ${BENCH_ARGS---profile --ab-v9} 2>&1 | tee "$OUT/cuda_bench.log" | grep -vE "^kernel |^  "
+  ${BENCH_ARGS---profile --ab-v10} 2>&1 | tee "$OUT/cuda_bench.log" | grep -vE "^kernel |^  "
 t "bench done"
 if [[ -n "${OLD:-}" ]]; then
   # Before/after in one call: the earlier version's cuda_bench ($G/$OLD, its own kernel compile),

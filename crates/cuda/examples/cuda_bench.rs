@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use cuda::{CudaBackend, CudaOptions, PowerMeter};
+use cuda::{CudaBackend, CudaOptions, DecodeV10, PowerMeter};
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
 
@@ -179,7 +179,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -401,6 +401,55 @@ fn main() {
             }
         }
         b.set_decode_v9(d0.0, d0.1, d0.2);
+    }
+    // --ab-v10: v10's one-token product variants (see DecodeV10), alternating, in one
+    // process, with the per-class product times of each.
+    if args.iter().any(|a| a == "--ab-v10") {
+        let d0 = b.decode_v10();
+        let off = DecodeV10::default();
+        let lb4 = DecodeV10 {
+            mvr_lb4: true,
+            ..off
+        };
+        let pf = DecodeV10 {
+            mvq_pf: true,
+            ..off
+        };
+        let both = DecodeV10 {
+            mvr_lb4: true,
+            mvq_pf: true,
+            ..off
+        };
+        let wave4 = DecodeV10 { wave: true, ..lb4 };
+        let combos = [d0, off, lb4, pf, both, wave4, off, both, d0];
+        for c in combos {
+            b.set_decode_v10(c);
+            let label = format!(
+                "wave={} q6_half={} mvd={} mvr4={} mvq_pf={}",
+                c.wave, c.q6_half, c.warp_rows, c.mvr_lb4, c.mvq_pf
+            );
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b v10 {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+            match b.bench_matvecs(20) {
+                Ok(rows) => {
+                    for (name, n, us, bytes) in rows {
+                        println!(
+                            "a/b v10 {label}: kernel {name:<18} x{n:<3} {us:8.2} us/launch \
+                             {:7.0} GB/s",
+                            bytes / us / 1e3
+                        );
+                    }
+                }
+                Err(e) => println!("kernel bench failed: {e}"),
+            }
+        }
+        b.set_decode_v10(d0);
     }
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",

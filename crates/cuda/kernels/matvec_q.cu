@@ -758,6 +758,29 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
     }
 }
 
+// v10: L2 prefetch of [p, p + bytes) by one warp (a hint, as prefetch_l2).
+__device__ __forceinline__ void warp_prefetch_l2(const u8* p, long long bytes) {
+    for (long long o = (long long)(threadIdx.x & 31) * 128; o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
+// v10: one warp asks L2 for the weights of its row pair `row` (mvr_ptrs' rows), if any.
+template <int T, bool GLU>
+__device__ __forceinline__ void mvr_prefetch_rows(int row, const u8* __restrict__ w0,
+                                                  const u8* __restrict__ w1,
+                                                  const u8* __restrict__ w2, int r0, int r1,
+                                                  int total, long long rb) {
+    if (row >= total) return;
+    const u8* wr[2];
+    bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
+    if (second && wr[1] == wr[0] + rb) {
+        warp_prefetch_l2(wr[0], 2 * rb);
+    } else {
+        warp_prefetch_l2(wr[0], rb);
+        if (second) warp_prefetch_l2(wr[1], rb);
+    }
+}
+
 // Block b takes the contiguous row pairs [b * nw * loops, (b + 1) * nw * loops) (pairs of rows,
 // or gate/up rows for GLU); warp w of it pairs b * nw * loops + w + k * nw, k < loops.
 template <int T, bool GLU>
@@ -777,8 +800,11 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     int total = GLU ? r0 : r0 + r1 + r2;
     int per_warp = GLU ? 1 : 2;
     int first = blockIdx.x * nw * loops * per_warp;
+    // v10 (`prefetch` bit 2, the grid sized to what is resident at once): the block asks L2
+    // for its first two steps only, and each warp for its rows two steps ahead as it goes.
+    bool ahead = (prefetch & 4) != 0;
     if (prefetch & 1) {
-        int last = min(first + nw * loops * per_warp, total);
+        int last = min(first + nw * (ahead ? min(loops, 2) : loops) * per_warp, total);
         if (GLU) {
             prefetch_l2(w0 + (long long)first * rb, (long long)(last - first) * rb);
             prefetch_l2(w1 + (long long)first * rb, (long long)(last - first) * rb);
@@ -820,6 +846,8 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * per_warp;
         if (row >= total) return;
+        if (ahead && k + 2 < loops) mvr_prefetch_rows<T, GLU>(row + 2 * nw * per_warp, w0, w1, w2,
+                                                               r0, r1, total, rb);
         mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
                          accumulate, qfmt, qcnt, qso, dso, rp, pre, early && k == 0);
     }
@@ -936,15 +964,19 @@ template <int TQ, int TV>
 __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                                const i8* __restrict__ aq, const float2* __restrict__ ad,
-                               float* yq, int prefetch, const RopeArgs* rp) {
+                               float* yq, int prefetch, const RopeArgs* rp, int loops) {
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rbq = (long long)(cols / Q<TQ>::BE) * Q<TQ>::BB;
     long long rbv = (long long)(cols / Q<TV>::BE) * Q<TV>::BB;
     int total = r0 + r1 + r2;
-    int first = blockIdx.x * nw * 2;
+    // v10: `loops` row pairs per warp (block b: pairs [b nw loops, (b + 1) nw loops)), the
+    // grid sized to what is resident at once; with prefetch bit 2 the block asks L2 for its
+    // first two steps and each warp for its pair two steps ahead.
+    bool ahead = (prefetch & 4) != 0;
+    int first = blockIdx.x * nw * loops * 2;
     if (prefetch & 1) {
-        int last = min(first + nw * 2, total);
+        int last = min(first + nw * (ahead ? min(loops, 2) : loops) * 2, total);
         int bounds[4] = {0, r0, r0 + r1, total};
         const u8* ws[3] = {w0, w1, w2};
         for (int s = 0; s < 3; s++) {
@@ -954,7 +986,6 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
         }
     }
     int row = first + warp * 2;
-    bool is_v = row >= r0 + r1;
     bool early = (prefetch & 2) != 0 && row < total;
     MvrPre<TQ> pq;
     MvrPre<TV> pv;
@@ -962,7 +993,7 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
     pv.n = 0;
     if (early) {
         const u8* wr[2];
-        if (is_v) {
+        if (row >= r0 + r1) {
             mvr_ptrs<TV, false>(row, w0, w1, w2, r0, r1, total, rbv, wr);
             mvr_preload<TV>(wr, units, pv);
         } else {
@@ -972,20 +1003,29 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
     }
     pdl_wait();
     pdl_launch();
-    if (row >= total) return;
-    if (is_v)
-        mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, yq, yq, 0, 0,
-                            0, 0, 0, rp, pv, early);
-    else
-        mvr_rows<TQ, false>(row, w0, w1, w2, r0, r1, total, units, rbq, aq, ad, yq, yq, yq, 0, 0,
-                            0, 0, 0, rp, pq, early);
+    for (int k = 0; k < loops; k++) {
+        row = first + (warp + k * nw) * 2;
+        if (row >= total) return;
+        if (ahead && k + 2 < loops) {
+            int pr = row + 4 * nw;
+            if (pr >= r0 + r1) mvr_prefetch_rows<TV, false>(pr, w0, w1, w2, r0, r1, total, rbv);
+            else mvr_prefetch_rows<TQ, false>(pr, w0, w1, w2, r0, r1, total, rbq);
+        }
+        bool pre = early && k == 0;
+        if (row >= r0 + r1)
+            mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, yq, yq, 0,
+                                0, 0, 0, 0, rp, pv, pre);
+        else
+            mvr_rows<TQ, false>(row, w0, w1, w2, r0, r1, total, units, rbq, aq, ad, yq, yq, yq, 0,
+                                0, 0, 0, 0, rp, pq, pre);
+    }
 }
 
 #define DEF_MVR_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256) mvr_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
-        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp) { \
-        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp); \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops) { \
+        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
     }
 #define FOR_EACH_QKV_PAIR(X) X(q4_k, T_Q4_K, q6_k, T_Q6_K) X(q5_k, T_Q5_K, q6_k, T_Q6_K)
 FOR_EACH_QKV_PAIR(DEF_MVR_ROPE2)
@@ -1057,3 +1097,234 @@ __device__ void mvw_impl(const u8* __restrict__ w, int rows, int cols,
         mvw_impl<T>(w, rows, cols, aq, ad, px, y, accumulate, prefetch); \
     }
 FOR_EACH_QTYPE(DEF_MVW)
+
+// ld32_a2_wide for NW words (a multiple of 4): NW / 4 + 1 aligned 16-byte loads, reaching up
+// to 14 bytes before p and 16 after p + 4 NW.
+template <int NW>
+__device__ __forceinline__ void ld_a2_wide(const u8* p, u32* w) {
+    constexpr int NV = NW / 4 + 1;
+    unsigned long long a = (unsigned long long)p;
+    const uint4* v = (const uint4*)(a & ~15ull);
+    u32 x[4 * NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        uint4 t = v[i];
+        x[4 * i] = t.x;
+        x[4 * i + 1] = t.y;
+        x[4 * i + 2] = t.z;
+        x[4 * i + 3] = t.w;
+    }
+    int r = (int)(a & 15);
+    bool s1 = (r & 4) != 0, s2 = (r & 8) != 0;
+    u32 sh = (u32)(r & 3) * 8;
+    u32 y[NW + 3], z[NW + 1];
+#pragma unroll
+    for (int i = 0; i < NW + 3; i++) y[i] = s1 ? x[i + 1] : x[i];
+#pragma unroll
+    for (int i = 0; i < NW + 1; i++) z[i] = s2 ? y[i + 2] : y[i];
+#pragma unroll
+    for (int i = 0; i < NW; i++)
+        asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(w[i]) : "r"(z[i]), "r"(z[i + 1]), "r"(sh));
+}
+
+// Unsigned bytes of a times signed bytes of b, summed into c.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// v10: the integer dot of half h (128 elements, units 4h..4h+3) of the Q6_K block at b with
+// the Q8_K activation units at aq (128 int8) / ad (their 4 {d, bsums}): the sum over its 8
+// groups of 16 of scale * sum((q - 32) * a), exact in int32 (|sum| <= 128 * 128 * 32 * 127).
+// Unlike QI<T_Q6_K>::unit, which loads a unit's 32 ql and 32 qh bytes for each of the 4 units
+// that share them, the half's 64 ql and 32 qh bytes are loaded once (8 aligned 16-byte loads
+// instead of 24), and the - 32 is taken from the activation's sums of 16 (sum(q a) - 32
+// sum(a)) instead of per byte. *ax receives the activation's d (the super-block's, the same in
+// each unit).
+__device__ __forceinline__ int q6_half_isum(const u8* b, int h, const i8* __restrict__ aq,
+                                            const float2* __restrict__ ad, float* ax) {
+    u32 lw[16], hw[8];
+    ld_a2_wide<16>(b + 64 * h, lw);
+    ld_a2_wide<8>(b + 128 + 32 * h, hw);
+    u32 s03 = ld_u32_a2(b + 192 + 8 * h), s47 = ld_u32_a2(b + 196 + 8 * h);
+    const int4* a = (const int4*)aq;
+    int isum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int4 a0 = a[2 * k], a1 = a[2 * k + 1];
+        float2 d = ad[k];
+        if (k == 0) *ax = d.x;
+        u32 q[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 l = lw[8 * (k & 1) + i];
+            u32 lo = (k < 2 ? l : l >> 4) & 0x0f0f0f0fu;
+            q[i] = lo | (((hw[i] >> (2 * k)) & 0x03030303u) << 4);
+        }
+        int s0 = dp4a_us(q[0], a0.x, 0);
+        s0 = dp4a_us(q[1], a0.y, s0);
+        s0 = dp4a_us(q[2], a0.z, s0);
+        s0 = dp4a_us(q[3], a0.w, s0);
+        int s1 = dp4a_us(q[4], a1.x, 0);
+        s1 = dp4a_us(q[5], a1.y, s1);
+        s1 = dp4a_us(q[6], a1.z, s1);
+        s1 = dp4a_us(q[7], a1.w, s1);
+        int b0, b1;
+        act_bsums(d, &b0, &b1);
+        u32 sw = k < 2 ? s03 : s47;
+        int sc0 = (int)(i8)((sw >> (16 * (k & 1))) & 0xff);
+        int sc1 = (int)(i8)((sw >> (16 * (k & 1) + 8)) & 0xff);
+        isum += sc0 * (s0 - 32 * b0) + sc1 * (s1 - 32 * b1);
+    }
+    return isum;
+}
+
+// v10: one token's y (+)= W x for a Q6_K matrix (the 3B model's output head, 128,256 x 3072,
+// 323 MB: the largest product of a token). A warp takes MV6_ROWS rows at a time and spreads
+// their half super-blocks over its lanes (3072 columns: 4 x 24 halves, 3 per lane), each
+// half's bytes loaded once (q6_half_isum); one float product per half:
+// (d * a.d) * isum. The grid is sized by the launch to what is resident at once (`loops` row
+// groups per warp, block b taking groups [b nw loops, (b + 1) nw loops)), and each warp asks
+// L2 for its group two steps ahead, so the loads of a step find their bytes in L2 rather
+// than waiting a DRAM round trip per wave of blocks (prefetch bit 0: the block's first two
+// steps are asked for before the PDL wait).
+#define MV6_ROWS 4
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mv6_q6_k(const u8* __restrict__ w, int rows, int cols, const i8* __restrict__ aq,
+             const float2* __restrict__ ad, float* y, int accumulate, int prefetch, int loops) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int halves = cols / 128;
+    long long rb = (long long)(cols / 256) * 210;
+    int groups = (rows + MV6_ROWS - 1) / MV6_ROWS;
+    int g0 = blockIdx.x * nw * loops;
+    if (prefetch & 1) {
+        int a = g0 * MV6_ROWS, e = min((g0 + nw * min(loops, 2)) * MV6_ROWS, rows);
+        if (a < e) prefetch_l2(w + (long long)a * rb, (long long)(e - a) * rb);
+    }
+    pdl_wait();
+    pdl_launch();
+    for (int k = 0; k < loops; k++) {
+        int grp = g0 + warp + k * nw;
+        if (grp >= groups) return;
+        if (k + 2 < loops) {
+            int pg = grp + 2 * nw;
+            if (pg < groups) {
+                int p0 = pg * MV6_ROWS, p1 = min(p0 + MV6_ROWS, rows);
+                warp_prefetch_l2(w + (long long)p0 * rb, (long long)(p1 - p0) * rb);
+            }
+        }
+        int row0 = grp * MV6_ROWS;
+        int nr = min(MV6_ROWS, rows - row0);
+        int tasks = nr * halves;
+        float acc[MV6_ROWS];
+#pragma unroll
+        for (int r = 0; r < MV6_ROWS; r++) acc[r] = 0.0f;
+        for (int t = lane; t < tasks; t += 32) {
+            int r = t / halves, hh = t - r * halves;
+            const u8* b = w + (long long)(row0 + r) * rb + (long long)(hh >> 1) * 210;
+            int u = 4 * hh;
+            float ax;
+            int isum = q6_half_isum(b, hh & 1, aq + 32 * u, ad + u, &ax);
+            float v = (h2f(ld_u16(b + 208)) * ax) * (float)isum;
+#pragma unroll
+            for (int rr = 0; rr < MV6_ROWS; rr++)
+                if (rr == r) acc[rr] += v;
+        }
+        float out = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < MV6_ROWS; rr++) {
+            float s = warp_sum(acc[rr]);
+            if (lane == rr) out = s;
+        }
+        if (lane < nr) {
+            float* o = y + row0 + lane;
+            *o = accumulate ? *o + out : out;
+        }
+    }
+}
+
+// v10: one token's y (+)= W x over rows wider than the mvr kernels take (the down projection:
+// 8192 columns) with one warp per row (blocks of MVD_WARPS rows) instead of a block of 128
+// threads per row (mvq_<type>_1): the 3B model's 3,072 down rows are 768 blocks, all resident
+// at once, where the 3,072 blocks of 128 threads ran ~1.5 waves. The warp asks L2 for its row
+// before the PDL wait (as mvr does); each lane decodes MVD_U units (lane + 32 i) into registers
+// before its first dot (8192 columns: two steps of 4), then a warp reduction: no shared
+// memory, no barrier.
+#define MVD_WARPS 4
+#define MVD_U 4
+template <int T>
+__device__ void mvd_impl(const u8* __restrict__ w, int rows, int cols, const i8* __restrict__ aq,
+                         const float2* __restrict__ ad, float* y, int accumulate, int prefetch) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    int units = cols / 32;
+    constexpr int UPB = Q<T>::BE / 32;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    const u8* wr = w + (long long)row * rb;
+    if (prefetch & 1) warp_prefetch_l2(wr, rb);
+    pdl_wait();
+    pdl_launch();
+    float acc = 0.0f;
+    for (int u0 = lane; u0 < units; u0 += 32 * MVD_U) {
+        int q[MVD_U][8];
+        typename QI<T>::P p[MVD_U];
+#pragma unroll
+        for (int i = 0; i < MVD_U; i++) {
+            int u = u0 + 32 * i;
+            if (u < units) QI<T>::unit(wr + (long long)(u / UPB) * Q<T>::BB, u % UPB, q[i], p[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < MVD_U; i++) {
+            int u = u0 + 32 * i;
+            if (u < units) acc += unit_dot<T>(q[i], p[i], aq + 32 * u, ad + u);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+}
+
+#define DEF_MVD(name, T) \
+    extern "C" __global__ void __launch_bounds__(32 * MVD_WARPS) mvd_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate, int prefetch) { \
+        mvd_impl<T>(w, rows, cols, aq, ad, y, accumulate, prefetch); \
+    }
+FOR_EACH_QTYPE(DEF_MVD)
+
+// v10: the plain and mixed Q/K/V one-token kernels with at most 64 registers (4 blocks of 256
+// threads per SM instead of 2 at 124-128 registers: the head's mvr_q6_k ran at 25 %
+// occupancy, issue-bound, and the mixed Q/K/V launch's 320 blocks in 1.2 waves). The same
+// code as mvr_<type> / mvr_rope2_<qk>_<v>, so the same operations on every output.
+#define DEF_MVR4(name, T) \
+    extern "C" __global__ void __launch_bounds__(256, 4) mvr4_##name( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
+        const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
+        int prefetch, const float* px, const float* pw, float eps, int loops) { \
+        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
+                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops); \
+    }
+FOR_EACH_QTYPE(DEF_MVR4)
+#define DEF_MVR4_ROPE2(a, TA, b, TB) \
+    extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops) { \
+        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
+    }
+FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
+
+// v10: mvq_<type>_1 (one token, a block of up to 128 threads per row: the down projection)
+// that first asks L2 for its row, before the PDL wait (no registers held over the wait,
+// unlike v9's mvqe). The same code after it, so the same bits.
+#define DEF_MVQP(name, T) \
+    extern "C" __global__ void __launch_bounds__(128) mvqp_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate) { \
+        if ((int)blockIdx.x < rows) \
+            prefetch_l2(w + (long long)blockIdx.x * ((cols / Q<T>::BE) * Q<T>::BB), \
+                        (long long)(cols / Q<T>::BE) * Q<T>::BB); \
+        PDL_ENTRY(); \
+        mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate); \
+    }
+FOR_EACH_QTYPE(DEF_MVQP)

@@ -201,6 +201,21 @@ struct Graph {
     graph: cudarc::driver::CudaGraph,
 }
 
+/// v10's one-token product choices (the [`Gpu`] switches of the same names), for A/B runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeV10 {
+    /// [`Gpu::wave`]: `mvr` launches as one wave, L2 prefetch ahead.
+    pub wave: bool,
+    /// [`Gpu::q6_half`]: Q6_K products by half super-blocks.
+    pub q6_half: bool,
+    /// [`Gpu::warp_rows`]: wide rows (down) one warp per row.
+    pub warp_rows: bool,
+    /// [`Gpu::mvr_lb4`]: plain and Q/K/V `mvr` kernels at most 64 registers.
+    pub mvr_lb4: bool,
+    /// [`Gpu::mvq_pf`]: block-per-row products ask L2 for their row before their wait.
+    pub mvq_pf: bool,
+}
+
 /// The CUDA backend. Lives on one actor thread.
 pub struct CudaBackend {
     graphs: Vec<Graph>,
@@ -1021,6 +1036,30 @@ impl CudaBackend {
         self.qkv_mixed = qkv_mixed;
         self.gpu.early_w.set(early_w);
         self.graphs.clear();
+    }
+
+    /// v10's one-token product choices ([`DecodeV10`]); drops captured graphs so later steps
+    /// use them.
+    pub fn set_decode_v10(&mut self, c: DecodeV10) {
+        let g = &self.gpu;
+        g.wave.set(c.wave);
+        g.q6_half.set(c.q6_half);
+        g.warp_rows.set(c.warp_rows);
+        g.mvr_lb4.set(c.mvr_lb4);
+        g.mvq_pf.set(c.mvq_pf);
+        self.graphs.clear();
+    }
+
+    /// v10's one-token choices ([`CudaBackend::set_decode_v10`]'s argument).
+    pub fn decode_v10(&self) -> DecodeV10 {
+        let g = &self.gpu;
+        DecodeV10 {
+            wave: g.wave.get(),
+            q6_half: g.q6_half.get(),
+            warp_rows: g.warp_rows.get(),
+            mvr_lb4: g.mvr_lb4.get(),
+            mvq_pf: g.mvq_pf.get(),
+        }
     }
 
     /// v9's one-token choices ([`CudaBackend::set_decode_v9`]'s arguments).

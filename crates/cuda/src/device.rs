@@ -86,6 +86,9 @@ impl Drop for Blas {
 pub struct Gpu {
     /// Timing events after each launch while a profile is being taken ([`Gpu::profile_start`]).
     prof: RefCell<Option<Vec<(String, CudaEvent)>>>,
+    /// Resident blocks per SM of each kernel at the block size asked last
+    /// ([`Gpu::blocks_per_sm`]; 0 = not asked yet).
+    occupancy: RefCell<Vec<(u32, usize)>>,
     funcs: Vec<CudaFunction>,
     names: Vec<String>,
     _module: Arc<CudaModule>,
@@ -188,6 +191,33 @@ pub struct Gpu {
     /// Keep the fastest cuBLASLt candidate of a shape tuned from now on even where
     /// `cublasGemmEx` was faster (for tests of the cuBLASLt path; off).
     pub lt_force: std::cell::Cell<bool>,
+    /// One-token `mvr_*` products on quantized activations run as one wave (v10): the grid
+    /// sized to the blocks resident at once, each warp taking several row pairs and asking L2
+    /// for its rows two steps ahead: off unless `CROSSOVER_CUDA_WAVE=1` (on the H200 the
+    /// products got slower: gate+up 12.5 -> 13.1 us, head 131 -> 148 us, docs/perf/cuda.md v10).
+    pub wave: std::cell::Cell<bool>,
+    /// One-token Q6_K products (the output head) take the half-super-block kernel
+    /// (`mv6_q6_k`, v10) rather than `mvr_q6_k`: off unless `CROSSOVER_CUDA_Q6H=1` (on the H200
+    /// the head got slower: 131 -> 180 us, docs/perf/cuda.md v10).
+    pub q6_half: std::cell::Cell<bool>,
+    /// One-token products of rows wider than the `mvr` kernels take (the down projection)
+    /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
+    /// (`mvq_*_1`): off unless `CROSSOVER_CUDA_MVD=1` (on the H200 down got slower: 8.8 -> 9.9
+    /// us at 80 registers and 24 warps per SM against 32 registers and 64 warps,
+    /// docs/perf/cuda.md v10).
+    pub warp_rows: std::cell::Cell<bool>,
+    /// One-token plain and mixed Q/K/V `mvr` products (O, the head, Q/K/V) take the kernels
+    /// compiled for at most 64 registers (`mvr4_*`, v10: 4 blocks per SM instead of 2): on
+    /// unless `CROSSOVER_CUDA_MVR4=0` (on the H200 the head 130.6 -> 116.2 us, O 3.19 -> 3.58
+    /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
+    pub mvr_lb4: std::cell::Cell<bool>,
+    /// One-token block-per-row products (the down projection) ask L2 for their row before
+    /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
+    /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
+    pub mvq_pf: std::cell::Cell<bool>,
+    /// Tests only: with [`Gpu::wave`], size one-wave grids to at most this many blocks (0: what
+    /// the GPU holds at once), so small products take several steps per warp.
+    pub wave_cap: std::cell::Cell<usize>,
 }
 
 /// A positive integer from the environment, or `default` when unset or not one.
@@ -286,6 +316,7 @@ impl Gpu {
             lt_splitk: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_LT_SPLITK").as_deref() != Ok("0"),
             ),
+            occupancy: RefCell::new(vec![(0, 0); names.len()]),
             funcs,
             names,
             _module: module,
@@ -330,6 +361,20 @@ impl Gpu {
             wide: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WIDE").as_deref() == Ok("1")),
             early_w: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_EARLY_W").as_deref() == Ok("1"),
+            ),
+            wave: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WAVE").as_deref() == Ok("1")),
+            q6_half: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_Q6H").as_deref() == Ok("1"),
+            ),
+            wave_cap: std::cell::Cell::new(0),
+            warp_rows: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
+            ),
+            mvr_lb4: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
+            ),
+            mvq_pf: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
         })
     }
@@ -512,6 +557,37 @@ impl Gpu {
             out.push((w[1].0.clone(), ms as f64));
         }
         Ok(out)
+    }
+
+    /// How many blocks of `threads` threads of kernel `id` (no dynamic shared memory) a
+    /// multiprocessor holds at once (the driver's occupancy calculation, kept per kernel).
+    pub(crate) fn blocks_per_sm(&self, id: usize, threads: u32) -> Result<usize, CudaError> {
+        let f = self
+            .funcs
+            .get(id)
+            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
+        if let Some(&(t, n)) = self.occupancy.borrow().get(id) {
+            if t == threads && n > 0 {
+                return Ok(n);
+            }
+        }
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: a valid function handle of this context and a live out-pointer.
+        unsafe {
+            cudarc::driver::sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f.cu_function(),
+                threads as std::ffi::c_int,
+                0,
+            )
+        }
+        .result()
+        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        let n = (n.max(1)) as usize;
+        if let Some(e) = self.occupancy.borrow_mut().get_mut(id) {
+            *e = (threads, n);
+        }
+        Ok(n)
     }
 
     /// The number of the kernel called `name` in [`all_kernel_names`].

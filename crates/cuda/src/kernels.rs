@@ -213,6 +213,20 @@ pub fn all_kernel_names() -> Vec<String> {
         let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
         v.push(format!("mvr_rope2_{}_{}", name(a), name(b)));
     }
+    v.push("mv6_q6_k".into());
+    for (_, t) in QTYPES {
+        v.push(format!("mvd_{t}"));
+    }
+    for (_, t) in QTYPES {
+        v.push(format!("mvr4_{t}"));
+    }
+    for (a, b) in QKV_PAIRS {
+        let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
+        v.push(format!("mvr4_rope2_{}_{}", name(a), name(b)));
+    }
+    for (_, t) in QTYPES {
+        v.push(format!("mvqp_{t}"));
+    }
     v
 }
 
@@ -397,6 +411,10 @@ fn check_prep(act: &ActIn, cols: usize) -> Result<(), CudaError> {
 }
 /// Widest rows the one-token products send to the `mvr_*` kernels ([`Gpu::mvr_fits`]).
 const MVR_MAX_COLS: usize = 4096;
+/// Rows per warp of the half-super-block Q6_K kernel (`MV6_ROWS` in matvec_q.cu).
+const MV6_ROWS: usize = 4;
+/// Rows (one per warp) per block of the one-token wide-row kernel (`MVD_WARPS` in matvec_q.cu).
+pub const MVD_WARPS: usize = 4;
 
 /// Threads per row of the integer matrix-vector kernels: one 32-element unit per thread per
 /// step, at most 128, whole warps.
@@ -688,24 +706,76 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        if nt == 1 && self.q6_half_fits(ty, cols) {
+            return self.matvec_q6_half(w, rows, cols, qs, ds, y, accumulate);
+        }
         if nt == 1 && self.mvr_fits(cols) {
             return self.matvec_q_multi(ty, &[(w, rows, y)], cols, qs, ds, accumulate);
+        }
+        if nt == 1 && self.warp_rows.get() {
+            return self.matvec_q_warp(ty, w, rows, cols, qs, ds, y, accumulate);
         }
         if nt == 1 && self.pdl.get() && self.early_w.get() {
             return self.matvec_q_early(ty, w, rows, cols, qs, ds, y, accumulate);
         }
-        let k = mvq_id(ty, false, nt)?;
         let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
             nt as i32,
             accumulate as i32,
         );
+        if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
+            // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
+            let name = format!("mvqp_{}", QTYPES[qtype_index(ty)?].1);
+            return self.launch_id(
+                self.kernel_id(&name)?,
+                (u32_of(rows, "rows")?, 1, 1),
+                (mvq_threads(cols), 1, 1),
+                kargs![w, rr, c, qs, ds, y, a],
+            );
+        }
+        let k = mvq_id(ty, false, nt)?;
         self.launch_id(
             k,
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
+        )
+    }
+
+    /// One token's `y (+)= W x` with one warp per row (`mvd_*`, v10: the down projection's
+    /// 8192-column rows; blocks of [`MVD_WARPS`] rows, so every row of a layer's down is
+    /// resident at once), activations quantized as for [`Gpu::matvec_q`]. The integer sums per
+    /// unit of the CPU's scalar `vec_dot`, summed in another order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_warp(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let name = QTYPES
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map(|(_, n)| format!("mvd_{n}"))
+            .ok_or_else(|| CudaError::Arg(format!("no integer matrix-vector kernel for {ty}")))?;
+        let (rr, c, a, pf) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            self.pdl.get() as i32,
+        );
+        self.launch_id(
+            self.kernel_id(&name)?,
+            (u32_of(rows.div_ceil(MVD_WARPS), "rows")?, 1, 1),
+            (32 * MVD_WARPS as u32, 1, 1),
+            kargs![w, rr, c, qs, ds, y, a, pf],
         )
     }
 
@@ -1340,7 +1410,6 @@ impl Gpu {
         let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
-        let (blocks, loops) = self.mvr_grid(total.div_ceil(2 * MVR_WARPS), &act);
         if let Some(tv) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
             let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), name(tv), &act) else {
@@ -1351,15 +1420,20 @@ impl Gpu {
             if !(rows[0] + rows[1]).is_multiple_of(2) {
                 return Err(CudaError::Arg(format!("mixed Q/K/V launch: rows {rows:?}")));
             }
+            let lb = if self.mvr_lb4.get() { "mvr4" } else { "mvr" };
+            let id = self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?;
+            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
             return self.launch_id(
-                self.kernel_id(&format!("mvr_rope2_{a}_{b}"))?,
+                id,
                 (u32_of(blocks, "rows")?, 1, 1),
                 (32 * MVR_WARPS as u32, 1, 1),
-                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp],
+                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
             );
         }
+        let id = mvr_id(ty, false)? + 2;
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
         self.launch_id(
-            mvr_id(ty, false)? + 2,
+            id,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
@@ -1370,22 +1444,83 @@ impl Gpu {
     /// before the wait (under programmatic dependent launch); bit 1, also decode each warp's
     /// first step into registers before it (v9, [`Gpu::early_w`]; with PDL only, since without
     /// it nothing overlaps).
+    ///
+    /// Bit 2 (v10, [`Gpu::wave`]): the launch's grid is sized to what is resident at once
+    /// (`mvr_grid`); the block asks L2 for its first two steps only and each warp for
+    /// its rows two steps ahead.
     fn mvr_flags(&self) -> i32 {
         let pdl = self.pdl.get();
-        pdl as i32 | (((pdl && self.early_w.get()) as i32) << 1)
+        pdl as i32 | (((pdl && self.early_w.get()) as i32) << 1) | ((self.wave.get() as i32) << 2)
     }
 
-    /// Blocks and row pairs per warp of an `mvr` launch that needs `blocks` blocks at one pair
-    /// per warp: launches that prepare their own activation (every block reads the whole f32
-    /// row) take several pairs per warp, down to about [`Gpu::prep_blocks`] blocks per SM.
-    fn mvr_grid(&self, blocks: usize, act: &ActIn) -> (usize, i32) {
+    /// Blocks and row pairs per warp of an `mvr` launch (kernel `id`) that needs `blocks`
+    /// blocks at one pair per warp: launches that prepare their own activation (every block
+    /// reads the whole f32 row) take several pairs per warp, down to about
+    /// [`Gpu::prep_blocks`] blocks per SM; with [`Gpu::wave`] (v10) the others take as many
+    /// pairs per warp as fit the blocks resident at once, so the launch runs as one wave.
+    fn mvr_grid(&self, id: usize, blocks: usize, act: &ActIn) -> Result<(usize, i32), CudaError> {
         let loops = match act {
+            ActIn::Quantized { .. } if self.wave.get() => {
+                blocks.div_ceil(self.resident_blocks(id)?).max(1)
+            }
             ActIn::Quantized { .. } => 1,
             ActIn::Prep(_) => blocks
                 .div_ceil(self.prep_blocks.get().max(1) * self.sms as usize)
                 .max(1),
         };
-        (blocks.div_ceil(loops), loops as i32)
+        Ok((blocks.div_ceil(loops), i32_of(loops, "row steps")?))
+    }
+
+    /// Blocks of 256 threads of kernel `id` the GPU holds at once (at least 1), or
+    /// [`Gpu::wave_cap`] when set.
+    fn resident_blocks(&self, id: usize) -> Result<usize, CudaError> {
+        let cap = self.wave_cap.get();
+        if cap > 0 {
+            return Ok(cap);
+        }
+        Ok((self.blocks_per_sm(id, 32 * MVR_WARPS as u32)? * self.sms as usize).max(1))
+    }
+
+    /// One token's `y (+)= W x` for a Q6_K matrix with the half-super-block kernel
+    /// (`mv6_q6_k`, v10: each half's bytes loaded once, four rows per warp, the grid sized to
+    /// what is resident at once), activations quantized as for [`Gpu::matvec_q`] (Q8_K). The
+    /// same integer sums per 128 elements as the CPU's scalar `vec_dot`, summed in another
+    /// order. `cols` a multiple of 256.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q6_half(
+        &self,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(GgmlType::Q6K, cols)?;
+        let id = self.kernel_id("mv6_q6_k")?;
+        let groups = rows.div_ceil(MV6_ROWS);
+        let blocks = groups.div_ceil(MVR_WARPS);
+        let loops = blocks.div_ceil(self.resident_blocks(id)?).max(1);
+        let (rr, c, a, pf, l) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            self.pdl.get() as i32,
+            i32_of(loops, "row steps")?,
+        );
+        self.launch_id(
+            id,
+            (u32_of(blocks.div_ceil(loops), "rows")?, 1, 1),
+            (32 * MVR_WARPS as u32, 1, 1),
+            kargs![w, rr, c, qs, ds, y, a, pf, l],
+        )
+    }
+
+    /// Whether one-token products of a `ty` matrix with `cols` columns take
+    /// [`Gpu::matvec_q6_half`] ([`Gpu::q6_half`] on, Q6_K, the `mvr` widths).
+    pub fn q6_half_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.q6_half.get() && ty == GgmlType::Q6K && self.mvr_fits(cols)
     }
 
     /// Whether one-token products of rows `cols` wide take the `mvr_*` kernels: on the H200 they
@@ -1447,9 +1582,14 @@ impl Gpu {
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
-        let (blocks, loops) = self.mvr_grid(total.div_ceil(2 * MVR_WARPS), &act);
+        let id = if self.mvr_lb4.get() {
+            self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
+        } else {
+            mvr_id(ty, false)?
+        };
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
         self.launch_id(
-            mvr_id(ty, false)?,
+            id,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf, px, pw, eps, loops],
@@ -1575,9 +1715,10 @@ impl Gpu {
             None => (0, 0, 0, 0),
         };
         let (qs, ds, px, pw, eps) = act.args();
-        let (blocks, loops) = self.mvr_grid(rows.div_ceil(MVR_WARPS), &act);
+        let id = mvr_id(ty, true)?;
+        let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(MVR_WARPS), &act)?;
         self.launch_id(
-            mvr_id(ty, true)?,
+            id,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd, px, pw, eps, loops],

@@ -18,6 +18,6 @@ pub mod backend;
 pub mod host;
 pub mod power;
 
-pub use backend::{CudaBackend, CudaOptions, GemmWeights, StepStats, TraceFn};
+pub use backend::{CudaBackend, CudaOptions, DecodeV10, GemmWeights, StepStats, TraceFn};
 pub use host::{HostPlan, WeightSplit};
 pub use power::PowerMeter;

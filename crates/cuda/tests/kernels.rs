@@ -346,6 +346,8 @@ fn matvec_q_matches_cpu_scalar_vec_dot() {
                 (8, false),
             ] {
                 g.mvr.set(warp);
+                // v10: wider rows one warp per row (mvd) with mvr, block per row without.
+                g.warp_rows.set(warp);
                 let x = randn(&mut r, nt * cols, 1.0);
                 let mut buf = quant::dot::ActBuf::new();
                 quant::dot::quantize_acts_with_isa(ty, &x, nt, cols, &mut buf, Isa::Scalar)
@@ -727,6 +729,9 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
     let Some(g) = gpu_or_skip("qkv_rope") else {
         return;
     };
+    // The reference V of type Q6_K through the mvr kernel (v10's half-block kernel sums in
+    // another order; it has its own test).
+    g.q6_half.set(false);
     let mut r = rng("qkv_rope");
     let (nh, nkv, hd, cols) = (4usize, 2usize, 64usize, 1024usize);
     let (rq, rk) = (nh * hd, nkv * hd);
@@ -844,9 +849,21 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             if !Gpu::qkv_mixed_fits(GgmlType::Q4K, vty) {
                 continue;
             }
-            // v9: V of the other type in the same launch (weights before the wait on and off).
-            for early in [true, false] {
+            // v9: V of the other type in the same launch (weights before the wait on and off);
+            // v10: also with the one-wave grid capped at 3 blocks (several pairs per warp).
+            // v10: the 64-register build of the mixed kernel (mvr4_rope2) too.
+            for (early, cap, lb4) in [
+                (true, 0usize, false),
+                (false, 0, false),
+                (false, 3, false),
+                (true, 3, false),
+                (false, 0, true),
+                (true, 0, true),
+            ] {
                 g.early_w.set(early);
+                g.wave_cap.set(cap);
+                g.wave.set(cap > 0);
+                g.mvr_lb4.set(lb4);
                 let q3 = poisoned(&g, rq);
                 let (kc3, vc3) = (
                     g.upload(&vec![0u16; 8 * rk]).unwrap(),
@@ -872,15 +889,27 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 .unwrap();
                 let a: Vec<u32> = g.download(&q1, rq).unwrap();
                 let b: Vec<u32> = g.download(&q3, rq).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: rotated Q");
+                assert_eq!(
+                    a, b,
+                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: rotated Q"
+                );
                 let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&kc3, 8 * rk).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: K cache");
+                assert_eq!(
+                    a, b,
+                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: K cache"
+                );
                 let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} mixed early={early}: V cache");
+                assert_eq!(
+                    a, b,
+                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: V cache"
+                );
             }
             g.early_w.set(false);
+            g.wave_cap.set(0);
+            g.wave.set(false);
+            g.mvr_lb4.set(false);
         }
     }
 }
@@ -2552,6 +2581,9 @@ fn early_weight_products_keep_the_bits() {
     let Some(g) = gpu_or_skip("early_weights") else {
         return;
     };
+    // The early loads are an mvr form: keep Q6_K on it (v10's half-block kernel has its own
+    // test).
+    g.q6_half.set(false);
     let mut r = rng("early_weights");
     let bits = |b: &DevBuf, n: usize| -> Vec<u32> { g.download(b, n).unwrap() };
     for &(ty, name) in QTYPES {
@@ -3042,4 +3074,140 @@ fn gemm_lt_matches_reference_and_gemm_ex() {
         t.iter().any(|t| t.candidates > 0),
         "the heuristic offered no candidate for any shape"
     );
+}
+
+/// v10: the one-token Q6_K product by half super-blocks (`mv6_q6_k`) and the wide-row product
+/// one warp per row (`mvd_*`, 8192 columns) against the CPU's scalar `vec_dot` (the same
+/// integer sums per 128 elements / unit, float sums in another order), the 64-register
+/// `mvr4_*` and the prefetching `mvqp_*` bit-identical to `mvr_*` / `mvq_*_1`, and the
+/// one-wave `mvr` launches (several row pairs per warp, L2 prefetch ahead) bit-identical to
+/// the one-pair-per-warp launches, plain, accumulating and SwiGLU. Grids capped at 2 and 5
+/// blocks make every warp take several steps (and leave partial last steps), and row counts
+/// leave partial row groups; every output checked written (poisoned buffers).
+#[test]
+fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("q6_half_wave") else {
+        return;
+    };
+    let mut r = rng("q6_half_wave");
+    for &(rows, cols) in &[
+        (37usize, 768usize),
+        (130, 3072),
+        (9, 4096),
+        (301, 256),
+        (37, 8192),
+    ] {
+        let x = randn(&mut r, cols, 1.0);
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
+            .unwrap();
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(GgmlType::Q6K, &x, 1, cols, &mut buf, Isa::Scalar)
+            .unwrap();
+        for ty in [GgmlType::Q6K, GgmlType::Q4K] {
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
+            let rb = q.len() / rows;
+            let want: Vec<f64> = (0..rows)
+                .map(|i| {
+                    let a = buf.row(0).unwrap();
+                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
+                        as f64
+                })
+                .collect();
+            let y0 = randn(&mut r, rows, 1.0);
+            // (wave, cap, q6_half, mvr4 + mvqp): the first is the reference of the mvr and
+            // mvq bits.
+            let mut plain: Option<(Vec<u32>, Vec<u32>, Vec<u32>)> = None;
+            for (wave, cap, q6h, lb4) in [
+                (false, 0usize, false, false),
+                (true, 0, false, false),
+                (true, 2, false, false),
+                (true, 5, false, false),
+                (false, 0, false, true),
+                (true, 3, false, true),
+                (false, 0, true, false),
+                (true, 2, true, false),
+                (true, 5, true, false),
+            ] {
+                if q6h && ty != GgmlType::Q6K {
+                    continue;
+                }
+                g.wave.set(wave);
+                g.wave_cap.set(cap);
+                g.q6_half.set(q6h);
+                g.mvr_lb4.set(lb4);
+                g.mvq_pf.set(lb4);
+                let y = poisoned(&g, rows);
+                g.matvec_q(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    y.ptr(),
+                    false,
+                )
+                .unwrap();
+                let got: Vec<f32> = g.download(&y, rows).unwrap();
+                let e = rel_err(&got, &want);
+                let case =
+                    format!("{ty} {rows}x{cols} wave={wave} cap={cap} q6_half={q6h} lb4={lb4}");
+                assert!(e < 5e-6, "{case}: relative error {e:e}");
+                let ya = g.upload(&y0).unwrap();
+                g.matvec_q(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    ya.ptr(),
+                    true,
+                )
+                .unwrap();
+                let acc: Vec<f32> = g.download(&ya, rows).unwrap();
+                let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+                let e = rel_err(&acc, &want2);
+                assert!(e < 5e-6, "{case} accumulate: relative error {e:e}");
+                if q6h {
+                    continue;
+                }
+                let ys = poisoned(&g, rows);
+                g.matvec_q_swiglu(
+                    ty,
+                    w.ptr(),
+                    wu.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    ys.ptr(),
+                )
+                .unwrap();
+                let glu: Vec<f32> = g.download(&ys, rows).unwrap();
+                assert!(
+                    glu.iter().all(|v| v.is_finite()),
+                    "{case} swiglu: unwritten rows"
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                let now = (bits(&got), bits(&acc), bits(&glu));
+                match &plain {
+                    None => plain = Some(now),
+                    Some(p) => assert!(*p == now, "{case}: not the one-pair-per-warp bits"),
+                }
+            }
+        }
+    }
+    g.wave.set(false);
+    g.wave_cap.set(0);
+    g.q6_half.set(false);
+    g.mvr_lb4.set(false);
+    g.mvq_pf.set(false);
 }
