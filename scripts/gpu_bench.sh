@@ -12,7 +12,7 @@
 # STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
 # llama-bench still fits in a 600 s device call. BENCH_ARGS go to cuda_bench (e.g. --quick). AGREE lists the agreement runs as FILE:GEMM_MIN
-# (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s).
+# (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s), TEST_S the kernel tests (240 s).
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 OUT=${OUT:-/tmp/gpu-out}
@@ -68,7 +68,7 @@ if has trace; then
 fi
 
 if has tests; then
-  timeout 240 $G/kernels --test-threads 1 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |panicked|seed|error"
+  timeout ${TEST_S:-240} $G/kernels --test-threads 1 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |panicked|seed|error"
   t "kernel tests done"
 fi
 
