@@ -49,6 +49,7 @@ fn synth_model() -> PathBuf {
 fn step(b: &mut CudaBackend, tokens: &[u32], start_pos: usize, want: Want) -> Vec<Vec<f32>> {
     let batch = StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: 1,
             tokens: tokens.to_vec(),
             start_pos,

@@ -20,6 +20,7 @@ fn logits(be: &mut dyn Backend, prompt: &[u32], decode: &[u32]) -> Vec<Vec<f32>>
     {
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: 1,
                 tokens: tokens.to_vec(),
                 start_pos: pos,

@@ -169,6 +169,7 @@ fn greedy_tokens(h: &BackendHandle, prompt: &[u32], n: usize) -> Vec<u32> {
 fn all_logits(be: &mut dyn Backend, tokens: &[u32]) -> Vec<Vec<f32>> {
     let batch = StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: 1,
             tokens: tokens.to_vec(),
             start_pos: 0,

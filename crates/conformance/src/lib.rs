@@ -139,6 +139,7 @@ pub fn teacher_forced<B: Backend + ?Sized>(
     for (ci, part) in fx.tokens.chunks(chunk.max(1)).enumerate() {
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: SEQ,
                 tokens: part.to_vec(),
                 start_pos: ci * chunk.max(1),

@@ -11,6 +11,7 @@ fn main() {
     let out = be
         .step(&StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: 0,
                 tokens: ids,
                 start_pos: 0,

@@ -31,6 +31,7 @@ fn main() {
         let out = be
             .step(&StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: 0,
                     tokens: prompt.clone(),
                     start_pos: 0,
@@ -45,6 +46,7 @@ fn main() {
             let out = be
                 .step(&StepBatch {
                     chunks: vec![SeqChunk {
+                        prompt_len: None,
                         seq: 0,
                         tokens: vec![next],
                         start_pos: pp + i,

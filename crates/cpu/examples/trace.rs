@@ -83,6 +83,7 @@ fn main() {
     })));
     be.step(&StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: 0,
             tokens,
             start_pos: 0,

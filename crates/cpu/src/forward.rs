@@ -152,13 +152,37 @@ pub(crate) struct Model {
 }
 
 impl Model {
-    /// The summation order of the products for a chunk of `len` tokens.
-    fn order_for(&self, len: usize) -> dot::SumOrder {
-        if len == 1 {
-            self.decode_order
-        } else {
-            self.prompt_order
+    /// The summation order of the products for `chunk`'s tokens: the decode order for
+    /// generated tokens and for the chunks of prompts shorter than
+    /// [`runtime::backend::SHORT_PROMPT`] (chat turns: decode-sized work that a server batches
+    /// with decode steps); the prompt order for longer prompts. A chunk that does not say
+    /// ([`runtime::SeqChunk::prompt_len`] `None`) is judged by its own length (one token:
+    /// decode). Never by what shares the step or by what the prefix cache held, so a token's
+    /// logits do not depend on the load.
+    fn order_for(&self, chunk: &Chunk<'_>) -> dot::SumOrder {
+        match chunk.prompt_len {
+            Some(n) => self.prompt_len_order(n),
+            None if chunk.tokens.len() > 1 => self.prompt_order,
+            None => self.decode_order,
         }
+    }
+
+    /// The order of every token of a prompt of `len` tokens ([`Model::order_for`]).
+    pub(crate) fn prompt_len_order(&self, len: usize) -> dot::SumOrder {
+        if len >= runtime::backend::SHORT_PROMPT {
+            self.prompt_order
+        } else {
+            self.decode_order
+        }
+    }
+}
+
+/// The prefix cache's tag for keys and values computed in `order` (`runtime::kv`): one bit per
+/// order, so a block written in both is reused by neither.
+pub(crate) fn order_tag(order: dot::SumOrder) -> u8 {
+    match order {
+        dot::SumOrder::Ggml => 1,
+        dot::SumOrder::Block => 2,
     }
 }
 
@@ -571,6 +595,8 @@ pub(crate) struct Chunk<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
     pub start_pos: usize,
+    /// [`runtime::SeqChunk::prompt_len`].
+    pub prompt_len: Option<usize>,
 }
 
 /// Run the model over `chunks` (KV space must already be allocated for every position), and return
@@ -600,10 +626,10 @@ pub(crate) fn forward(
         })
         .collect();
     let n = toks.len();
-    // Each token's product order, from its chunk's length (`Model::order_for`).
+    // Each token's product order, from its chunk (`Model::order_for`).
     let ord: Vec<dot::SumOrder> = toks
         .iter()
-        .map(|t| model.order_for(chunks[t.chunk].tokens.len()))
+        .map(|t| model.order_for(&chunks[t.chunk]))
         .collect();
     let slots: Vec<usize> = toks
         .iter()
@@ -974,8 +1000,11 @@ pub(crate) fn forward(
     }
     // Every chunk's keys and values are in place: their full blocks may serve later prompts
     // with the same beginning (the prefix cache, `runtime::kv`).
+    // Each block is indexed with the order its tokens were computed in, and reused only by a
+    // prompt that would compute it in that order.
     for c in chunks {
-        kv.alloc.commit(c.seq, c.start_pos, c.tokens);
+        let tag = order_tag(model.order_for(c));
+        kv.alloc.commit(c.seq, c.start_pos, c.tokens, tag);
     }
     Ok(logits)
 }

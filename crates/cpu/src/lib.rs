@@ -7,9 +7,9 @@
 //! through the page cache with other processes mapping the file), multiplied by the GGUF-layout
 //! kernels: slower, bit-identical logits. The KV cache is f16, paged in blocks, and sized from
 //! the context length asked for, not the model's maximum. Products of the 32-element block
-//! types take llama.cpp's summation order in prompts (bit-identical logits) and whole-block sums
-//! in one-token decode steps by default ([`CpuOptions::prompt_order`],
-//! [`CpuOptions::decode_order`]).
+//! types take llama.cpp's summation order in prompts of 64 or more tokens (bit-identical
+//! logits) and whole-block sums in decode steps and shorter prompts by default
+//! ([`CpuOptions::prompt_order`], [`CpuOptions::decode_order`]).
 
 mod attention;
 mod forward;
@@ -51,17 +51,22 @@ pub struct CpuOptions {
     /// owned memory at load.
     pub no_repack: bool,
     /// How the products of the 32-element block types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`)
-    /// round ([`dot::SumOrder`]) in chunks of two or more tokens (prompts, teacher forcing,
-    /// scoring). Default [`dot::SumOrder::Ggml`]: llama.cpp's order, so a prompt's logits (and
-    /// the keys and values it leaves in the cache) are bit-identical to llama.cpp's CPU
-    /// backend's.
+    /// round ([`dot::SumOrder`]) in prompts: the chunks of a prompt of at least
+    /// [`runtime::backend::SHORT_PROMPT`] tokens ([`runtime::SeqChunk::prompt_len`]), and
+    /// chunks of two or more tokens that do not say (teacher forcing, scoring). Default
+    /// [`dot::SumOrder::Ggml`]: llama.cpp's order, so such a prompt's logits (and the keys and
+    /// values it leaves in the cache) are bit-identical to llama.cpp's CPU backend's.
     pub prompt_order: dot::SumOrder,
-    /// The same for one-token chunks (decode steps). Default [`dot::SumOrder::Block`]: one f32
+    /// The same for generated tokens (one-token decode chunks) and for prompts shorter than
+    /// [`runtime::backend::SHORT_PROMPT`] (chat turns, batched by a server with decode steps).
+    /// Default [`dot::SumOrder::Block`]: one f32
     /// step per 32-element block, which makes many-sequence decode steps about twice as fast
     /// and rounds no worse, but not as llama.cpp does, so generated tokens may leave
-    /// llama.cpp's after a few steps. The order is chosen per chunk, never per step, so a
-    /// sequence's logits are the same whether it runs alone or batched (as the attention's
-    /// one-token order is). The environment variable `CROSSOVER_CPU_ORDER` sets both defaults:
+    /// llama.cpp's after a few steps. The order is chosen per chunk from the chunk alone
+    /// (never from what shares the step, how the scheduler split the prompt or what the prefix
+    /// cache held: cached blocks are reused only by prompts that would compute them in the
+    /// same order), so a sequence's logits are the same whether it runs alone or batched (as
+    /// the attention's one-token order is). The environment variable `CROSSOVER_CPU_ORDER` sets both defaults:
     /// `auto` (the default described here), `ggml` (llama.cpp's order everywhere: decode
     /// bit-identical to llama.cpp too) or `block` (whole-block sums everywhere: fastest
     /// prompts); an invalid value there is refused at load ([`CpuError::Option`]).
@@ -384,6 +389,7 @@ impl Backend for CpuBackend {
                 seq: c.seq,
                 tokens: &c.tokens,
                 start_pos: c.start_pos,
+                prompt_len: c.prompt_len,
             })
             .collect();
         let want = |ci: usize, ti: usize| {
@@ -418,8 +424,10 @@ impl Backend for CpuBackend {
     }
 
     fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
-        // Blocks are indexed by `forward` once their keys and values are written.
-        self.kv.alloc.reuse_prefix(seq, prompt)
+        // Blocks are indexed by `forward` once their keys and values are written, tagged with
+        // the order they were computed in: take only those this prompt would compute alike.
+        let tag = forward::order_tag(self.model.prompt_len_order(prompt.len()));
+        self.kv.alloc.reuse_prefix(seq, prompt, tag)
     }
 
     fn recycle(&mut self, logits: Vec<f32>) {

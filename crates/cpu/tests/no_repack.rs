@@ -67,6 +67,7 @@ fn run(
         let out = be
             .step(&StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: 1,
                     tokens: part.to_vec(),
                     start_pos: pos,

@@ -24,6 +24,7 @@ fn a_recycled_logits_buffer_gives_the_fresh_logits() {
     let step = |be: &mut CpuBackend, seq: u64, tokens: &[u32], start_pos: usize| {
         be.step(&StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq,
                 tokens: tokens.to_vec(),
                 start_pos,

@@ -29,6 +29,7 @@ fn prompt_ms(
         *seq += 1;
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: *seq,
                 tokens: (0..n).map(|_| r.gen_range(0..nv)).collect(),
                 start_pos: 0,
@@ -67,6 +68,7 @@ fn tg128(
             let n = (d - pos).min(512);
             let batch = StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: *seq,
                     tokens: toks(n),
                     start_pos: pos,
@@ -82,6 +84,7 @@ fn tg128(
         for _ in 0..128 {
             let batch = StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: *seq,
                     tokens: vec![last],
                     start_pos: pos,
@@ -148,6 +151,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
         let n = (depth - pos).min(512);
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: s,
                 tokens: toks(n),
                 start_pos: pos,
@@ -163,6 +167,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
     }
     let batch = StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: s,
             tokens: toks(1),
             start_pos: pos,
@@ -235,6 +240,7 @@ fn main() {
         seq += 1;
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq,
                 tokens: toks(512),
                 start_pos: 0,
@@ -591,6 +597,7 @@ fn aggregate(
             for s in 0..p {
                 let batch = StepBatch {
                     chunks: vec![SeqChunk {
+                        prompt_len: None,
                         seq: s as u64,
                         tokens: toks(512),
                         start_pos: 0,
@@ -605,6 +612,7 @@ fn aggregate(
                 let batch = StepBatch {
                     chunks: (0..p)
                         .map(|s| SeqChunk {
+                            prompt_len: None,
                             seq: s as u64,
                             tokens: vec![last[s]],
                             start_pos: 512 + i,
@@ -630,6 +638,7 @@ fn aggregate(
                 let batch = StepBatch {
                     chunks: (0..p)
                         .map(|s| SeqChunk {
+                            prompt_len: None,
                             seq: s as u64,
                             tokens: vec![last[s]],
                             start_pos: 512 + 128,

@@ -52,6 +52,7 @@ fn rel(a: &[f32], r: &[f32]) -> f64 {
 fn batch(tokens: Vec<u32>, start_pos: usize, want: Want) -> StepBatch {
     StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: 1,
             tokens,
             start_pos,

@@ -107,6 +107,7 @@ fn gpu_logits_agree_with_cpu_backend() {
         let prompt = toks(&mut r, 64);
         let mut batches = vec![StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: 1,
                 tokens: prompt,
                 start_pos: 0,
@@ -116,6 +117,7 @@ fn gpu_logits_agree_with_cpu_backend() {
         for i in 0..24 {
             batches.push(StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: 1,
                     tokens: toks(&mut r, 1),
                     start_pos: 64 + i,
@@ -128,6 +130,7 @@ fn gpu_logits_agree_with_cpu_backend() {
         batches.push(StepBatch {
             chunks: (2..5)
                 .map(|s| SeqChunk {
+                    prompt_len: None,
                     seq: s,
                     tokens: toks(&mut r, 2),
                     start_pos: 0,
@@ -139,6 +142,7 @@ fn gpu_logits_agree_with_cpu_backend() {
             batches.push(StepBatch {
                 chunks: (2..5)
                     .map(|s| SeqChunk {
+                        prompt_len: None,
                         seq: s,
                         tokens: toks(&mut r, 1),
                         start_pos: 2 + i,
@@ -243,6 +247,7 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
         let prefill = |gpu: &mut CudaBackend, seq: u64, s: usize| {
             let b = StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq,
                     tokens: prompts[s].clone(),
                     start_pos: 0,
@@ -261,6 +266,7 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
             let b = StepBatch {
                 chunks: (0..p)
                     .map(|s| SeqChunk {
+                        prompt_len: None,
                         seq: s as u64,
                         tokens: vec![t[s]],
                         start_pos: plen + i,
@@ -282,6 +288,7 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
             for (i, t) in toks.iter().enumerate() {
                 let b = StepBatch {
                     chunks: vec![SeqChunk {
+                        prompt_len: None,
                         seq,
                         tokens: vec![t[s]],
                         start_pos: plen + i,

@@ -631,6 +631,7 @@ fn run_worker(
 fn probe_step(backend: &mut dyn Backend, seq: SeqId, token: u32) -> Result<(), String> {
     let batch = StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq,
             tokens: vec![token],
             start_pos: 0,
@@ -917,6 +918,7 @@ impl<'t> Actor<'t> {
         let token = self.tok.bos().unwrap_or(0);
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: id,
                 tokens: vec![token],
                 start_pos: 0,
@@ -1194,6 +1196,7 @@ impl<'t> Actor<'t> {
         for &(i, n) in &plan {
             let r = &self.running[i];
             let end = r.fed + n;
+            let prefill = r.fed < r.prompt_len;
             batch.chunks.push(SeqChunk {
                 seq: r.id,
                 tokens: r.tokens[r.fed..end].to_vec(),
@@ -1203,6 +1206,7 @@ impl<'t> Actor<'t> {
                 } else {
                     Want::None
                 },
+                prompt_len: prefill.then_some(r.prompt_len),
             });
         }
         let result = catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch)));

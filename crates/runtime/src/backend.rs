@@ -85,7 +85,19 @@ pub struct SeqChunk {
     pub tokens: Vec<u32>,
     pub start_pos: usize,
     pub want: Want,
+    /// For a chunk of prompt tokens: the length of its sequence's whole prompt (cached prefix
+    /// included), the same for every chunk of that prompt however the scheduler splits it and
+    /// whatever the prefix cache holds. `None`: generated tokens, or a caller that does not say.
+    /// A backend may choose its numerics by it, never by what shares the step (the CPU
+    /// backend: [`SHORT_PROMPT`]).
+    pub prompt_len: Option<usize>,
 }
+
+/// Prompts shorter than this are, for the CPU backend's summation order, treated like
+/// generated tokens (whole-block integer sums); longer ones, and multi-token chunks whose
+/// [`SeqChunk::prompt_len`] is unknown, keep llama.cpp's order (docs/operations.md,
+/// `CROSSOVER_CPU_ORDER`).
+pub const SHORT_PROMPT: usize = 64;
 
 /// One step's work.
 #[derive(Clone, Debug, Default)]
@@ -304,6 +316,7 @@ mod tests {
 
     fn chunk(seq: SeqId, start_pos: usize, tokens: Vec<u32>) -> SeqChunk {
         SeqChunk {
+            prompt_len: None,
             seq,
             tokens,
             start_pos,

@@ -8,7 +8,11 @@
 //! ([`BlockAllocator::commit`]) gets each full block indexed by its content and position: the
 //! chain of its tokens and every token before it. A new sequence whose prompt starts with
 //! indexed blocks takes them over ([`BlockAllocator::reuse_prefix`]) instead of computing them
-//! again: chat requests that share a system prompt prefill it once. Shared blocks are counted
+//! again: chat requests that share a system prompt prefill it once. A backend whose numerics
+//! differ between computations (the CPU backend's two summation orders) tags each commit; a
+//! block is indexed with the tags of the commits that wrote it and reused only by a prompt
+//! that would compute it with the same tag, so a request's results never depend on which
+//! earlier request filled the cache. Shared blocks are counted
 //! (a block returns to the pool when its last holder releases it) and never written again, since
 //! a sequence only writes positions past what it holds. An indexed block that no sequence holds
 //! stays cached, counted as free: it is taken back, least recently released first, when the
@@ -48,6 +52,8 @@ struct CachedBlock {
     /// The block before it in its sequence (`None` for a first block).
     parent: Option<u32>,
     tokens: Box<[u32]>,
+    /// The union of the tags of the commits that wrote it.
+    tag: u8,
 }
 
 #[derive(Debug, Default)]
@@ -62,16 +68,19 @@ struct SeqBlocks {
     chain: u64,
     /// Committed tokens past the last full block.
     pending: Vec<u32>,
+    /// The tag of each pending token's commit.
+    pending_tags: Vec<u8>,
     /// The commits went out of step with the positions: nothing more of this sequence is
     /// indexed.
     untracked: bool,
 }
 
-/// Chain hash of a block: its tokens after the hash of everything before it.
-fn chain_hash(prev: u64, tokens: &[u32]) -> u64 {
+/// Chain hash of a block: its tokens and tag after the hash of everything before it.
+fn chain_hash(prev: u64, tokens: &[u32], tag: u8) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     prev.hash(&mut h);
     tokens.hash(&mut h);
+    tag.hash(&mut h);
     h.finish()
 }
 
@@ -198,9 +207,11 @@ impl BlockAllocator {
     }
 
     /// The backend has written the keys and values of `tokens` at positions `start_pos..` of
-    /// `seq`: index every block this completes, so later prompts can reuse it. Call only after
-    /// the step succeeded (a failed step leaves its blocks unindexed).
-    pub fn commit(&mut self, seq: SeqId, start_pos: usize, tokens: &[u32]) {
+    /// `seq` with numerics `tag` (a bit set of the backend's own; 0 when it has one kind):
+    /// index every block this completes, under the union of its tokens' tags, so later prompts
+    /// computed with that tag can reuse it. Call only after the step succeeded (a failed step
+    /// leaves its blocks unindexed).
+    pub fn commit(&mut self, seq: SeqId, start_pos: usize, tokens: &[u32], tag: u8) {
         let bt = self.block_tokens;
         let Some(s) = self.seqs.get_mut(&seq) else {
             return;
@@ -211,17 +222,23 @@ impl BlockAllocator {
         if start_pos != s.committed || start_pos + tokens.len() > s.len {
             s.untracked = true;
             s.pending = Vec::new();
+            s.pending_tags = Vec::new();
             return;
         }
         s.committed += tokens.len();
         s.pending.extend_from_slice(tokens);
+        s.pending_tags
+            .extend(std::iter::repeat_n(tag, tokens.len()));
         let mut done = 0;
         while s.pending.len() - done >= bt {
             let toks = &s.pending[done..done + bt];
             let Some(&b) = s.blocks.get(s.full) else {
                 break;
             };
-            let hash = chain_hash(s.chain, toks);
+            let tag = s.pending_tags[done..done + bt]
+                .iter()
+                .fold(0, |a, &t| a | t);
+            let hash = chain_hash(s.chain, toks, tag);
             let parent = s.full.checked_sub(1).and_then(|i| s.blocks.get(i).copied());
             if self.cached[b as usize].is_none() && !self.index.contains_key(&hash) {
                 self.index.insert(hash, b);
@@ -229,6 +246,7 @@ impl BlockAllocator {
                     hash,
                     parent,
                     tokens: toks.into(),
+                    tag,
                 });
             }
             s.chain = hash;
@@ -236,12 +254,14 @@ impl BlockAllocator {
             done += bt;
         }
         s.pending.drain(..done);
+        s.pending_tags.drain(..done);
     }
 
     /// Give the new sequence `seq` (holding nothing yet) the cached blocks that hold the longest
-    /// prefix of `prompt` in whole blocks, leaving at least one prompt token to compute (its
-    /// logits are needed). Returns how many tokens `seq` now holds: its first chunk starts there.
-    pub fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+    /// prefix of `prompt` in whole blocks written with numerics `tag` alone (as `seq` would
+    /// compute them), leaving at least one prompt token to compute (its logits are needed).
+    /// Returns how many tokens `seq` now holds: its first chunk starts there.
+    pub fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32], tag: u8) -> usize {
         let bt = self.block_tokens;
         if self.seqs.get(&seq).is_some_and(|s| !s.blocks.is_empty()) {
             return 0;
@@ -249,13 +269,13 @@ impl BlockAllocator {
         let mut chain = 0u64;
         let mut matched: Vec<u32> = Vec::new();
         for toks in prompt[..prompt.len().saturating_sub(1)].chunks_exact(bt) {
-            let hash = chain_hash(chain, toks);
+            let hash = chain_hash(chain, toks, tag);
             let Some(&b) = self.index.get(&hash) else {
                 break;
             };
-            let ok = self.cached[b as usize]
-                .as_ref()
-                .is_some_and(|c| c.parent == matched.last().copied() && &*c.tokens == toks);
+            let ok = self.cached[b as usize].as_ref().is_some_and(|c| {
+                c.parent == matched.last().copied() && &*c.tokens == toks && c.tag == tag
+            });
             if !ok {
                 break;
             }
@@ -280,6 +300,7 @@ impl BlockAllocator {
             committed: n,
             chain,
             pending: Vec::new(),
+            pending_tags: Vec::new(),
             untracked: false,
         };
         n
@@ -332,17 +353,41 @@ mod tests {
     }
 
     #[test]
+    fn blocks_are_reused_only_under_the_tag_they_were_written_with() {
+        let mut a = BlockAllocator::new(16, 4);
+        let prompt: Vec<u32> = (10..22).collect();
+        a.grow(1, prompt.len()).unwrap();
+        // Blocks 0 and 1 written with tag 1; block 2 half with 1, half with 2.
+        a.commit(1, 0, &prompt[..10], 1);
+        a.commit(1, 10, &prompt[10..], 2);
+        a.release(1);
+        let mut longer = prompt.clone();
+        longer.push(99);
+        assert_eq!(
+            a.reuse_prefix(2, &longer, 1),
+            8,
+            "tag 1: the two whole tag-1 blocks"
+        );
+        assert_eq!(a.reuse_prefix(3, &longer, 2), 0, "tag 2: none");
+        assert_eq!(
+            a.reuse_prefix(4, &longer, 3),
+            0,
+            "tag 3 (the mixed block's): none"
+        );
+    }
+
+    #[test]
     fn a_committed_prefix_is_reused_shared_and_cached_after_release() {
         let mut a = BlockAllocator::new(8, 16);
         let prompt: Vec<u32> = (100..140).collect(); // 40 tokens: 2 full blocks + 8
         a.grow(1, 40).unwrap();
-        a.commit(1, 0, &prompt[..20]);
-        a.commit(1, 20, &prompt[20..]);
+        a.commit(1, 0, &prompt[..20], 0);
+        a.commit(1, 20, &prompt[20..], 0);
         assert_eq!(a.cached_blocks(), 2);
         // A prompt sharing 2 blocks and going on: both reused.
         let mut p2 = prompt[..32].to_vec();
         p2.extend([7, 8, 9]);
-        assert_eq!(a.reuse_prefix(2, &p2), 32);
+        assert_eq!(a.reuse_prefix(2, &p2, 0), 32);
         assert_eq!(a.blocks(2), &a.blocks(1)[..2]);
         assert_eq!(a.seq_len(2), 32);
         // Shared blocks count once.
@@ -350,27 +395,27 @@ mod tests {
         a.grow(2, 35).unwrap();
         assert_eq!(a.stats().blocks_used, 4);
         // A prompt of exactly 32 tokens keeps its last block to compute (it needs logits).
-        assert_eq!(a.reuse_prefix(3, &prompt[..32]), 16);
+        assert_eq!(a.reuse_prefix(3, &prompt[..32], 0), 16);
         // A different second block: only the first is reused; a different first: nothing.
         let mut p4 = prompt[..16].to_vec();
         p4.extend(0..20);
-        assert_eq!(a.reuse_prefix(4, &p4), 16);
+        assert_eq!(a.reuse_prefix(4, &p4, 0), 16);
         let mut p5 = prompt.clone();
         p5[3] = 1;
-        assert_eq!(a.reuse_prefix(5, &p5), 0);
+        assert_eq!(a.reuse_prefix(5, &p5, 0), 0);
         for s in [1, 2, 3, 4, 5] {
             a.release(s);
         }
         // Released, the indexed blocks stay cached but count as free.
         assert_eq!(a.stats().blocks_used, 0);
-        assert_eq!(a.reuse_prefix(6, &prompt), 32);
+        assert_eq!(a.reuse_prefix(6, &prompt, 0), 32);
         a.release(6);
         // Needing every block evicts the cached ones (oldest first) and drops them from the index.
         a.grow(7, 8 * 16).unwrap();
         assert_eq!(a.cached_blocks(), 0);
         assert_eq!(a.stats().blocks_used, 8);
         a.release(7);
-        assert_eq!(a.reuse_prefix(8, &prompt), 0);
+        assert_eq!(a.reuse_prefix(8, &prompt, 0), 0);
         assert_eq!(a.stats().blocks_used, 0);
     }
 
@@ -378,13 +423,13 @@ mod tests {
     fn commits_out_of_step_stop_indexing_that_sequence() {
         let mut a = BlockAllocator::new(4, 4);
         a.grow(1, 8).unwrap();
-        a.commit(1, 0, &[1, 2, 3]);
+        a.commit(1, 0, &[1, 2, 3], 0);
         // A gap (positions 3 and 4 reported before 3): nothing of it may be indexed.
-        a.commit(1, 4, &[5, 6, 7, 8]);
+        a.commit(1, 4, &[5, 6, 7, 8], 0);
         assert_eq!(a.cached_blocks(), 0);
         // Past what the sequence holds: ignored too.
         a.grow(2, 4).unwrap();
-        a.commit(2, 0, &[1, 2, 3, 4, 5]);
+        a.commit(2, 0, &[1, 2, 3, 4, 5], 0);
         assert_eq!(a.cached_blocks(), 0);
     }
 
@@ -412,7 +457,7 @@ mod tests {
                     let prompt: Vec<u32> = (0..len).map(|_| r.gen_range(0..2)).collect();
                     let id = next;
                     next += 1;
-                    let n = a.reuse_prefix(id, &prompt);
+                    let n = a.reuse_prefix(id, &prompt, 0);
                     assert!(n < prompt.len() && n.is_multiple_of(bt));
                     for pos in 0..n {
                         let (b, off) = a.locate(id, pos).unwrap();
@@ -428,7 +473,7 @@ mod tests {
                         let (b, off) = a.locate(id, pos).unwrap();
                         slots[b as usize * bt + off] = Some(prompt[..=pos].to_vec());
                     }
-                    a.commit(id, n, &prompt[n..]);
+                    a.commit(id, n, &prompt[n..], 0);
                     live.insert(id, prompt);
                 }
                 3..=6 if !live.is_empty() => {
@@ -446,7 +491,7 @@ mod tests {
                         let (b, off) = a.locate(id, pos).unwrap();
                         slots[b as usize * bt + off] = Some(toks[..=pos].to_vec());
                     }
-                    a.commit(id, start, &add);
+                    a.commit(id, start, &add, 0);
                 }
                 _ if !live.is_empty() => {
                     let ids: Vec<SeqId> = live.keys().copied().collect();

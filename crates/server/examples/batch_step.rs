@@ -55,6 +55,7 @@ fn main() {
     for first in (0..nseq).step_by(per_step) {
         let chunks = (first..(first + per_step).min(nseq))
             .map(|s| SeqChunk {
+                prompt_len: None,
                 seq: s as u64,
                 tokens: tokens(s, prompt),
                 start_pos: 0,
@@ -82,6 +83,7 @@ fn main() {
     for g in 0..gen {
         let chunks = (0..nseq)
             .map(|s| SeqChunk {
+                prompt_len: None,
                 seq: s as u64,
                 tokens: vec![next[s]],
                 start_pos: prompt + g,
@@ -112,6 +114,7 @@ fn main() {
     let t0 = Instant::now();
     let _ = be.step(&StepBatch {
         chunks: vec![SeqChunk {
+            prompt_len: None,
             seq: single_seq,
             tokens: tokens(0, prompt),
             start_pos: 0,
@@ -124,6 +127,7 @@ fn main() {
         let c = cpu_time();
         if let Err(e) = be.step(&StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: single_seq,
                 tokens: vec![next[0]],
                 start_pos: prompt + g,

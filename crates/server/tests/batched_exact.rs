@@ -37,10 +37,24 @@ fn bits(row: &[f32]) -> Vec<u32> {
 
 /// One step; the logit rows (one per chunk that wants them) as bit patterns.
 fn step(be: &mut CpuBackend, chunks: Vec<(SeqId, Vec<u32>, usize)>) -> Vec<Vec<u32>> {
+    let chunks = chunks
+        .into_iter()
+        .map(|(s, t, p)| (s, t, p, None))
+        .collect();
+    step_p(be, chunks)
+}
+
+/// [`step`] with each chunk's `SeqChunk::prompt_len`.
+#[allow(clippy::type_complexity)]
+fn step_p(
+    be: &mut CpuBackend,
+    chunks: Vec<(SeqId, Vec<u32>, usize, Option<usize>)>,
+) -> Vec<Vec<u32>> {
     let batch = StepBatch {
         chunks: chunks
             .into_iter()
-            .map(|(seq, tokens, start_pos)| SeqChunk {
+            .map(|(seq, tokens, start_pos, prompt_len)| SeqChunk {
+                prompt_len,
                 seq,
                 tokens,
                 start_pos,
@@ -121,33 +135,63 @@ fn batched_decode_equals_each_sequence_alone_and_the_serial_path() {
     }
 }
 
+/// A prompt that starts from cached blocks gets the logits of computing them, for a short
+/// prompt (under `runtime::backend::SHORT_PROMPT`: the decode order) and a long one
+/// (llama.cpp's order); blocks written in one order are not reused by a prompt that would
+/// compute them in the other.
 #[test]
 fn a_prompt_started_from_cached_blocks_gets_the_logits_of_computing_them() {
     let (file, _tok) = common::open();
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-    let shared: Vec<u32> = (0..37).map(|_| r.gen_range(0..49152)).collect();
-    let mut prompt = shared[..32].to_vec();
-    prompt.extend((0..6).map(|_| r.gen_range(0..49152u32)));
-
-    let mut be = backend(&file, 2, 2);
-    // Sequence 1 computes `shared`; its two full blocks (16 tokens each) get indexed.
-    step(&mut be, vec![(1, shared.clone(), 0)]);
+    let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..49152)).collect() };
+    assert_eq!(runtime::backend::SHORT_PROMPT, 64);
+    for (shared_len, reuse) in [(37usize, 32usize), (70, 64)] {
+        let shared = toks(shared_len);
+        let mut prompt = shared[..reuse].to_vec();
+        prompt.extend(toks(6));
+        let plen = Some(prompt.len());
+        let mut be = backend(&file, 2, 2);
+        // Sequence 1 computes `shared` (a prompt of the same kind); its full blocks (16 tokens
+        // each) get indexed.
+        step_p(&mut be, vec![(1, shared.clone(), 0, Some(shared.len()))]);
+        be.release(1);
+        // Sequence 2 starts from them and computes only its own tail.
+        assert_eq!(
+            be.reuse_prefix(2, &prompt),
+            reuse,
+            "prompt of {}",
+            prompt.len()
+        );
+        let cached = step_p(&mut be, vec![(2, prompt[reuse..].to_vec(), reuse, plen)]);
+        // The same computation without the cache: the first tokens in one chunk (as
+        // sequence 1 computed them), then the tail.
+        let mut fresh_be = backend(&file, 1, 2);
+        step_p(&mut fresh_be, vec![(3, prompt[..reuse].to_vec(), 0, plen)]);
+        let fresh = step_p(
+            &mut fresh_be,
+            vec![(3, prompt[reuse..].to_vec(), reuse, plen)],
+        );
+        assert_eq!(cached, fresh, "prompt of {}", prompt.len());
+        // And a prompt that differs inside the first block reuses nothing.
+        let mut other = prompt.clone();
+        other[5] ^= 1;
+        assert_eq!(be.reuse_prefix(4, &other), 0);
+    }
+    // A short prompt's blocks (decode order) serve another short prompt, not a long one.
+    let short = toks(40);
+    let mut be = backend(&file, 3, 2);
+    step_p(&mut be, vec![(1, short.clone(), 0, Some(short.len()))]);
     be.release(1);
-    // Sequence 2 starts from them and computes only its own tail.
-    let reused = be.reuse_prefix(2, &prompt);
-    assert_eq!(reused, 32);
-    let cached = step(&mut be, vec![(2, prompt[32..].to_vec(), 32)]);
-
-    // The same computation without the cache: the first 32 tokens in one chunk (as
-    // sequence 1 computed them), then the tail.
-    let mut fresh_be = backend(&file, 1, 2);
-    step(&mut fresh_be, vec![(3, prompt[..32].to_vec(), 0)]);
-    let fresh = step(&mut fresh_be, vec![(3, prompt[32..].to_vec(), 32)]);
-    assert_eq!(cached, fresh);
-    // And a prompt that differs inside the first block reuses nothing.
-    let mut other = prompt.clone();
-    other[5] ^= 1;
-    assert_eq!(be.reuse_prefix(4, &other), 0);
+    let mut long = short[..32].to_vec();
+    long.extend(toks(40));
+    assert_eq!(
+        be.reuse_prefix(2, &long),
+        0,
+        "a long prompt took decode-order blocks"
+    );
+    let mut short2 = short[..32].to_vec();
+    short2.extend(toks(3));
+    assert_eq!(be.reuse_prefix(3, &short2), 32);
 }
 
 #[test]

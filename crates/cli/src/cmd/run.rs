@@ -222,6 +222,7 @@ pub fn generate(
     for (i, chunk) in tokens.chunks(e.batch).enumerate() {
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: Some(total),
                 seq: 0,
                 tokens: chunk.to_vec(),
                 start_pos: history.len(),
@@ -262,6 +263,7 @@ pub fn generate(
         }
         let o = e.backend.step(&StepBatch {
             chunks: vec![SeqChunk {
+                prompt_len: None,
                 seq: 0,
                 tokens: vec![id],
                 start_pos: history.len(),

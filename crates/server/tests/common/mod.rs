@@ -129,6 +129,9 @@ pub fn direct_greedy(
     for _ in 0..n {
         let batch = StepBatch {
             chunks: vec![SeqChunk {
+                // The prompt's length for its chunk (the CPU backend's order rule, as the
+                // actor says it), none for the generated tokens.
+                prompt_len: (pos == 0).then_some(prompt.len()),
                 seq: 1,
                 tokens: feed.clone(),
                 start_pos: pos,
