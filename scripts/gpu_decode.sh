@@ -4,7 +4,9 @@
 # cuda_bench's tg128 at depth 0 and $DEPTH with a per-kernel profile and the A/B of
 # BENCH_ARGS (default --ab-v10: every variant of v10 in one process), optionally the earlier
 # version's cuda_bench ($OLD) and this one's again,
-# then the model agreement test on the same file. Binaries from
+# then (NCU=1, v11) Nsight Compute on the replayed one-token graph at depth 0 and $DEPTH: every
+# node's duration (warm caches, clocks left alone) and the whole graph's, then
+# the model agreement test on the same file. Binaries from
 # scripts/gpu_prepare.sh in $GPU_DIR. Each part runs under its own timeout.
 set -uo pipefail
 G=${GPU_DIR:-.gpu-dec}
@@ -37,6 +39,20 @@ if [[ -n "${OLD:-}" ]]; then
     timeout ${OLD_S:-80} $G/$b /tmp/l3b.gguf --depth ${DEPTH:-4096} --par 0 --quick 2>&1 \
       | tee -a "$OUT/ab_versions.log" | grep -E "^tg128|^pp512|^loaded"
     t "$b done"
+  done
+fi
+if [[ -n "${NCU:-}" ]]; then
+  # The graph's nodes one by one (serialized: no PDL overlap, no launch gaps), then whole graph
+  # replays (the step's own time as ncu sees it); cuda_bench --ncu profiles only the steps
+  # between cuProfilerStart and cuProfilerStop.
+  N=/usr/local/cuda/bin/ncu
+  for mode in node graph; do
+    # shellcheck disable=SC2086
+    timeout ${NCU_S:-150} $N --graph-profiling $mode --cache-control none --clock-control none \
+      --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      --csv $G/cuda_bench /tmp/l3b.gguf --depth ${DEPTH:-4096} --par 0 --quick --ncu ${NCU_STEPS:-2} \
+      >"$OUT/ncu_$mode.csv" 2>&1
+    t "ncu $mode done (rc $?)"; grep -E "^ncu:|ERR|rror" "$OUT/ncu_$mode.csv" | head -8
   done
 fi
 if [[ -n "${AGREE-gpu_logits_agree}" ]]; then

@@ -113,6 +113,74 @@ fn tg128(
     (m, jt)
 }
 
+/// `--ncu N` (v11): the one-token step as Nsight Compute sees it. At depth 0 and at `depth`:
+/// a prompt to that depth, 32 greedy steps (the graph captured and warm), 64 timed steps, then
+/// `N` steps between `cuProfilerStart` and `cuProfilerStop`, so `ncu --profile-from-start off`
+/// profiles the replayed graph of those steps alone (per node with `--graph-profiling node`).
+fn ncu_steps(
+    b: &mut CudaBackend,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: &mut u64,
+    depth: usize,
+    steps: usize,
+) {
+    for d in [0usize, depth] {
+        *seq += 1;
+        let mut pos = 0;
+        let mut last = toks(1)[0];
+        while pos < d {
+            let n = (d - pos).min(512);
+            let batch = StepBatch {
+                chunks: vec![SeqChunk {
+                    seq: *seq,
+                    tokens: toks(n),
+                    start_pos: pos,
+                    want: Want::Last,
+                }],
+            };
+            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+            pos += n;
+        }
+        let one = |b: &mut CudaBackend, pos: &mut usize, last: &mut u32| {
+            let batch = StepBatch {
+                chunks: vec![SeqChunk {
+                    seq: *seq,
+                    tokens: vec![*last],
+                    start_pos: *pos,
+                    want: Want::Last,
+                }],
+            };
+            *last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+            *pos += 1;
+        };
+        for _ in 0..32 {
+            one(b, &mut pos, &mut last);
+        }
+        b.synchronize().unwrap_or_else(|e| panic!("{e}"));
+        let t = Instant::now();
+        for _ in 0..64 {
+            one(b, &mut pos, &mut last);
+        }
+        b.synchronize().unwrap_or_else(|e| panic!("{e}"));
+        let ms = t.elapsed().as_secs_f64() * 1e3 / 64.0;
+        println!("ncu: depth {d}: {ms:.3} ms/token over 64 steps before the profiled ones");
+        // SAFETY: plain driver calls on this thread's current context (the backend's).
+        unsafe { cudarc::driver::sys::cuProfilerStart() }
+            .result()
+            .unwrap_or_else(|e| panic!("cuProfilerStart: {e:?}"));
+        for _ in 0..steps {
+            one(b, &mut pos, &mut last);
+        }
+        b.synchronize().unwrap_or_else(|e| panic!("{e}"));
+        // SAFETY: as above.
+        unsafe { cudarc::driver::sys::cuProfilerStop() }
+            .result()
+            .unwrap_or_else(|e| panic!("cuProfilerStop: {e:?}"));
+        println!("ncu: depth {d}: {steps} profiled steps from position {}", pos - steps);
+        b.release(*seq);
+    }
+}
+
 /// Run one step with a timing event after every kernel and print where its time goes.
 fn report_profile(b: &mut CudaBackend, what: &str, batch: StepBatch) {
     b.gpu().profile_start().unwrap_or_else(|e| panic!("{e}"));
@@ -184,7 +252,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -233,6 +301,10 @@ fn main() {
     let nv = b.config().n_vocab as u32;
     let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..nv)).collect() };
     let mut seq = 100u64;
+    if let Some(n) = get("--ncu").and_then(|s| s.parse::<usize>().ok()) {
+        ncu_steps(&mut b, &mut toks, &mut seq, depth, n);
+        return;
+    }
 
     // pp512: one 512-token prompt step including the copy of its logits row (time to first token).
     let mut pp = Vec::new();
@@ -456,6 +528,59 @@ fn main() {
             }
         }
         b.set_decode_v10(d0);
+    }
+    // --ab-v11: the one-token output and down projections on the f32 activations (`mvf_*`,
+    // no quantize_act launches) against the integer products, alternating, in one process.
+    if args.iter().any(|a| a == "--ab-v11") {
+        let m0 = b.gpu().mvf.get();
+        for on in [m0, !m0, m0, !m0, m0, !m0] {
+            b.set_mvf(on);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b v11 mvf={on}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_mvf(m0);
+    }
+    // --ab-skip (v11): the step with each kernel class left out (timing only: the results
+    // of those steps are wrong), alternating with the full step, in one process: what each
+    // class costs inside the real captured step, PDL overlap and launch gaps included.
+    if args.iter().any(|a| a == "--ab-skip") {
+        let small: &[&str] = &["rms_norm", "quantize_act", "attn_one", "attn_merge"];
+        let products: &[&str] = &["mvr4_rope", "mvr_rope", "mvr4_q", "mvr_q", "mvr_swiglu", "mvqp_"];
+        let sets: &[&[&str]] = &[
+            &[],
+            &["rms_norm"],
+            &["quantize_act"],
+            &["attn_one"],
+            &["attn_merge"],
+            &["mvr4_rope", "mvr_rope"],
+            &["mvr4_q4_k", "mvr_q4_k"],
+            &["mvr_swiglu"],
+            &["mvqp_", "mvq_"],
+            &["mvr4_q6_k", "mvr_q6_k"],
+            &[],
+            small,
+            products,
+            &[],
+        ];
+        for set in sets {
+            b.set_skip(set);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+                println!(
+                    "a/b skip [{}]: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    set.join(","),
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_skip(&[]);
     }
     println!(
         "steps: {} from graphs, {} eager; graph failure: {:?}",

@@ -1328,3 +1328,140 @@ FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
         mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate); \
     }
 FOR_EACH_QTYPE(DEF_MVQP)
+
+// v11: one token's y (+)= W x on the f32 activation x itself, for the products whose
+// activation no RMSNorm launch quantizes (the output projection on the attention output, the
+// down projection on the SwiGLU output): no quantize_act launch before them. A block of up to
+// 128 threads takes a row pair; thread i takes units i, i + blockDim.x, ... of both rows, so
+// each unit's 32 activations (8 16-byte loads) serve two rows; then a block reduction.
+// Weights are decoded to floats without the conversion unit: a value v < 128 as the float
+// 1 + v / 128 (its byte under exponent 0x3f8, one byte permute), so a unit's sum over its
+// elements e of (1 + q_e / 128) a_e, less the sum of a_e, times 128 is the integer-weight dot
+// (exact but for the f32 rounding of the sums). Scales are applied per unit as the CPU's
+// vec_dot applies them; the activations are not quantized, so the values differ from the
+// CPU's integer products by the CPU's own activation rounding (tested against a float64
+// reference on the dequantized weights).
+__device__ __forceinline__ float mvf_one(u32 v, int k) {
+    return __int_as_float((int)__byte_perm(v, 0x3f000000u, 0x7054u | ((u32)k << 8)));
+}
+
+template <int T> struct QF;
+
+template <> struct QF<T_Q4_K> {
+    __device__ static __forceinline__ float dot(const u8* b, int j, const float* a, float sl,
+                                                float sh) {
+        u32 dd = ld_u32(b);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        int shift = 4 * (j & 1);
+        const uint4* qs = (const uint4*)(b + 16 + 32 * (j / 2));
+        uint4 a0 = qs[0], a1 = qs[1];
+        u32 w[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 v0 = ((w[i] >> shift) & 0x0f0f0f0fu) | 0x80808080u;
+            u32 v1 = ((w[i + 4] >> shift) & 0x0f0f0f0fu) | 0x80808080u;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                s0 = fmaf(mvf_one(v0, k), a[4 * i + k], s0);
+                s1 = fmaf(mvf_one(v1, k), a[16 + 4 * i + k], s1);
+            }
+        }
+        float sa = sl + sh;
+        return (d * (float)sc) * (((s0 + s1) - sa) * 128.0f) - (dmin * (float)m) * sa;
+    }
+};
+
+template <> struct QF<T_Q6_K> {
+    __device__ static __forceinline__ float dot(const u8* b, int j, const float* a, float sl,
+                                                float sh) {
+        float d = h2f(ld_u16(b + 208));
+        int h = j / 4, k = j % 4;
+        u32 scw = ld_u16(b + 192 + 8 * h + 2 * k);
+        float c0 = (float)(int)(i8)(scw & 0xff), c1 = (float)(int)(i8)(scw >> 8);
+        u32 lw[8], hw[8];
+        ld32_a2_wide(b + 64 * h + 32 * (k & 1), lw);
+        ld32_a2_wide(b + 128 + 32 * h, hw);
+        int ls = 4 * (k >> 1), hs = 2 * k;
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 v0 = ((lw[i] >> ls) & 0x0f0f0f0fu) | (((hw[i] >> hs) & 0x03030303u) << 4) |
+                     0x80808080u;
+            u32 v1 = ((lw[i + 4] >> ls) & 0x0f0f0f0fu) |
+                     (((hw[i + 4] >> hs) & 0x03030303u) << 4) | 0x80808080u;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s0 = fmaf(mvf_one(v0, e), a[4 * i + e], s0);
+                s1 = fmaf(mvf_one(v1, e), a[16 + 4 * i + e], s1);
+            }
+        }
+        // sum (q - 32) a = 128 (s - sum a) - 32 sum a, per group of 16.
+        float q0 = 128.0f * s0 - 160.0f * sl, q1 = 128.0f * s1 - 160.0f * sh;
+        return d * (c0 * q0 + c1 * q1);
+    }
+};
+
+template <int T>
+__device__ void mvf_impl(const u8* __restrict__ w, int rows, int cols,
+                         const float* __restrict__ x, float* y, int accumulate) {
+    __shared__ float sh[2][4];
+    int row = 2 * blockIdx.x;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    bool second = row + 1 < rows;
+    const u8* w0 = w + (long long)row * rb;
+    const u8* w1 = second ? w0 + rb : w0;
+    // The weights depend on no earlier kernel: ask L2 for them before the wait.
+    prefetch_l2(w0, (second ? 2 : 1) * rb);
+    pdl_wait();
+    pdl_launch();
+    int units = cols / 32;
+    constexpr int UPB = Q<T>::BE / 32;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        const float4* ap = (const float4*)(x + 32 * u);
+        float a[32];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 t = ap[i];
+            a[4 * i] = t.x;
+            a[4 * i + 1] = t.y;
+            a[4 * i + 2] = t.z;
+            a[4 * i + 3] = t.w;
+        }
+        float sl = 0.0f, sh2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            sl += a[i];
+            sh2 += a[16 + i];
+        }
+        long long off = (long long)(u / UPB) * Q<T>::BB;
+        int j = u % UPB;
+        acc0 += QF<T>::dot(w0 + off, j, a, sl, sh2);
+        acc1 += QF<T>::dot(w1 + off, j, a, sl, sh2);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    acc0 = warp_sum(acc0);
+    acc1 = warp_sum(acc1);
+    if (lane == 0) {
+        sh[0][warp] = acc0;
+        sh[1][warp] = acc1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2 && (threadIdx.x == 0 || second)) {
+        float s = 0.0f;
+        for (int k = 0; k < nw; k++) s += sh[threadIdx.x][k];
+        float* o = y + row + threadIdx.x;
+        *o = accumulate ? *o + s : s;
+    }
+}
+
+#define DEF_MVF(name, T) \
+    extern "C" __global__ void __launch_bounds__(128) mvf_##name( \
+        const u8* w, int rows, int cols, const float* x, float* y, int accumulate) { \
+        mvf_impl<T>(w, rows, cols, x, y, accumulate); \
+    }
+DEF_MVF(q4_k, T_Q4_K)
+DEF_MVF(q6_k, T_Q6_K)

@@ -1050,6 +1050,22 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Timing ablation (v11, `cuda_bench --ab-skip`): launches of kernels whose names start
+    /// with one of `prefixes` are left out of every later step, so the step time shows what
+    /// that kernel class costs inside the real captured step. The results of such steps are
+    /// wrong; an empty list restores normal steps. Drops captured graphs.
+    pub fn set_skip(&mut self, prefixes: &[&str]) {
+        *self.gpu.skip.borrow_mut() = prefixes.iter().map(|p| p.to_string()).collect();
+        self.graphs.clear();
+    }
+
+    /// v11: one-token output and down projections on the f32 activations ([`Gpu::mvf`]);
+    /// drops captured graphs so later steps use the choice.
+    pub fn set_mvf(&mut self, on: bool) {
+        self.gpu.mvf.set(on);
+        self.graphs.clear();
+    }
+
     /// v10's one-token choices ([`CudaBackend::set_decode_v10`]'s argument).
     pub fn decode_v10(&self) -> DecodeV10 {
         let g = &self.gpu;
@@ -2096,6 +2112,23 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wo.name)),
                     o => o,
                 })?;
+            } else if n == 1
+                && gpu.mvf.get()
+                && matvec_path
+                && tr.is_none()
+                && l.wo.host.is_none()
+                && Gpu::mvf_fits(l.wo.ty, l.wo.cols)
+            {
+                // v11: the output projection on the f32 attention output (no quantize_act).
+                gpu.matvec_f(
+                    l.wo.ty,
+                    l.wo.q.ptr(),
+                    l.wo.rows,
+                    l.wo.cols,
+                    s.att.ptr(),
+                    s.x.ptr(),
+                    true,
+                )?;
             } else {
                 Self::linear(
                     gpu,
@@ -2323,6 +2356,24 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
                     o => o,
                 })?;
+            } else if n == 1
+                && gpu.mvf.get()
+                && matvec_path
+                && tr.is_none()
+                && down_x == s.g.ptr()
+                && l.down.host.is_none()
+                && Gpu::mvf_fits(l.down.ty, l.down.cols)
+            {
+                // v11: the down projection on the f32 SwiGLU output (no quantize_act).
+                gpu.matvec_f(
+                    l.down.ty,
+                    l.down.q.ptr(),
+                    l.down.rows,
+                    l.down.cols,
+                    down_x,
+                    s.x.ptr(),
+                    true,
+                )?;
             } else {
                 Self::linear(gpu, o, s, &l.down, down_x, n, s.x.ptr(), true, st, &mut qc)?;
             }

@@ -86,6 +86,11 @@ impl Drop for Blas {
 pub struct Gpu {
     /// Timing events after each launch while a profile is being taken ([`Gpu::profile_start`]).
     prof: RefCell<Option<Vec<(String, CudaEvent)>>>,
+    /// Launches of kernels whose names start with one of these are left out (v11's timing
+    /// ablation, `cuda_bench --ab-skip`: what a kernel class costs inside the real step; the
+    /// step's results are then wrong). Empty unless set through
+    /// [`crate::CudaBackend::set_skip`].
+    pub(crate) skip: RefCell<Vec<String>>,
     /// Resident blocks per SM of each kernel at the block size asked last
     /// ([`Gpu::blocks_per_sm`]; 0 = not asked yet).
     occupancy: RefCell<Vec<(u32, usize)>>,
@@ -215,6 +220,10 @@ pub struct Gpu {
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
     pub mvq_pf: std::cell::Cell<bool>,
+    /// One-token output and down projections of Q4_K / Q6_K weights multiply the f32
+    /// activation itself (`mvf_*`, v11), so no `quantize_act` launch runs before them: off
+    /// unless `CROSSOVER_CUDA_MVF=1`.
+    pub mvf: std::cell::Cell<bool>,
     /// Tests only: with [`Gpu::wave`], size one-wave grids to at most this many blocks (0: what
     /// the GPU holds at once), so small products take several steps per warp.
     pub wave_cap: std::cell::Cell<usize>,
@@ -308,6 +317,7 @@ impl Gpu {
         };
         Ok(Gpu {
             prof: RefCell::new(None),
+            skip: RefCell::new(Vec::new()),
             lt,
             lt_missing,
             lt_on: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_LT").as_deref() != Ok("0")),
@@ -376,6 +386,7 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
+            mvf: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVF").as_deref() == Ok("1")),
         })
     }
 
@@ -625,6 +636,9 @@ impl Gpu {
             .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
         let name = self.names.get(id).map_or("?", String::as_str);
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        if self.skip.borrow().iter().any(|p| name.starts_with(p.as_str())) {
             return Ok(());
         }
         if smem > 48 * 1024 {

@@ -155,6 +155,9 @@ impl RopeParams {
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
 /// Every kernel name, in kernel-table order.
+/// Weight types of the f32-activation one-token products (`mvf_*`, v11).
+const MVF_TYPES: [(GgmlType, &str); 2] = [(GgmlType::Q4K, "q4_k"), (GgmlType::Q6K, "q6_k")];
+
 pub fn all_kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for (_, t) in TYPES {
@@ -214,6 +217,9 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvr_rope2_{}_{}", name(a), name(b)));
     }
     v.push("mv6_q6_k".into());
+    for t in MVF_TYPES {
+        v.push(format!("mvf_{}", t.1));
+    }
     for (_, t) in QTYPES {
         v.push(format!("mvd_{t}"));
     }
@@ -740,6 +746,45 @@ impl Gpu {
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
+        )
+    }
+
+    /// Whether [`Gpu::matvec_f`] takes `ty` at `cols` columns.
+    pub fn mvf_fits(ty: GgmlType, cols: usize) -> bool {
+        MVF_TYPES.iter().any(|t| t.0 == ty) && cols > 0 && cols.is_multiple_of(256)
+    }
+
+    /// One token's `y (+)= W x` on the f32 activation `x` itself (`mvf_*`, v11: no
+    /// [`Gpu::quantize_act`] launch before it), Q4_K or Q6_K weights ([`Gpu::mvf_fits`]). A
+    /// block per row pair. The activations are not quantized, so the results differ from
+    /// [`Gpu::matvec_q`]'s by the activation rounding that kernel (and the CPU) does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_f(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        check_cols(ty, cols)?;
+        let name = MVF_TYPES
+            .iter()
+            .find(|t| t.0 == ty && Self::mvf_fits(ty, cols))
+            .map(|t| format!("mvf_{}", t.1))
+            .ok_or_else(|| {
+                CudaError::Arg(format!("no f32-activation product for {ty} x {cols} columns"))
+            })?;
+        let (rr, c, a) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, accumulate as i32);
+        // Up to 128 threads, whole warps, one unit of 32 columns each per step.
+        let threads = (cols / 32).div_ceil(32).clamp(1, 4) as u32 * 32;
+        self.launch_id(
+            self.kernel_id(&name)?,
+            (u32_of(rows.div_ceil(2), "rows")?, 1, 1),
+            (threads, 1, 1),
+            kargs![w, rr, c, x, y, a],
         )
     }
 

@@ -3211,3 +3211,53 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.mvr_lb4.set(false);
     g.mvq_pf.set(false);
 }
+
+/// v11: the one-token products on f32 activations (`mvf_*`: output and down projections with
+/// no quantize_act launch) against a float64 product of the dequantized weights and the
+/// unquantized activation, plain and accumulating, odd row counts (a row pair missing its
+/// second row) and the widths of the 3B model's O (3072) and down (8192) rows.
+#[test]
+fn f32_activation_products_match_f64_reference() {
+    let Some(g) = gpu_or_skip("mvf") else {
+        return;
+    };
+    let mut r = rng("mvf");
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        for (rows, cols) in [(37usize, 256usize), (6, 768), (21, 3072), (9, 8192)] {
+            assert!(Gpu::mvf_fits(ty, cols));
+            let vals = randn(&mut r, rows * cols, 0.5);
+            let (q, wd) = quantized(ty, &vals);
+            let w = g.upload(&q).unwrap();
+            let x = randn(&mut r, cols, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let want: Vec<f64> = (0..rows)
+                .map(|rr| {
+                    (0..cols)
+                        .map(|c| wd[rr * cols + c] as f64 * x[c] as f64)
+                        .sum()
+                })
+                .collect();
+            let y = poisoned(&g, rows);
+            g.matvec_f(ty, w.ptr(), rows, cols, xb.ptr(), y.ptr(), false)
+                .unwrap();
+            let got: Vec<f32> = g.download(&y, rows).unwrap();
+            let e = rel_err(&got, &want);
+            assert!(e < 2e-5, "{ty} {rows}x{cols}: relative error {e:e}");
+            let y0 = randn(&mut r, rows, 1.0);
+            let yb = g.upload(&y0).unwrap();
+            g.matvec_f(ty, w.ptr(), rows, cols, xb.ptr(), yb.ptr(), true)
+                .unwrap();
+            let got: Vec<f32> = g.download(&yb, rows).unwrap();
+            let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            let e = rel_err(&got, &want2);
+            assert!(e < 2e-5, "{ty} {rows}x{cols} accumulate: relative error {e:e}");
+        }
+    }
+    // A type or width it does not take is a typed error, not a launch.
+    assert!(!Gpu::mvf_fits(GgmlType::Q4_0, 3072));
+    assert!(!Gpu::mvf_fits(GgmlType::Q4K, 100));
+    let b = g.upload(&[0f32; 64]).unwrap();
+    assert!(g
+        .matvec_f(GgmlType::Q4_0, b.ptr(), 1, 32, b.ptr(), b.ptr(), false)
+        .is_err());
+}
