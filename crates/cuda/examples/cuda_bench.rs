@@ -529,22 +529,34 @@ fn main() {
         }
         b.set_decode_v10(d0);
     }
-    // --ab-v11: the one-token output and down projections on the f32 activations (`mvf_*`,
-    // no quantize_act launches) against the integer products, alternating, in one process.
+    // --ab-v11: v11's one-token choices (RMSNorm a warp per group, the many-block argmax),
+    // each alone, both and neither, alternating, in one process.
     if args.iter().any(|a| a == "--ab-v11") {
-        let m0 = b.gpu().mvf.get();
-        for on in [m0, !m0, m0, !m0, m0, !m0] {
-            b.set_mvf(on);
+        let d0 = b.decode_v11();
+        let combos = [
+            d0,
+            (false, false),
+            (true, false),
+            (false, true),
+            (true, true),
+            (false, false),
+            (true, true),
+            (false, false),
+            d0,
+        ];
+        for (rms1, amb) in combos {
+            b.set_decode_v11(rms1, amb);
             for d in [0usize, depth] {
                 let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
                 println!(
-                    "a/b v11 mvf={on}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    "a/b v11 rms1={rms1} argmax_mb={amb}: tg128 @ depth {d}: {:.3} ms/token \
+                     ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
             }
         }
-        b.set_mvf(m0);
+        b.set_decode_v11(d0.0, d0.1);
     }
     // --ab-skip (v11): the step with each kernel class left out (timing only: the results
     // of those steps are wrong), alternating with the full step, in one process: what each

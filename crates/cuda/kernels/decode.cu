@@ -62,3 +62,136 @@ extern "C" __global__ void __launch_bounds__(256) attn_merge_q(
     out[t * row + c] = v;
     quant_act_elem(v, true, c, fmt, qs + t * row, ds + t * (row / 32), (u16*)0, shf, shi);
 }
+
+// v11: RMSNorm (with the integer products' quantization) of one row for one-token steps, a
+// block of one warp per 256-element group: no block barrier. Each warp sums the whole row's
+// squares itself in exactly rms_scale's order at 256 threads: lane l stands for threads
+// l + 32 w (w < 8), each summing x[t + 256 i]^2 over i in order; then warp w's butterfly over
+// its 32 threads (the same shuffles), then block_sum_d's second butterfly over the 8 warp sums
+// (with its zero lanes, which add exactly). So the scale, the normalized values and (through
+// quant8_warp, the same bytes as quant_act_elem) the quantized row are rms_norm's, bit for bit.
+// The ncu timeline of session 9 put rms_norm at 4.1 us per launch alone and ~2.9 us inside the
+// captured step (quantize_act: 2.7 / ~1.0). n: a multiple of 256, at most RMS1_MAX.
+// grid = n / 256, blockDim.x = 32.
+#define RMS1_MAX 4096
+extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const float* w, int n,
+                                                           float eps, float* out, u16* out_h,
+                                                           int fmt, i8* qs, float2* ds) {
+    int lane = threadIdx.x;
+    int c0 = blockIdx.x * 256 + lane * 8;
+    // The lane's 8 norm weights (a constant) before the wait.
+    float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
+    PDL_ENTRY();
+    int reps = n / 256;  // rms_scale's i range at 256 threads
+    double p[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) p[t] = 0.0;
+    float v[RMS1_MAX / 32];
+#pragma unroll
+    for (int k = 0; k < RMS1_MAX / 32; k++)
+        if (k < 8 * reps) v[k] = x[lane + 32 * k];
+#pragma unroll
+    for (int i = 0; i < RMS1_MAX / 256; i++) {
+        if (i < reps) {
+#pragma unroll
+            for (int t = 0; t < 8; t++) p[t] += (double)v[8 * i + t] * (double)v[8 * i + t];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) p[t] += __shfl_xor_sync(0xffffffffu, p[t], o);
+    }
+    // block_sum_d's second stage: lanes 0..7 hold the 8 warp sums, the rest 0.0; offsets 16 and
+    // 8 only add zeros, then the butterfly over 4, 2, 1 (addition commutes, so every lane's sum
+    // is lane 0's).
+    double a0 = p[0] + p[4], a1 = p[1] + p[5], a2 = p[2] + p[6], a3 = p[3] + p[7];
+    double b0 = a0 + a2, b1 = a1 + a3;
+    double s = b0 + b1;
+    float mean = (float)(s / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
+    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(__fmul_rn(xv[i], scale), wv[i]);
+    if (out) {
+        *(float4*)(out + c0) = make_float4(o[0], o[1], o[2], o[3]);
+        *(float4*)(out + c0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    if (fmt) {
+        quant8_warp(o, true, c0, fmt, qs, ds, out_h);
+    } else if (out_h) {
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = (u32)f2h(o[2 * i]) | ((u32)f2h(o[2 * i + 1]) << 16);
+        *(uint4*)(out_h + c0) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+}
+
+// v11: greedy argmax of each row (the lowest index among equals; NaN never wins) in one launch
+// of gridDim.y blocks per row instead of argmax_rows' single block, whose 1024 threads each
+// walked ~125 logits one dependent round trip after another (47 us for 128,256 logits in the
+// ncu timeline of session 9). Block (r, b) takes columns [b per, (b + 1) per), each thread 4
+// loads in flight at a time, writes its best (value, index) to pv / pi, and the block that
+// arrives last at the row's counter (cnt, zero between launches: it resets it) reduces the
+// row's gridDim.y partials. grid = (rows, P), blockDim.x = 256.
+extern "C" __global__ void __launch_bounds__(256) argmax_mb(const float* x, int n, int per,
+                                                            float* pv, int* pi, u32* cnt,
+                                                            int* out) {
+    PDL_ENTRY();
+    __shared__ float sv[8];
+    __shared__ int si[8];
+    __shared__ int last;
+    int row = blockIdx.x, P = gridDim.y, b = blockIdx.y;
+    const float* r = x + (long long)row * n;
+    int c1 = min(n, (b + 1) * per);
+    float best = NEG_INF;
+    int bi = n;
+    for (int c = b * per + threadIdx.x; c < c1; c += 4 * 256) {
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = c + 256 * k < c1 ? r[c + 256 * k] : NEG_INF;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (c + 256 * k < c1 && v[k] > best) { best = v[k]; bi = c + 256 * k; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < 8; k++)
+            if (sv[k] > best || (sv[k] == best && si[k] < bi)) { best = sv[k]; bi = si[k]; }
+        pv[row * P + b] = best;
+        pi[row * P + b] = bi;
+        __threadfence();
+        last = atomicAdd(&cnt[row], 1u) == (u32)(P - 1);
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    __threadfence();
+    best = NEG_INF;
+    bi = n;
+    for (int k = lane; k < P; k += 32) {
+        float ov = ld_cg(pv + row * P + k);
+        int oi = __float_as_int(ld_cg((const float*)(pi + row * P + k)));
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (lane == 0) {
+        out[row] = bi < n ? bi : 0;
+        cnt[row] = 0;
+    }
+}

@@ -1059,11 +1059,17 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// v11: one-token output and down projections on the f32 activations ([`Gpu::mvf`]);
-    /// drops captured graphs so later steps use the choice.
-    pub fn set_mvf(&mut self, on: bool) {
-        self.gpu.mvf.set(on);
+    /// v11's one-token choices: RMSNorm a warp per group ([`Gpu::rms1`]) and the many-block
+    /// argmax ([`Gpu::argmax_mb`]); drops captured graphs so later steps use the choice.
+    pub fn set_decode_v11(&mut self, rms1: bool, argmax_mb: bool) {
+        self.gpu.rms1.set(rms1);
+        self.gpu.argmax_mb.set(argmax_mb);
         self.graphs.clear();
+    }
+
+    /// v11's one-token choices ([`CudaBackend::set_decode_v11`]'s arguments).
+    pub fn decode_v11(&self) -> (bool, bool) {
+        (self.gpu.rms1.get(), self.gpu.argmax_mb.get())
     }
 
     /// v10's one-token choices ([`CudaBackend::set_decode_v10`]'s argument).
@@ -1649,6 +1655,10 @@ impl CudaBackend {
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
     ) -> Result<(), CudaError> {
+        // v11: one row, a warp per 256-element group (the same bits).
+        if n == 1 && gpu.rms1.get() && Gpu::rms1_fits(e) {
+            return gpu.rms_norm1(x, w, e, eps, out, out_h, quant);
+        }
         let blk = quant.map_or(32, |q| q.0.block().max(32));
         let wide = (out_h != 0 && n >= 32) || (quant.is_some() && n > MV_MAX_NT);
         if gpu.warp_quant.get() && wide && e.is_multiple_of(blk) {
@@ -2112,23 +2122,6 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wo.name)),
                     o => o,
                 })?;
-            } else if n == 1
-                && gpu.mvf.get()
-                && matvec_path
-                && tr.is_none()
-                && l.wo.host.is_none()
-                && Gpu::mvf_fits(l.wo.ty, l.wo.cols)
-            {
-                // v11: the output projection on the f32 attention output (no quantize_act).
-                gpu.matvec_f(
-                    l.wo.ty,
-                    l.wo.q.ptr(),
-                    l.wo.rows,
-                    l.wo.cols,
-                    s.att.ptr(),
-                    s.x.ptr(),
-                    true,
-                )?;
             } else {
                 Self::linear(
                     gpu,
@@ -2356,24 +2349,6 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
                     o => o,
                 })?;
-            } else if n == 1
-                && gpu.mvf.get()
-                && matvec_path
-                && tr.is_none()
-                && down_x == s.g.ptr()
-                && l.down.host.is_none()
-                && Gpu::mvf_fits(l.down.ty, l.down.cols)
-            {
-                // v11: the down projection on the f32 SwiGLU output (no quantize_act).
-                gpu.matvec_f(
-                    l.down.ty,
-                    l.down.q.ptr(),
-                    l.down.rows,
-                    l.down.cols,
-                    down_x,
-                    s.x.ptr(),
-                    true,
-                )?;
             } else {
                 Self::linear(gpu, o, s, &l.down, down_x, n, s.x.ptr(), true, st, &mut qc)?;
             }

@@ -220,10 +220,16 @@ pub struct Gpu {
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
     pub mvq_pf: std::cell::Cell<bool>,
-    /// One-token output and down projections of Q4_K / Q6_K weights multiply the f32
-    /// activation itself (`mvf_*`, v11), so no `quantize_act` launch runs before them: off
-    /// unless `CROSSOVER_CUDA_MVF=1`.
-    pub mvf: std::cell::Cell<bool>,
+    /// One-token RMSNorm (with its quantization) runs as one warp per 256-element group
+    /// (`rms_norm1`, v11: no block barrier, rms_norm's bits): on unless `CROSSOVER_CUDA_RMS1=0`.
+    pub rms1: std::cell::Cell<bool>,
+    /// Greedy argmax takes many blocks per row (`argmax_mb`, v11) rather than one
+    /// (`argmax_rows`): on unless `CROSSOVER_CUDA_ARGMAX_MB=0`.
+    pub argmax_mb: std::cell::Cell<bool>,
+    /// `argmax_mb`'s partial values, partial indices and per-row counters (zero between
+    /// launches), for up to the row count kept with them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) argmax_ws: RefCell<Option<(DevBuf, DevBuf, DevBuf, usize)>>,
     /// Tests only: with [`Gpu::wave`], size one-wave grids to at most this many blocks (0: what
     /// the GPU holds at once), so small products take several steps per warp.
     pub wave_cap: std::cell::Cell<usize>,
@@ -386,7 +392,11 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
-            mvf: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVF").as_deref() == Ok("1")),
+            rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() != Ok("0")),
+            argmax_mb: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
+            ),
+            argmax_ws: RefCell::new(None),
         })
     }
 

@@ -155,9 +155,6 @@ impl RopeParams {
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
 /// Every kernel name, in kernel-table order.
-/// Weight types of the f32-activation one-token products (`mvf_*`, v11).
-const MVF_TYPES: [(GgmlType, &str); 2] = [(GgmlType::Q4K, "q4_k"), (GgmlType::Q6K, "q6_k")];
-
 pub fn all_kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for (_, t) in TYPES {
@@ -217,9 +214,8 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvr_rope2_{}_{}", name(a), name(b)));
     }
     v.push("mv6_q6_k".into());
-    for t in MVF_TYPES {
-        v.push(format!("mvf_{}", t.1));
-    }
+    v.push("rms_norm1".into());
+    v.push("argmax_mb".into());
     for (_, t) in QTYPES {
         v.push(format!("mvd_{t}"));
     }
@@ -746,45 +742,6 @@ impl Gpu {
             (u32_of(rows, "rows")?, 1, 1),
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
-        )
-    }
-
-    /// Whether [`Gpu::matvec_f`] takes `ty` at `cols` columns.
-    pub fn mvf_fits(ty: GgmlType, cols: usize) -> bool {
-        MVF_TYPES.iter().any(|t| t.0 == ty) && cols > 0 && cols.is_multiple_of(256)
-    }
-
-    /// One token's `y (+)= W x` on the f32 activation `x` itself (`mvf_*`, v11: no
-    /// [`Gpu::quantize_act`] launch before it), Q4_K or Q6_K weights ([`Gpu::mvf_fits`]). A
-    /// block per row pair. The activations are not quantized, so the results differ from
-    /// [`Gpu::matvec_q`]'s by the activation rounding that kernel (and the CPU) does.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_f(
-        &self,
-        ty: GgmlType,
-        w: u64,
-        rows: usize,
-        cols: usize,
-        x: u64,
-        y: u64,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        check_cols(ty, cols)?;
-        let name = MVF_TYPES
-            .iter()
-            .find(|t| t.0 == ty && Self::mvf_fits(ty, cols))
-            .map(|t| format!("mvf_{}", t.1))
-            .ok_or_else(|| {
-                CudaError::Arg(format!("no f32-activation product for {ty} x {cols} columns"))
-            })?;
-        let (rr, c, a) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, accumulate as i32);
-        // Up to 128 threads, whole warps, one unit of 32 columns each per step.
-        let threads = (cols / 32).div_ceil(32).clamp(1, 4) as u32 * 32;
-        self.launch_id(
-            self.kernel_id(&name)?,
-            (u32_of(rows.div_ceil(2), "rows")?, 1, 1),
-            (threads, 1, 1),
-            kargs![w, rr, c, x, y, a],
         )
     }
 
@@ -1986,11 +1943,80 @@ impl Gpu {
     /// Index of the largest element of each of `rows` rows of width `n` (i32 per row).
     pub fn argmax_rows(&self, x: u64, n: usize, rows: usize, out: u64) -> Result<(), CudaError> {
         let nn = i32_of(n, "width")?;
+        if self.argmax_mb.get() && rows > 0 {
+            return self.argmax_many(x, n, rows, out);
+        }
         self.launch_id(
             op(K_ARGMAX),
             (u32_of(rows, "rows")?, 1, 1),
             (1024, 1, 1),
             kargs![x, nn, out],
+        )
+    }
+
+    /// [`Gpu::argmax_rows`] with up to 64 blocks per row (`argmax_mb`, v11): each block the
+    /// best of its columns, the last block of a row to finish the row's result (the same index:
+    /// the largest value, the lowest index among equals, NaN never).
+    fn argmax_many(&self, x: u64, n: usize, rows: usize, out: u64) -> Result<(), CudaError> {
+        const P_MAX: usize = 64;
+        let p = n.div_ceil(2048).clamp(1, P_MAX);
+        let per = n.div_ceil(p);
+        let (pv, pi, cnt) = {
+            let mut ws = self.argmax_ws.borrow_mut();
+            if ws.as_ref().is_none_or(|w| w.3 < rows) {
+                *ws = Some((
+                    self.alloc(rows * P_MAX * 4)?,
+                    self.alloc(rows * P_MAX * 4)?,
+                    self.alloc_zeroed(rows * 4)?,
+                    rows,
+                ));
+            }
+            let w = ws.as_ref().ok_or_else(|| CudaError::Arg("argmax scratch".into()))?;
+            (w.0.ptr(), w.1.ptr(), w.2.ptr())
+        };
+        let (nn, pp) = (i32_of(n, "width")?, i32_of(per, "columns per block")?);
+        self.launch_id(
+            self.kernel_id("argmax_mb")?,
+            (u32_of(rows, "rows")?, p as u32, 1),
+            (256, 1, 1),
+            kargs![x, nn, pp, pv, pi, cnt, out],
+        )
+    }
+
+    /// Whether [`Gpu::rms_norm1`] takes rows of `n` columns.
+    pub fn rms1_fits(n: usize) -> bool {
+        n > 0 && n.is_multiple_of(256) && n <= 4096
+    }
+
+    /// [`Gpu::rms_norm`] of one row (`rows` = 0, one output row) as one warp per 256-element
+    /// group (`rms_norm1`, v11: no block barrier): the same bits. Only where
+    /// [`Gpu::rms1_fits`] `n`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm1(
+        &self,
+        x: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        if !Self::rms1_fits(n) {
+            return Err(CudaError::Arg(format!(
+                "rms_norm1: {n} columns (a multiple of 256, at most 4096)"
+            )));
+        }
+        let (fmt, qs, ds) = match quant {
+            Some((f, q, d)) => (f as i32, q, d),
+            None => (0i32, 0u64, 0u64),
+        };
+        let nn = i32_of(n, "width")?;
+        self.launch_id(
+            self.kernel_id("rms_norm1")?,
+            (u32_of(n / 256, "groups")?, 1, 1),
+            (32, 1, 1),
+            kargs![x, w, nn, eps, out, out_h, fmt, qs, ds],
         )
     }
 

@@ -3212,52 +3212,89 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.mvq_pf.set(false);
 }
 
-/// v11: the one-token products on f32 activations (`mvf_*`: output and down projections with
-/// no quantize_act launch) against a float64 product of the dequantized weights and the
-/// unquantized activation, plain and accumulating, odd row counts (a row pair missing its
-/// second row) and the widths of the 3B model's O (3072) and down (8192) rows.
+/// v11: the one-token RMSNorm a warp per group (`rms_norm1`) gives `rms_norm`'s bits (f32 row,
+/// int8 values and scales in both formats, f16 operand), and the many-block argmax
+/// (`argmax_mb`) the single-block kernel's index (planted maxima, ties: the lowest index, NaN
+/// never wins), launch after launch (its counters reset themselves).
 #[test]
-fn f32_activation_products_match_f64_reference() {
-    let Some(g) = gpu_or_skip("mvf") else {
+fn rms_norm1_and_argmax_mb_equal_the_block_kernels() {
+    let Some(g) = gpu_or_skip("rms1") else {
         return;
     };
-    let mut r = rng("mvf");
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
-        for (rows, cols) in [(37usize, 256usize), (6, 768), (21, 3072), (9, 8192)] {
-            assert!(Gpu::mvf_fits(ty, cols));
-            let vals = randn(&mut r, rows * cols, 0.5);
-            let (q, wd) = quantized(ty, &vals);
-            let w = g.upload(&q).unwrap();
-            let x = randn(&mut r, cols, 1.0);
-            let xb = g.upload(&x).unwrap();
-            let want: Vec<f64> = (0..rows)
-                .map(|rr| {
-                    (0..cols)
-                        .map(|c| wd[rr * cols + c] as f64 * x[c] as f64)
-                        .sum()
-                })
-                .collect();
-            let y = poisoned(&g, rows);
-            g.matvec_f(ty, w.ptr(), rows, cols, xb.ptr(), y.ptr(), false)
-                .unwrap();
-            let got: Vec<f32> = g.download(&y, rows).unwrap();
-            let e = rel_err(&got, &want);
-            assert!(e < 2e-5, "{ty} {rows}x{cols}: relative error {e:e}");
-            let y0 = randn(&mut r, rows, 1.0);
-            let yb = g.upload(&y0).unwrap();
-            g.matvec_f(ty, w.ptr(), rows, cols, xb.ptr(), yb.ptr(), true)
-                .unwrap();
-            let got: Vec<f32> = g.download(&yb, rows).unwrap();
-            let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
-            let e = rel_err(&got, &want2);
-            assert!(e < 2e-5, "{ty} {rows}x{cols} accumulate: relative error {e:e}");
+    let mut r = rng("rms1");
+    for n in [256usize, 768, 3072, 4096] {
+        assert!(Gpu::rms1_fits(n));
+        let mut x = randn(&mut r, n, 2.0);
+        // A few outliers, as real residual rows have.
+        for _ in 0..3 {
+            let i = r.gen_range(0..n);
+            x[i] *= 40.0;
+        }
+        let w = randn(&mut r, n, 1.0);
+        let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+        for fmt in [None, Some(ActFormat::Q8x32), Some(ActFormat::Q8K)] {
+            let mut outs = Vec::new();
+            for one in [false, true] {
+                let out = poisoned(&g, n);
+                let oh = g.upload(&vec![0xffffu16; n]).unwrap();
+                let (qb, db) = act_bufs(&g, 1, n);
+                let quant = fmt.map(|f| (f, qb.ptr(), db.ptr()));
+                if one {
+                    g.rms_norm1(xb.ptr(), wb.ptr(), n, 1e-5, out.ptr(), oh.ptr(), quant)
+                        .unwrap();
+                } else {
+                    g.rms_norm(xb.ptr(), 0, wb.ptr(), n, 1e-5, 1, out.ptr(), oh.ptr(), quant)
+                        .unwrap();
+                }
+                let o: Vec<u32> = g.download(&out, n).unwrap();
+                let h: Vec<u16> = g.download(&oh, n).unwrap();
+                let (q, d): (Vec<i8>, Vec<u32>) = if fmt.is_some() {
+                    (g.download(&qb, n).unwrap(), g.download(&db, n / 16).unwrap())
+                } else {
+                    (Vec::new(), Vec::new())
+                };
+                outs.push((o, h, q, d));
+            }
+            let (a, b) = (&outs[0], &outs[1]);
+            assert_eq!(a.0, b.0, "n={n} {fmt:?}: normalized row");
+            assert_eq!(a.1, b.1, "n={n} {fmt:?}: f16 operand");
+            assert_eq!(a.2, b.2, "n={n} {fmt:?}: int8 values");
+            assert_eq!(a.3, b.3, "n={n} {fmt:?}: scales");
         }
     }
-    // A type or width it does not take is a typed error, not a launch.
-    assert!(!Gpu::mvf_fits(GgmlType::Q4_0, 3072));
-    assert!(!Gpu::mvf_fits(GgmlType::Q4K, 100));
-    let b = g.upload(&[0f32; 64]).unwrap();
+    assert!(!Gpu::rms1_fits(100) && !Gpu::rms1_fits(8192));
+    let b = g.upload(&[0f32; 256]).unwrap();
     assert!(g
-        .matvec_f(GgmlType::Q4_0, b.ptr(), 1, 32, b.ptr(), b.ptr(), false)
+        .rms_norm1(b.ptr(), b.ptr(), 100, 1e-5, b.ptr(), 0, None)
         .is_err());
+
+    let mb0 = g.argmax_mb.get();
+    for (nr, nv) in [(3usize, 128_256usize), (2, 1000), (5, 5000), (1, 40_000)] {
+        for rep in 0..2 {
+            let mut l = randn(&mut r, nr * nv, 3.0);
+            let mut want = Vec::new();
+            for row in 0..nr {
+                let at = r.gen_range(0..nv);
+                let big = 100.0 + row as f32;
+                l[row * nv + at] = big;
+                // A tie after it (the lower index wins) and a NaN (never wins).
+                let tie = r.gen_range(at..nv);
+                l[row * nv + tie] = big;
+                let nan = r.gen_range(0..nv);
+                if nan != at && nan != tie {
+                    l[row * nv + nan] = f32::NAN;
+                }
+                want.push(at as i32);
+            }
+            let lb = g.upload(&l).unwrap();
+            for mb in [false, true] {
+                g.argmax_mb.set(mb);
+                let ob = g.upload(&vec![-1i32; nr]).unwrap();
+                g.argmax_rows(lb.ptr(), nv, nr, ob.ptr()).unwrap();
+                let got: Vec<i32> = g.download(&ob, nr).unwrap();
+                assert_eq!(got, want, "{nr} rows of {nv}, many blocks {mb}, launch {rep}");
+            }
+        }
+    }
+    g.argmax_mb.set(mb0);
 }
