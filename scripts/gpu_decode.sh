@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call for batch-1 decode (docs/perf/cuda.md, versions 9 and 10): makes the
+# One device call for batch-1 decode (docs/perf/cuda.md, versions 9 to 11): makes the
 # synthetic 3B Q4_K_M file in the background while the kernel tests named in TESTS run, then
 # cuda_bench's tg128 at depth 0 and $DEPTH with a per-kernel profile and the A/B of
-# BENCH_ARGS (default --ab-v10: every variant of v10 in one process), optionally the earlier
+# BENCH_ARGS (default --ab-v10: every variant of v10 in one process; v11 adds --ab-v11 and the
+# timing ablation --ab-skip: the step with each kernel class left out), optionally the earlier
 # version's cuda_bench ($OLD) and this one's again,
 # then (NCU=1, v11) Nsight Compute on the replayed one-token graph at depth 0 and $DEPTH: every
 # node's duration (warm caches, clocks left alone) and the whole graph's, then
@@ -20,9 +21,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
 $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t 12 >"$OUT/synth.log" 2>&1 &
 SYN=$!
-if [[ -n "${TESTS-q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output}" ]]; then
+D_TESTS="rms_norm1_and_argmax rms_norm_and_argmax q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output"
+if [[ -n "${TESTS-$D_TESTS}" ]]; then
   # shellcheck disable=SC2086
-  timeout ${TEST_S:-100} $G/kernels --test-threads 1 ${TESTS-q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output} 2>&1 \
+  timeout ${TEST_S:-100} $G/kernels --test-threads 1 ${TESTS-$D_TESTS} 2>&1 \
     | tee "$OUT/kernels.log" | grep -E "^test |panicked|seed|error|result"
   t "kernel tests done"
 fi

@@ -176,7 +176,10 @@ fn ncu_steps(
         unsafe { cudarc::driver::sys::cuProfilerStop() }
             .result()
             .unwrap_or_else(|e| panic!("cuProfilerStop: {e:?}"));
-        println!("ncu: depth {d}: {steps} profiled steps from position {}", pos - steps);
+        println!(
+            "ncu: depth {d}: {steps} profiled steps from position {}",
+            pos - steps
+        );
         b.release(*seq);
     }
 }
@@ -563,7 +566,14 @@ fn main() {
     // class costs inside the real captured step, PDL overlap and launch gaps included.
     if args.iter().any(|a| a == "--ab-skip") {
         let small: &[&str] = &["rms_norm", "quantize_act", "attn_one", "attn_merge"];
-        let products: &[&str] = &["mvr4_rope", "mvr_rope", "mvr4_q", "mvr_q", "mvr_swiglu", "mvqp_"];
+        let products: &[&str] = &[
+            "mvr4_rope",
+            "mvr_rope",
+            "mvr4_q",
+            "mvr_q",
+            "mvr_swiglu",
+            "mvqp_",
+        ];
         let sets: &[&[&str]] = &[
             &[],
             &["rms_norm"],

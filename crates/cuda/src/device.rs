@@ -221,10 +221,14 @@ pub struct Gpu {
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
     pub mvq_pf: std::cell::Cell<bool>,
     /// One-token RMSNorm (with its quantization) runs as one warp per 256-element group
-    /// (`rms_norm1`, v11: no block barrier, rms_norm's bits): on unless `CROSSOVER_CUDA_RMS1=0`.
+    /// (`rms_norm1`, v11: no block barrier, rms_norm's bits): off unless
+    /// `CROSSOVER_CUDA_RMS1=1` (on the H200 the step got slower: tg128 1.598 against 1.549 ms
+    /// per token at depth 0, docs/perf/cuda.md v11).
     pub rms1: std::cell::Cell<bool>,
-    /// Greedy argmax takes many blocks per row (`argmax_mb`, v11) rather than one
-    /// (`argmax_rows`): on unless `CROSSOVER_CUDA_ARGMAX_MB=0`.
+    /// Greedy argmax takes up to 64 blocks per row (`argmax_mb`, v11) rather than one
+    /// (`argmax_rows`, whose threads walked ~125 logits each, one round trip after another):
+    /// on unless `CROSSOVER_CUDA_ARGMAX_MB=0` (on the H200 tg128 1.549 -> 1.511 ms per token at
+    /// depth 0, 1.690 -> 1.659 at 4096, docs/perf/cuda.md v11).
     pub argmax_mb: std::cell::Cell<bool>,
     /// `argmax_mb`'s partial values, partial indices and per-row counters (zero between
     /// launches), for up to the row count kept with them.
@@ -392,7 +396,7 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
-            rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() != Ok("0")),
+            rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
             argmax_mb: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
             ),
@@ -648,7 +652,12 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        if self.skip.borrow().iter().any(|p| name.starts_with(p.as_str())) {
+        if self
+            .skip
+            .borrow()
+            .iter()
+            .any(|p| name.starts_with(p.as_str()))
+        {
             return Ok(());
         }
         if smem > 48 * 1024 {

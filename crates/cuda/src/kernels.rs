@@ -1971,7 +1971,9 @@ impl Gpu {
                     rows,
                 ));
             }
-            let w = ws.as_ref().ok_or_else(|| CudaError::Arg("argmax scratch".into()))?;
+            let w = ws
+                .as_ref()
+                .ok_or_else(|| CudaError::Arg("argmax scratch".into()))?;
             (w.0.ptr(), w.1.ptr(), w.2.ptr())
         };
         let (nn, pp) = (i32_of(n, "width")?, i32_of(per, "columns per block")?);

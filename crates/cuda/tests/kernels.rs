@@ -3243,13 +3243,26 @@ fn rms_norm1_and_argmax_mb_equal_the_block_kernels() {
                     g.rms_norm1(xb.ptr(), wb.ptr(), n, 1e-5, out.ptr(), oh.ptr(), quant)
                         .unwrap();
                 } else {
-                    g.rms_norm(xb.ptr(), 0, wb.ptr(), n, 1e-5, 1, out.ptr(), oh.ptr(), quant)
-                        .unwrap();
+                    g.rms_norm(
+                        xb.ptr(),
+                        0,
+                        wb.ptr(),
+                        n,
+                        1e-5,
+                        1,
+                        out.ptr(),
+                        oh.ptr(),
+                        quant,
+                    )
+                    .unwrap();
                 }
                 let o: Vec<u32> = g.download(&out, n).unwrap();
                 let h: Vec<u16> = g.download(&oh, n).unwrap();
                 let (q, d): (Vec<i8>, Vec<u32>) = if fmt.is_some() {
-                    (g.download(&qb, n).unwrap(), g.download(&db, n / 16).unwrap())
+                    (
+                        g.download(&qb, n).unwrap(),
+                        g.download(&db, n / 16).unwrap(),
+                    )
                 } else {
                     (Vec::new(), Vec::new())
                 };
@@ -3292,7 +3305,10 @@ fn rms_norm1_and_argmax_mb_equal_the_block_kernels() {
                 let ob = g.upload(&vec![-1i32; nr]).unwrap();
                 g.argmax_rows(lb.ptr(), nv, nr, ob.ptr()).unwrap();
                 let got: Vec<i32> = g.download(&ob, nr).unwrap();
-                assert_eq!(got, want, "{nr} rows of {nv}, many blocks {mb}, launch {rep}");
+                assert_eq!(
+                    got, want,
+                    "{nr} rows of {nv}, many blocks {mb}, launch {rep}"
+                );
             }
         }
     }
