@@ -132,6 +132,7 @@ fn ncu_steps(
             let n = (d - pos).min(512);
             let batch = StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: *seq,
                     tokens: toks(n),
                     start_pos: pos,
@@ -144,6 +145,7 @@ fn ncu_steps(
         let one = |b: &mut CudaBackend, pos: &mut usize, last: &mut u32| {
             let batch = StepBatch {
                 chunks: vec![SeqChunk {
+                    prompt_len: None,
                     seq: *seq,
                     tokens: vec![*last],
                     start_pos: *pos,
