@@ -354,6 +354,13 @@ DEF_ATTN_PREFILL(4)
 // attn_batch.cu): four warps per block, each taking 16 keys of a 64-key tile, the G query heads
 // of one KV head as the rows of the m16n8k16 products (rows past G are zero).
 
+// Four 8x8 b16 matrices from shared memory (lanes 8m..8m+7 give matrix m's row addresses).
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(smem)));
+}
+
 // The G query heads of KV head `kvh` for token `t`, as f16 A fragments of Q . K^T.
 template <int HD>
 __device__ __forceinline__ void dec_load_q(u32 (&qa)[HD / 16][4], const float* q, int t, int n_head,
@@ -380,13 +387,21 @@ __device__ __forceinline__ void dec_tile_softmax(const u32 (&qa)[HD / 16][4], co
                                                  float& m0, float& l0, float (&o)[HD / 8][4],
                                                  u32 (&pa)[4]) {
     float sc[2][4];
+    // v11: the K operands by ldmatrix, two k-steps per instruction (lane L names row L % 8 of
+    // matrix L / 8: dims +0, +8 of this k-step, +0, +8 of the next), the same registers the
+    // 32-bit loads of K[g][2c..] gave before: the same products in the same order.
+    int lane = g * 4 + c;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-        const u16* kr = K + (warp * 16 + j * 8 + g) * KS + 2 * c;
+        const u16* kr = K + (warp * 16 + j * 8 + (lane & 7)) * KS + (lane >> 3) * 8;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            mma_16816(sc[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+        for (int kk = 0; kk < HD / 16; kk += 2) {
+            u32 b[4];
+            ldsm_x4(b, kr + kk * 16);
+            mma_16816(sc[j], qa[kk], b[0], b[1]);
+            mma_16816(sc[j], qa[kk + 1], b[2], b[3]);
+        }
     }
     float mx = m0;
 #pragma unroll
