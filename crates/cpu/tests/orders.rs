@@ -11,48 +11,17 @@ use runtime::{Backend, SeqChunk, StepBatch, Want};
 /// Every logit row of a 40-token prompt (one chunk) and then of 3 one-token steps, with the
 /// (prompt, decode) orders `orders`.
 fn rows(orders: (SumOrder, SumOrder)) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let fx = Fixture::load("smollm2_q4_1_logits.json").unwrap_or_else(|e| panic!("{e}"));
-    let path = fx
-        .model_path("run scripts/fetch_model.sh (CI does this first)")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let opts = CpuOptions {
-        threads: Some(2),
-        ctx_size: 64,
-        max_batch_tokens: 64,
-        prompt_order: orders.0,
-        decode_order: orders.1,
-        ..CpuOptions::default()
-    };
-    let mut be = CpuBackend::load(&path, &opts).unwrap_or_else(|e| panic!("load: {e}"));
-    let mut out = (Vec::new(), Vec::new());
-    let mut pos = 0;
-    for (i, part) in [
-        &fx.tokens[..40],
-        &fx.tokens[40..41],
-        &fx.tokens[41..42],
-        &fx.tokens[42..43],
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let o = be
-            .step(&StepBatch {
-                chunks: vec![SeqChunk {
-                    prompt_len: None,
-                    seq: 1,
-                    tokens: part.to_vec(),
-                    start_pos: pos,
-                    want: Want::All,
-                }],
-            })
-            .expect("step");
-        pos += part.len();
-        let dst = if i == 0 { &mut out.0 } else { &mut out.1 };
-        for r in 0..o.n_rows() {
-            dst.push(o.row(r).expect("row").iter().map(|v| v.to_bits()).collect());
-        }
-    }
-    out
+    let mut all = fed(
+        orders,
+        &[
+            (0..40, None),
+            (40..41, None),
+            (41..42, None),
+            (42..43, None),
+        ],
+    );
+    let decode = all.split_off(40);
+    (all, decode)
 }
 
 #[test]
