@@ -62,22 +62,7 @@ fn tg128(
     let mut joules = Vec::new();
     for rep in 0..reps {
         *seq += 1;
-        let mut pos = 0;
-        let mut last = toks(1)[0];
-        while pos < d {
-            let n = (d - pos).min(512);
-            let batch = StepBatch {
-                chunks: vec![SeqChunk {
-                    prompt_len: None,
-                    seq: *seq,
-                    tokens: toks(n),
-                    start_pos: pos,
-                    want: Want::Last,
-                }],
-            };
-            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
-            pos += n;
-        }
+        let (mut pos, mut last) = (d, prefill(b, toks, *seq, d));
         b.synchronize().unwrap_or_else(|e| panic!("{e}"));
         let e0 = power.as_ref().ok().and_then(|p| p.energy_j().ok());
         let t = Instant::now();
@@ -117,6 +102,33 @@ fn tg128(
 /// a prompt to that depth, 32 greedy steps (the graph captured and warm), 64 timed steps, then
 /// `N` steps between `cuProfilerStart` and `cuProfilerStop`, so `ncu --profile-from-start off`
 /// profiles the replayed graph of those steps alone (per node with `--graph-profiling node`).
+/// Sequence `seq`'s first `d` positions from random tokens in chunks of up to 512; the greedy
+/// next token (a random one when `d` is 0).
+fn prefill(
+    b: &mut CudaBackend,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: u64,
+    d: usize,
+) -> u32 {
+    let mut pos = 0;
+    let mut last = toks(1)[0];
+    while pos < d {
+        let n = (d - pos).min(512);
+        let batch = StepBatch {
+            chunks: vec![SeqChunk {
+                prompt_len: None,
+                seq,
+                tokens: toks(n),
+                start_pos: pos,
+                want: Want::Last,
+            }],
+        };
+        last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+        pos += n;
+    }
+    last
+}
+
 fn ncu_steps(
     b: &mut CudaBackend,
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
@@ -126,22 +138,7 @@ fn ncu_steps(
 ) {
     for d in [0usize, depth] {
         *seq += 1;
-        let mut pos = 0;
-        let mut last = toks(1)[0];
-        while pos < d {
-            let n = (d - pos).min(512);
-            let batch = StepBatch {
-                chunks: vec![SeqChunk {
-                    prompt_len: None,
-                    seq: *seq,
-                    tokens: toks(n),
-                    start_pos: pos,
-                    want: Want::Last,
-                }],
-            };
-            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
-            pos += n;
-        }
+        let (mut pos, mut last) = (d, prefill(b, toks, *seq, d));
         let one = |b: &mut CudaBackend, pos: &mut usize, last: &mut u32| {
             let batch = StepBatch {
                 chunks: vec![SeqChunk {
