@@ -254,7 +254,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-lt] [--ab-merge]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -632,6 +632,9 @@ fn main() {
     // f16 copies (the default) and the f16 tensor-core kernels on the quantized weights, and
     // each product class timed both ways at 16 and 64 tokens.
     let mmf_ab = args.iter().any(|a| a == "--ab-mmf");
+    // --ab-mmk: each aggregate also with the Q4_K tensor-core products in the CPU's integer order
+    // switched over (session 10), and each product class timed every way at 16 and 64 tokens.
+    let mmk_ab = args.iter().any(|a| a == "--ab-mmk");
     // --ab-lt: each aggregate also with v10's batched products switched (fused Q/K/V and
     // gate/up GEMMs, cuBLASLt algorithms timed per shape) in the other three combinations, then
     // every tuned shape's cublasGemmEx and best cuBLASLt time.
@@ -644,7 +647,7 @@ fn main() {
         &par,
         graphs,
         prof,
-        (mmq_ab, mmf_ab, lt_ab, merge_ab),
+        (mmq_ab, mmf_ab, lt_ab, merge_ab, mmk_ab),
         &mut toks,
     );
 }
@@ -685,7 +688,7 @@ fn aggregate(
     par: &[usize],
     graphs: bool,
     prof: bool,
-    (mmq_ab, mmf_ab, lt_ab, merge_ab): (bool, bool, bool, bool),
+    (mmq_ab, mmf_ab, lt_ab, merge_ab, mmk_ab): (bool, bool, bool, bool, bool),
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
 ) {
     let pmax = par.iter().copied().max().unwrap_or(1);
@@ -698,7 +701,7 @@ fn aggregate(
             ..Default::default()
         };
         let mut b = CudaBackend::load(path, &opts).unwrap_or_else(|e| panic!("{e}"));
-        let (mmq0, mmf0) = (b.gpu().mmq.get(), b.gpu().mmf.get());
+        let (mmq0, mmf0, mmk0) = (b.gpu().mmq.get(), b.gpu().mmf.get(), b.gpu().mmk.get());
         let prod0 = b.batched_products();
         let fm0 = b.ab_fast_merge();
         if lt_ab {
@@ -708,35 +711,39 @@ fn aggregate(
         // (integer GEMM, many-sequence attention, f16 products on quantized weights): the
         // default, then (--ab-mmq) the integer GEMM switched over and the many-sequence
         // attention off, (--ab-mmf) the f16 products on quantized weights switched over.
-        let mut modes = vec![(mmq0, true, mmf0, prod0, fm0)];
+        let mut modes = vec![(mmq0, true, mmf0, prod0, fm0, mmk0)];
         if mmq_ab {
             modes.extend([
-                (!mmq0, true, mmf0, prod0, fm0),
-                (mmq0, false, mmf0, prod0, fm0),
+                (!mmq0, true, mmf0, prod0, fm0, mmk0),
+                (mmq0, false, mmf0, prod0, fm0, mmk0),
             ]);
         }
         if mmf_ab {
-            modes.push((mmq0, true, !mmf0, prod0, fm0));
+            modes.push((mmq0, true, !mmf0, prod0, fm0, mmk0));
+        }
+        if mmk_ab {
+            modes.push((mmq0, true, mmf0, prod0, fm0, !mmk0));
         }
         if lt_ab {
             // v9's products (neither), then each of v10's two changes alone.
             let (f, l) = prod0;
             modes.extend([
-                (mmq0, true, mmf0, (!f, !l), fm0),
-                (mmq0, true, mmf0, (f, !l), fm0),
-                (mmq0, true, mmf0, (!f, l), fm0),
+                (mmq0, true, mmf0, (!f, !l), fm0, mmk0),
+                (mmq0, true, mmf0, (f, !l), fm0, mmk0),
+                (mmq0, true, mmf0, (!f, l), fm0, mmk0),
             ]);
         }
         if merge_ab {
-            modes.push((mmq0, true, mmf0, prod0, !fm0));
+            modes.push((mmq0, true, mmf0, prod0, !fm0, mmk0));
         }
         let modes = &modes;
-        for (&p, &(mmq, battn, mmf, prod, fm)) in
+        for (&p, &(mmq, battn, mmf, prod, fm, mmk)) in
             par.iter().flat_map(|p| modes.iter().map(move |m| (p, m)))
         {
             b.set_mmq(mmq);
             b.set_batch_attn(battn);
             b.set_mmf(mmf);
+            b.set_mmk(mmk);
             b.set_batched_products(prod.0, prod.1);
             b.set_ab_fast_merge(fm);
             let mut last = Vec::new();
@@ -776,6 +783,7 @@ fn aggregate(
                 && mmq == mmq0
                 && battn
                 && mmf == mmf0
+                && (mmk == mmk0 || mmk_ab)
                 && prod == prod0
                 && fm == fm0
             {
@@ -799,7 +807,7 @@ fn aggregate(
                 b.release(s as u64);
             }
             println!(
-                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} fused_gemm={} lt={} fast_merge={fm}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
+                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} mmk={mmk} fused_gemm={} lt={} fast_merge={fm}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
                 prod.0,
                 prod.1,
                 (p * 128) as f64 / dt,
@@ -810,6 +818,7 @@ fn aggregate(
             );
         }
         b.set_mmf(mmf0);
+        b.set_mmk(mmk0);
         b.set_batched_products(prod0.0, prod0.1);
         b.set_ab_fast_merge(fm0);
         if lt_ab || prof {
@@ -833,23 +842,23 @@ fn aggregate(
                 );
             }
         }
-        if mmf_ab {
+        if mmf_ab || mmk_ab {
             for n in [16usize, 64] {
                 match b.bench_batched(n, 20) {
                     Ok(rows) => {
-                        for (name, k, [w4, w8, off], bytes) in rows {
+                        for (name, k, [mk, w8, off], bytes) in rows {
                             let tb = |ms: f64| bytes / (ms * 1e-3) / 1e12;
                             println!(
-                                "batched product {name} x{n} tokens ({k} launches, {:.2} MB): mmf \
-                                 4 warps {:.1} us ({:.2} TB/s of quantized weights), 8 warps \
-                                 {:.1} us ({:.2} TB/s), cuBLAS f16 {:.1} us ({:.2}x the best mmf)",
+                                "batched product {name} x{n} tokens ({k} launches, {:.2} MB): mmk \
+                                 {:.1} us ({:.2} TB/s of quantized weights), mmf 8 warps \
+                                 {:.1} us ({:.2} TB/s), cuBLAS f16 {:.1} us ({:.2}x mmk)",
                                 bytes / 1e6,
-                                w4 * 1e3,
-                                tb(w4),
+                                mk * 1e3,
+                                tb(mk),
                                 w8 * 1e3,
                                 tb(w8),
                                 off * 1e3,
-                                off / w4.min(w8)
+                                off / mk
                             );
                         }
                     }

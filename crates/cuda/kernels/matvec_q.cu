@@ -21,6 +21,10 @@
 
 #define ACT_Q8_32 1
 #define ACT_Q8_K 2
+// Or'ed into a format by act_quant_w: the f16 operand holds the int8 values themselves (exact in
+// f16), not f16(d * q): the operand of the K-quant tensor-core products (mmk, mmf.cu), which
+// apply d from `ds` per super-block.
+#define ACT_RAW 256
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;

@@ -6,10 +6,12 @@
 // Quantize one 256-element group held 8 per lane (lane l: elements c0 .. c0 + 7 of the row,
 // c0 = group start + 8 l) as quant_act_elem does, writing any of the int8 values qs, the scales
 // ds (one float2 per 32, indexed from the row start) and the f16 values f16(d * q) xh (all
-// row-relative pointers, may be null). `valid`: this lane's 8 are in the row (rows are whole
-// multiples of 32, so a lane's 8 are all in or all out).
+// row-relative pointers, may be null; with ACT_RAW in fmt, xh gets q itself). `valid`: this
+// lane's 8 are in the row (rows are whole multiples of 32, so a lane's 8 are all in or all out).
 __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, int fmt, i8* qs,
                                             float2* ds, u16* xh) {
+    const bool raw = (fmt & ACT_RAW) != 0;
+    fmt &= ~ACT_RAW;
     int lane = threadIdx.x & 31;
     int q[8];
     float dq;  // the value one step of q stands for
@@ -83,7 +85,8 @@ __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, 
         u32 h[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            h[i] = (u32)f2h(dq * (float)q[2 * i]) | ((u32)f2h(dq * (float)q[2 * i + 1]) << 16);
+            h[i] = raw ? (u32)f2h((float)q[2 * i]) | ((u32)f2h((float)q[2 * i + 1]) << 16)
+                       : (u32)f2h(dq * (float)q[2 * i]) | ((u32)f2h(dq * (float)q[2 * i + 1]) << 16);
         *(uint4*)(xh + c0) = make_uint4(h[0], h[1], h[2], h[3]);
     }
 }
@@ -132,7 +135,8 @@ extern "C" __global__ void rms_norm_w(const float* x, const float* w, int n, flo
 }
 
 // Rows of x (n columns) quantized in fmt as quantize_act does: int8 values qs and scales ds
-// and/or the f16 GEMM operand xh (f16(d * q); plain f16 when fmt == 0), any of them null; with
+// and/or the f16 GEMM operand xh (f16(d * q), q with ACT_RAW; plain f16 when fmt == 0), any of
+// them null; with
 // u != null, x = silu(x) * u first (ggml's SwiGLU, written back to x), as swiglu_q. Rows of x
 // and u are xs floats apart (n, or the width of one fused gate/up product's rows, v10); the
 // outputs' rows are dense.

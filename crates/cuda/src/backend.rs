@@ -126,6 +126,8 @@ struct Scratch {
     /// Quantized activations for the integer matrix-vector kernels: int8 values and scales.
     aq: DevBuf,
     ad: DevBuf,
+    /// Scales and sums of the raw operand in `xh` (the Q4_K tensor-core products', session 10).
+    rd: DevBuf,
     /// A second pair, written by the SwiGLU product while it still reads the first.
     aq2: DevBuf,
     ad2: DevBuf,
@@ -170,8 +172,9 @@ struct Scratch {
 struct Acts {
     /// `aq`/`ad`: quantized for the integer matrix-vector kernels.
     q: Option<(u64, ActFormat)>,
-    /// `xh`: the f16 GEMM operand, quantize-dequantized in the given format (None: plain f16).
-    h: Option<(u64, Option<ActFormat>)>,
+    /// `xh`: the f16 GEMM operand, quantize-dequantized in the given format (None: plain f16),
+    /// or (`true`) the quantized values themselves with their scales in `rd`.
+    h: Option<(u64, Option<ActFormat>, bool)>,
 }
 
 /// Host copies of one step's metadata.
@@ -517,6 +520,9 @@ impl CudaBackend {
                     mmf_ws = mmf_ws.max(p.ws_floats(r, nb));
                     mmf_tiles = mmf_tiles.max(p.tiles);
                 }
+                let p = kernels::mmk_plan(gpu.sms as usize, r, c, nb);
+                mmf_ws = mmf_ws.max(p.ws_floats(r, nb));
+                mmf_tiles = mmf_tiles.max(p.tiles);
             }
         }
         // Tokens of the widest step that takes the fused products (batched decode, v10).
@@ -527,6 +533,7 @@ impl CudaBackend {
             xh: gpu.alloc(n * widest * 2)?,
             aq: gpu.alloc(kernels::act_bytes(n, widest).0)?,
             ad: gpu.alloc(kernels::act_bytes(n, widest).1)?,
+            rd: gpu.alloc(kernels::act_bytes(n, widest).1)?,
             aq2: gpu.alloc(kernels::act_bytes(1, widest).0)?,
             ad2: gpu.alloc(kernels::act_bytes(1, widest).1)?,
             qcnt: gpu.alloc_zeroed(n * widest.div_ceil(256) * 4)?,
@@ -882,9 +889,10 @@ impl CudaBackend {
 
     /// Batched-decode products of `n` tokens (9..64) on one random f16 operand, per matrix class
     /// over all layers (Q/K/V, O, gate/up, down) and for the head: (class, launches, ms per
-    /// launch with [`Gpu::matmul_f16w`] in blocks of 4 and of 8 warps, ms per launch with
+    /// launch with [`Gpu::matmul_q4k_mmk`] where the class has Q4_K matrices (the others on
+    /// cuBLAS; NaN where it has none), with [`Gpu::matmul_f16w`] in blocks of 8 warps, and with
     /// cuBLAS on the f16 copies (NaN without copies or cuBLAS), quantized weight bytes per
-    /// launch). Leaves `Gpu::mmf` and `Gpu::mmf_warps` as it found them.
+    /// launch). Leaves `Gpu::mmf`, `Gpu::mmf_warps` and `Gpu::mmk` as it found them.
     pub fn bench_batched(
         &mut self,
         n: usize,
@@ -908,6 +916,12 @@ impl CudaBackend {
             })
             .collect();
         gpu.write(&s.xh, 0, &xh)?;
+        // Scales and sums for the raw-operand products (their timing does not depend on the
+        // values; these keep every sum finite).
+        let rd: Vec<f32> = (0..n * widest / 32)
+            .flat_map(|_| [1.0f32 / 127.0, 0.0])
+            .collect();
+        gpu.write(&s.rd, 0, &rd)?;
         let mut st = StepStats::default();
         let head = self.output.as_ref().unwrap_or(&self.embd);
         type Pick<'a> = Box<dyn Fn(&'a Layer) -> Vec<(&'a Mat, u64)> + 'a>;
@@ -935,21 +949,32 @@ impl CudaBackend {
             })
             .collect();
         jobs.push(("head".into(), vec![(head, s.logits.ptr())]));
-        let was = (gpu.mmf.get(), gpu.mmf_warps.get());
+        let was = (gpu.mmf.get(), gpu.mmf_warps.get(), gpu.mmk.get());
         let mut out = Vec::new();
         for (name, mats) in &jobs {
             let mut ms = [f64::NAN; 3];
-            for (i, (on, warps)) in [(true, 4), (true, 8), (false, 4)].into_iter().enumerate() {
-                gpu.mmf.set(on);
-                gpu.mmf_warps.set(warps);
-                if !on && (!gpu.has_blas() || mats.iter().any(|(m, _)| m.f16_ptr().is_none())) {
+            // (Q4_K integer-order kernels, f16 kernels on the quantized weights, cuBLAS.)
+            for (i, (mmk, mmf)) in [(true, false), (false, true), (false, false)]
+                .into_iter()
+                .enumerate()
+            {
+                gpu.mmk.set(mmk);
+                gpu.mmf.set(mmf);
+                gpu.mmf_warps.set(8);
+                let blas = !mmk && !mmf;
+                if blas && (!gpu.has_blas() || mats.iter().any(|(m, _)| m.f16_ptr().is_none())) {
+                    continue;
+                }
+                if mmk && !mats.iter().any(|(m, _)| mmk_for(gpu, m, n)) {
                     continue;
                 }
                 ms[i] = gpu.time_graph(reps, &mut || {
                     for &(m, y) in mats {
                         // The operand is already in xh: mark it converted from xn.
+                        let raw = mmk_for(gpu, m, n);
+                        let f = kernels::act_format(m.ty);
                         let mut a = Acts {
-                            h: Some((s.xn.ptr(), kernels::act_format(m.ty))),
+                            h: Some((s.xn.ptr(), f, raw)),
                             ..Acts::default()
                         };
                         Self::linear(gpu, o, s, m, s.xn.ptr(), n, y, false, &mut st, &mut a)?;
@@ -966,6 +991,7 @@ impl CudaBackend {
         }
         gpu.mmf.set(was.0);
         gpu.mmf_warps.set(was.1);
+        gpu.mmk.set(was.2);
         Ok(out)
     }
 
@@ -1124,6 +1150,14 @@ impl CudaBackend {
     /// graphs.
     pub fn set_mmf(&mut self, on: bool) {
         self.gpu.mmf.set(on);
+        self.graphs.clear();
+        self.wide_graph_failed = None;
+    }
+
+    /// Use the Q4_K tensor-core products in the CPU's integer order for 9..64-token steps
+    /// ([`Gpu::matmul_q4k_mmk`]), dropping captured graphs.
+    pub fn set_mmk(&mut self, on: bool) {
+        self.gpu.mmk.set(on);
         self.graphs.clear();
         self.wide_graph_failed = None;
     }
@@ -1401,6 +1435,35 @@ impl CudaBackend {
                 )
                 .map_err(name);
         }
+        // Batched decode (9..64 tokens), Q4_K (session 10): tensor-core products on the
+        // quantized weights in the CPU's integer order, where the workspace holds the plan's
+        // partial sums (head-sized matrices run unsplit).
+        if mmk_for(gpu, m, n) && {
+            let p = kernels::mmk_plan(gpu.sms as usize, m.rows, m.cols, n);
+            p.ws_floats(m.rows, n) * 4 <= s.mmf_ws.bytes()
+                && (p.slices == 1 || p.tiles * 4 <= s.mmf_cnt.bytes())
+        } {
+            let f = ActFormat::Q8K;
+            if acts.h != Some((x, Some(f), true)) {
+                gpu.act_raw_w(x, 0, n, m.cols, f, s.rd.ptr(), s.xh.ptr())
+                    .map_err(name)?;
+                acts.h = Some((x, Some(f), true));
+            }
+            return gpu
+                .matmul_q4k_mmk(
+                    m.q.ptr(),
+                    m.rows,
+                    m.cols,
+                    s.xh.ptr(),
+                    s.rd.ptr(),
+                    n,
+                    y,
+                    acc,
+                    s.mmf_ws.ptr(),
+                    s.mmf_cnt.ptr(),
+                )
+                .map_err(name);
+        }
         // Batched decode (9..64 tokens): f16 tensor-core products reading the quantized weights
         // (the same f16 operands cuBLAS gets from the copies), where the workspace holds the
         // plan's partial sums (head-sized matrices run unsplit).
@@ -1519,7 +1582,7 @@ impl CudaBackend {
         fmt: Option<ActFormat>,
         acts: &mut Acts,
     ) -> Result<(), CudaError> {
-        let key = (x, fmt);
+        let key = (x, fmt, false);
         if acts.h != Some(key) {
             match fmt {
                 Some(f) if gpu.warp_quant.get() => {
@@ -1607,7 +1670,7 @@ impl CudaBackend {
         gpu.read(buf, 0, &mut v)?;
         f(name, layer, occ, &mut v);
         gpu.write(buf, 0, &v)?;
-        if acts.h.is_some_and(|(p, _)| p == buf.ptr()) {
+        if acts.h.is_some_and(|(p, _, _)| p == buf.ptr()) {
             acts.h = None;
         }
         if let Some((p, fmt)) = acts.q {
@@ -1627,6 +1690,7 @@ impl CudaBackend {
         s: &Scratch,
         m: &Mat,
         matvec_path: bool,
+        raw: bool,
         out: u64,
         acts: &mut Acts,
     ) -> (u64, Option<(ActFormat, u64, u64)>) {
@@ -1635,8 +1699,12 @@ impl CudaBackend {
         if matvec_path {
             acts.q = f.map(|f| (out, f));
             (0, f.map(|f| (f, s.aq.ptr(), s.ad.ptr())))
+        } else if let Some(f) = f.filter(|_| raw) {
+            // The Q4_K tensor-core products' operand (session 10).
+            acts.h = Some((out, Some(f), true));
+            (s.xh.ptr(), Some((f, 0, s.rd.ptr())))
         } else {
-            acts.h = Some((out, f));
+            acts.h = Some((out, f, false));
             (s.xh.ptr(), f.map(|f| (f, 0, 0)))
         }
     }
@@ -1654,7 +1722,15 @@ impl CudaBackend {
         out: u64,
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
+        raw: bool,
     ) -> Result<(), CudaError> {
+        if raw {
+            // norm_outputs chose the raw operand: the quantization is there.
+            let (f, _, ds) = quant.ok_or_else(|| {
+                CudaError::Arg("raw RMSNorm operand without a quantization".into())
+            })?;
+            return gpu.rms_norm_w_raw(x, w, e, eps, n, out, f, out_h, ds);
+        }
         // v11: one row, a warp per 256-element group (the same bits).
         if n == 1 && gpu.rms1.get() && Gpu::rms1_fits(e) {
             return gpu.rms_norm1(x, w, e, eps, out, out_h, quant);
@@ -1739,7 +1815,8 @@ impl CudaBackend {
             // ... with the RMSNorm and quantization inside that launch too.
             let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
             if !prep_qkv {
-                let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, s.xn.ptr(), &mut qc);
+                let raw = !int_path && mmk_for(gpu, &l.wq, n);
+                let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, raw, s.xn.ptr(), &mut qc);
                 Self::norm_rows(
                     gpu,
                     s.x.ptr(),
@@ -1750,6 +1827,7 @@ impl CudaBackend {
                     s.xn.ptr(),
                     nh16,
                     nq,
+                    raw,
                 )?;
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
@@ -1757,6 +1835,7 @@ impl CudaBackend {
             let qkv_w = l.qkv16.as_ref().filter(|_| {
                 wide_gemm
                     && !fused_rope
+                    && !mmk_for(gpu, &l.wq, n)
                     && [&l.wk, &l.wv]
                         .iter()
                         .all(|m| kernels::act_format(m.ty) == qf)
@@ -2147,7 +2226,8 @@ impl CudaBackend {
                 && gf.is_some()
                 && gpu.mvr_prep_fits(l.gate.cols);
             if !prep_ffn {
-                let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, s.xn.ptr(), &mut qc);
+                let raw = !int_path && mmk_for(gpu, &l.gate, n);
+                let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, raw, s.xn.ptr(), &mut qc);
                 Self::norm_rows(
                     gpu,
                     s.x.ptr(),
@@ -2158,6 +2238,7 @@ impl CudaBackend {
                     s.xn.ptr(),
                     nh16,
                     nq,
+                    raw,
                 )?;
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
@@ -2182,6 +2263,7 @@ impl CudaBackend {
             let gu_w = l.gu16.as_ref().filter(|_| {
                 let df = kernels::act_format(l.down.ty);
                 wide_gemm
+                    && !mmk_for(gpu, &l.gate, n)
                     && gpu.warp_quant.get()
                     && l.gate.rows == ff
                     && l.up.rows == ff
@@ -2290,7 +2372,7 @@ impl CudaBackend {
                 gpu.gemm_f16(wb.ptr(), s.xh.ptr(), s.gu.ptr(), 2 * ff, n, e, 0.0)?;
                 let df = kernels::act_format(l.down.ty);
                 gpu.act_f16_strided(s.gu.ptr(), s.gu.at(ff * 4), n, ff, 2 * ff, df, s.xh.ptr())?;
-                qc.h = Some((s.gu.ptr(), df));
+                qc.h = Some((s.gu.ptr(), df, false));
                 down_x = s.gu.ptr();
             } else {
                 for (m, y) in [(&l.gate, s.g.ptr()), (&l.up, s.u.ptr())] {
@@ -2317,14 +2399,17 @@ impl CudaBackend {
                 } else {
                     // The down projection's f16 operand comes with the product (one launch).
                     let df = kernels::act_format(l.down.ty);
-                    if gpu.warp_quant.get()
+                    if let Some(f) = df.filter(|_| mmk_for(gpu, &l.down, n)) {
+                        gpu.act_raw_w(s.g.ptr(), s.u.ptr(), n, ff, f, s.rd.ptr(), s.xh.ptr())?;
+                        qc.h = Some((s.g.ptr(), df, true));
+                    } else if gpu.warp_quant.get()
                         && ff.is_multiple_of(df.map_or(32, |f| f.block().max(32)))
                     {
                         gpu.act_f16_w(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
                     } else {
                         gpu.swiglu_f16(s.g.ptr(), s.u.ptr(), n, ff, df, s.xh.ptr())?;
                     }
-                    qc.h = Some((s.g.ptr(), df));
+                    qc.h = Some((s.g.ptr(), df, false));
                 }
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_swiglu", li, 0), &s.g, n, ff)?;
@@ -2361,7 +2446,7 @@ impl CudaBackend {
         }
         let out = self.output.as_ref().unwrap_or(&self.embd);
         let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas() || mmq_tokens(gpu, n_out);
-        let (nh16, nq) = Self::norm_outputs(s, out, out_path, s.hn.ptr(), &mut qc);
+        let (nh16, nq) = Self::norm_outputs(s, out, out_path, false, s.hn.ptr(), &mut qc);
         gpu.rms_norm(
             s.x.ptr(),
             s.out_rows.ptr(),
@@ -2509,9 +2594,21 @@ fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
     gpu.mmq.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
 }
 
+/// Whether a product of `n` tokens with `m` takes the Q4_K tensor-core kernels in the CPU's
+/// integer order ([`Gpu::matmul_q4k_mmk`]; `Gpu::mmk`, off by default).
+fn mmk_for(gpu: &Gpu, m: &Mat, n: usize) -> bool {
+    gpu.mmk.get()
+        && m.ty == GgmlType::Q4K
+        && m.host.is_none()
+        && n > MV_MAX_NT
+        && n <= MMQ_MAX_N
+        && !gpu.mmq.get()
+        && m.cols.is_multiple_of(256)
+}
+
 /// One product class of [`CudaBackend::bench_batched`]: (class, launches, ms per launch with the
-/// f16 products on quantized weights in blocks of 4 and 8 warps and with cuBLAS, quantized
-/// weight bytes per launch).
+/// Q4_K integer-order kernels, with the f16 products on quantized weights in blocks of 8 warps
+/// and with cuBLAS, quantized weight bytes per launch).
 pub type BatchedTiming = (String, usize, [f64; 3], f64);
 
 /// Whether a product over `n` tokens takes the f16 tensor-core kernels on the quantized weights

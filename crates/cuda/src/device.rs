@@ -149,6 +149,10 @@ pub struct Gpu {
     /// Those products decode Q4_K and Q6_K with byte permutes instead of the conversion unit
     /// (the same values): on unless `CROSSOVER_CUDA_MMF_FASTDEC=0`.
     pub mmf_fast: std::cell::Cell<bool>,
+    /// Q4_K products of 9..64 tokens take the tensor-core kernels in the CPU's integer order
+    /// ([`Gpu::matmul_q4k_mmk`], session 10: the quantized weights, 1.9 GB per 3B step, instead
+    /// of the 6.4 GB of f16 copies cuBLAS reads): `CROSSOVER_CUDA_MMK=1` turns them on.
+    pub mmk: std::cell::Cell<bool>,
     /// The prompt path's f16 operands (RMSNorm, SwiGLU, attention output) are quantized a warp
     /// per 256-element group (prefill.cu, v7) rather than a block per group with three
     /// barriers: on unless `CROSSOVER_CUDA_WARPQ=0`.
@@ -364,6 +368,7 @@ impl Gpu {
             mmf_fast: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MMF_FASTDEC").as_deref() != Ok("0"),
             ),
+            mmk: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MMK").as_deref() == Ok("1")),
             warp_quant: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_WARPQ").as_deref() != Ok("0"),
             ),

@@ -205,6 +205,9 @@ pub fn all_kernel_names() -> Vec<String> {
             v.push(format!("mmf_{t}_{nt}"));
         }
     }
+    for nt in MMF_NT {
+        v.push(format!("mmk_q4_k_{nt}"));
+    }
     for (_, t) in QTYPES {
         v.push(format!("mvqe_{t}"));
     }
@@ -293,34 +296,106 @@ pub fn mmf_plan(
     warps: usize,
 ) -> MmfPlan {
     let warps = if warps >= 8 { 8 } else { 4 };
-    // One warp's stage buffer (`MmfStage<T>::WS` in mmf.cu): 8 units of 32 rows, copied 16
+    plan_tiles(
+        sms,
+        ty,
+        rows,
+        cols,
+        n,
+        warps,
+        MMF_WARP_ROWS,
+        0,
+        8 / warps,
+        MMF_MAX_SLICES,
+    )
+}
+
+/// Rows one warp of the Q4_K integer-order products owns (`MMK_WR` in mmf.cu).
+const MMK_WARP_ROWS: usize = 16;
+/// Shared memory those products take per (super-block of the chunk, token) beyond the
+/// activations: the min operand (32 bytes) and the token's scale.
+const MMK_TABLE: usize = 36;
+
+/// [`mmf_plan`] for [`Gpu::matmul_q4k_mmk`]: blocks of 8 warps of 16 rows, two blocks per
+/// multiprocessor (the kernels are built for 128 registers).
+pub fn mmk_plan(sms: usize, rows: usize, cols: usize, n: usize) -> MmfPlan {
+    // Switches for measuring (CROSSOVER_CUDA_MMK_WARPS 4 or 8, CROSSOVER_CUDA_MMK_SLICES: most
+    // K slices), read once.
+    static KNOBS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    let &(warps, cap) = KNOBS.get_or_init(|| {
+        let v = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(d)
+        };
+        (
+            v("CROSSOVER_CUDA_MMK_WARPS", 8),
+            v("CROSSOVER_CUDA_MMK_SLICES", MMF_MAX_SLICES),
+        )
+    });
+    let warps = if warps <= 4 { 4 } else { 8 };
+    plan_tiles(
+        sms,
+        GgmlType::Q4K,
+        rows,
+        cols,
+        n,
+        warps,
+        MMK_WARP_ROWS,
+        MMK_TABLE,
+        16 / warps,
+        cap,
+    )
+}
+
+/// The common layout rule: `per_sm` blocks of `warps` warps (each `warp_rows` rows) per
+/// multiprocessor share its shared memory; the activations take what the two weight stages of
+/// every warp leave, in chunks of whole super-blocks; `table` bytes per super-block and token
+/// go beside them; at most `max_slices` K slices.
+#[allow(clippy::too_many_arguments)]
+fn plan_tiles(
+    sms: usize,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    warps: usize,
+    warp_rows: usize,
+    table: usize,
+    per_sm: usize,
+    max_slices: usize,
+) -> MmfPlan {
+    // One warp's stage buffer (`MmfStage<T, WR>::WS` in mmf.cu): 8 units of its rows, copied 16
     // bytes at a time where blocks are 16-byte aligned, else as 4-byte words plus one.
     let (bb, upb) = (ty.type_size(), (ty.block_size() / 32).max(1));
     let bytes = 8 / upb * bb;
     let cp = if bb.is_multiple_of(16) { 16 } else { 4 };
     let nw = bytes.div_ceil(cp) + usize::from(cp == 4);
-    let wbuf = 32 * (nw * cp).div_ceil(16) * 16;
+    let wbuf = warp_rows * (nw * cp).div_ceil(16) * 16;
     let nt = MMF_NT
         .iter()
         .copied()
         .find(|&b| n <= 8 * b)
         .unwrap_or(MMF_NT[MMF_NT.len() - 1]);
     let units = (cols / 32).max(1);
-    let tiles = rows.div_ceil(MMF_WARP_ROWS * warps).max(1);
-    let act = (MMF_SMEM * warps / 8).saturating_sub(2 * warps * wbuf);
-    let chunk = (act / (8 * nt * 64) / 8 * 8).max(8);
-    let resident = sms * 8 / warps;
-    let want = ((resident + tiles / 2) / tiles).clamp(1, MMF_MAX_SLICES);
+    let tiles = rows.div_ceil(warp_rows * warps).max(1);
+    let act = (MMF_SMEM / per_sm).saturating_sub(2 * warps * wbuf + 8 * nt * 64);
+    // Per unit of the chunk: 8 nt token rows of 64 bytes and an eighth of the table.
+    let chunk = (act * 8 / (8 * nt * (8 * 64 + table)) / 8 * 8).max(8);
+    let resident = sms * per_sm;
+    let want = ((resident + tiles / 2) / tiles).clamp(1, max_slices.clamp(1, MMF_MAX_SLICES));
     let per = (units.div_ceil(want).div_ceil(8) * 8).max(8);
     let slices = units.div_ceil(per);
+    let chunk = chunk.min(per);
     MmfPlan {
         warps,
         nt,
         per,
-        chunk: chunk.min(per),
+        chunk,
         slices,
         tiles,
-        smem: 8 * nt * (chunk.min(per) * 64 + 64) + 2 * warps * wbuf,
+        smem: 8 * nt * (chunk * 64 + 64) + chunk / 8 * 8 * nt * table + 2 * warps * wbuf,
     }
 }
 
@@ -957,6 +1032,64 @@ impl Gpu {
         )
     }
 
+    /// `y[t, :] (+)= W x[t, :]` for a Q4_K matrix and 1..=64 tokens on the tensor cores in the
+    /// CPU's integer order (`mmk_q4_k_<nt>`, mmf.cu): `xq` is the f16 operand of
+    /// [`Gpu::act_raw_w`] (the Q8_K values themselves, `n` rows of `cols` halves) and `ds` its
+    /// scales and sums; per super-block the products form the CPU's integer sums exactly and
+    /// scale them in f32. `ws` holds [`MmfPlan::ws_floats`] floats of [`mmk_plan`] and `cnt` one
+    /// zeroed `u32` per row tile (left zeroed); both may be 0 when the plan has one K slice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_q4k_mmk(
+        &self,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        xq: u64,
+        ds: u64,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+        ws: u64,
+        cnt: u64,
+    ) -> Result<(), CudaError> {
+        check_cols(GgmlType::Q4K, cols)?;
+        if n == 0 || rows == 0 {
+            return Ok(());
+        }
+        if n > 8 * MMF_NT[MMF_NT.len() - 1] {
+            return Err(CudaError::Arg(format!(
+                "{n} tokens in one Q4_K tensor-core product (max 64)"
+            )));
+        }
+        let p = mmk_plan(self.sms as usize, rows, cols, n);
+        if p.slices > 1 && (ws == 0 || cnt == 0) {
+            return Err(CudaError::Arg(format!(
+                "{rows}x{cols} product of {n} tokens takes {} K slices: needs a workspace",
+                p.slices
+            )));
+        }
+        let k = self.kernel_id(&format!("mmk_q4_k_{}", p.nt))?;
+        let (rr, c, nn, a, per, ch) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            i32_of(n, "tokens")?,
+            accumulate as i32,
+            i32_of(p.per, "units per slice")?,
+            i32_of(p.chunk, "units per chunk")?,
+        );
+        self.launch_id_smem(
+            k,
+            (
+                u32_of(p.tiles, "row tiles")?,
+                u32_of(p.slices, "K slices")?,
+                1,
+            ),
+            (32 * p.warps as u32, 1, 1),
+            u32_of(p.smem, "shared memory")?,
+            kargs![w, rr, c, xq, ds, nn, y, a, per, ch, ws, cnt],
+        )
+    }
+
     /// [`Gpu::rms_norm`] of `n_rows` consecutive rows (no row list) for prompt-sized steps:
     /// one block per row, the quantization a warp per 256-element group (no block barriers);
     /// the same bits as [`Gpu::rms_norm`]. `n` must be a multiple of 32.
@@ -972,8 +1105,42 @@ impl Gpu {
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
     ) -> Result<(), CudaError> {
+        self.rms_norm_w_launch(x, w, n, eps, n_rows, out, out_h, quant, false)
+    }
+
+    /// [`Gpu::rms_norm_w`] writing [`Gpu::act_raw_w`]'s operand: `xq` the quantized values
+    /// themselves (f16), `ds` their scales and sums.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_w_raw(
+        &self,
+        x: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        fmt: ActFormat,
+        xq: u64,
+        ds: u64,
+    ) -> Result<(), CudaError> {
+        self.rms_norm_w_launch(x, w, n, eps, n_rows, out, xq, Some((fmt, 0, ds)), true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_w_launch(
+        &self,
+        x: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+        raw: bool,
+    ) -> Result<(), CudaError> {
         let (fmt, qs, ds) = match quant {
-            Some((f, q, d)) => (f as i32, q, d),
+            Some((f, q, d)) => (f as i32 | if raw { 256 } else { 0 }, q, d),
             None => (0i32, 0u64, 0u64),
         };
         let blk = quant.map_or(32, |q| q.0.block().max(32));
@@ -1026,7 +1193,7 @@ impl Gpu {
                 "act_f16_strided: row stride {stride} below the width {n}"
             )));
         }
-        self.act_quant_launch(x, u, rows, n, fmt, 0, 0, xh, stride)
+        self.act_quant_launch(x, u, rows, n, fmt, 0, 0, xh, stride, false)
     }
 
     /// [`Gpu::act_f16_w`] that also (or only: `xh` = 0) writes the int8 values `qs` and scales
@@ -1043,7 +1210,24 @@ impl Gpu {
         ds: u64,
         xh: u64,
     ) -> Result<(), CudaError> {
-        self.act_quant_launch(x, u, rows, n, fmt, qs, ds, xh, n)
+        self.act_quant_launch(x, u, rows, n, fmt, qs, ds, xh, n, false)
+    }
+
+    /// The operand of [`Gpu::matmul_q4k_mmk`]: rows of `x` (SwiGLU with `u` first when `u` is
+    /// not 0, as [`Gpu::act_f16_w`]) quantized in `fmt`, the f16 operand `xq` holding the int8
+    /// values themselves and `ds` the scales and sums ([`Gpu::quantize_act`]'s `ds`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_raw_w(
+        &self,
+        x: u64,
+        u: u64,
+        rows: usize,
+        n: usize,
+        fmt: ActFormat,
+        ds: u64,
+        xq: u64,
+    ) -> Result<(), CudaError> {
+        self.act_quant_launch(x, u, rows, n, Some(fmt), 0, ds, xq, n, true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1058,6 +1242,7 @@ impl Gpu {
         ds: u64,
         xh: u64,
         stride: usize,
+        raw: bool,
     ) -> Result<(), CudaError> {
         let blk = fmt.map_or(32, |f| f.block().max(32));
         if n == 0 || !n.is_multiple_of(blk) {
@@ -1071,7 +1256,9 @@ impl Gpu {
                 "act_f16_w: row stride {stride} is not a multiple of 4"
             )));
         }
-        let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32));
+        // ACT_RAW (matvec_q.cu): the f16 operand holds the int8 values themselves.
+        let raw = if raw && fmt.is_some() { 256 } else { 0 };
+        let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32) | raw);
         let xs = stride as i64;
         self.launch_id(
             self.kernel_id("act_quant_w")?,

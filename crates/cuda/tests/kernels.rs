@@ -3314,3 +3314,151 @@ fn rms_norm1_and_argmax_mb_equal_the_block_kernels() {
     }
     g.argmax_mb.set(mb0);
 }
+
+fn run_mmk(
+    g: &Gpu,
+    w: &DevBuf,
+    (rows, cols): (usize, usize),
+    (xq, ds): (&DevBuf, &DevBuf),
+    n: usize,
+    y: &DevBuf,
+    acc: bool,
+) -> cuda::kernels::MmfPlan {
+    let p = cuda::kernels::mmk_plan(g.sms as usize, rows, cols, n);
+    let ws = g.alloc(p.ws_floats(rows, n).max(1) * 4).unwrap();
+    let cnt = g.alloc_zeroed(p.tiles * 4).unwrap();
+    // Plain: twice (the counters must be left at zero for the next launch); accumulating once.
+    for _ in 0..if acc { 1 } else { 2 } {
+        g.matmul_q4k_mmk(
+            w.ptr(),
+            rows,
+            cols,
+            xq.ptr(),
+            ds.ptr(),
+            n,
+            y.ptr(),
+            acc,
+            ws.ptr(),
+            cnt.ptr(),
+        )
+        .unwrap();
+    }
+    let left: Vec<u32> = g.download(&cnt, p.tiles).unwrap();
+    assert!(
+        left.iter().all(|&c| c == 0),
+        "row-tile counters not left at zero"
+    );
+    p
+}
+
+/// Session 10: the Q4_K tensor-core products of batched decode in the CPU's integer order
+/// (`mmk_q4_k_*`) against the CPU's scalar `vec_dot` on the CPU's own Q8_K activations, and
+/// their raw operand (`act_raw_w`: the int8 values as f16, the scales and sums) against the
+/// CPU's quantization bit for bit. Row counts that leave partial 16-row tiles, K split over
+/// blocks (70 x 2048), several activation chunks in one slice (a head-like 20,000 x 2048),
+/// 9..64 tokens, plain and accumulating, large activations (sums of products near 2^24).
+#[test]
+fn mmk_q4k_matches_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("mmk_q4k") else {
+        return;
+    };
+    let mut r = rng("mmk_q4k");
+    let ty = GgmlType::Q4K;
+    for (rows, cols) in [
+        (301usize, 512usize),
+        (70, 2048),
+        (3072, 3072),
+        (20_000, 2048),
+    ] {
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+        let rb = q.len() / rows;
+        let check: Vec<usize> = if rows > 4000 {
+            (0..rows).step_by(37).collect()
+        } else {
+            (0..rows).collect()
+        };
+        for n in [9usize, 17, 33, 64] {
+            let mut x = randn(&mut r, n * cols, 1.0);
+            // One token with a few outliers: its other values quantize to small integers.
+            for i in 0..4 {
+                x[r.gen_range(0..cols)] = if i % 2 == 0 { 40.0 } else { -40.0 };
+            }
+            let mut buf = quant::dot::ActBuf::new();
+            quant::dot::quantize_acts_with_isa(ty, &x, n, cols, &mut buf, Isa::Scalar).unwrap();
+            let xb = g.upload(&x).unwrap();
+            let xq = g.alloc(n * cols * 2).unwrap();
+            let (_, dsb) = act_bufs(&g, n, cols);
+            g.act_raw_w(xb.ptr(), 0, n, cols, ActFormat::Q8K, dsb.ptr(), xq.ptr())
+                .unwrap();
+            // The raw operand: each f16 is the CPU's int8 value; d and the sums of 16 as
+            // quantize_act writes them.
+            let hq: Vec<u16> = g.download(&xq, n * cols).unwrap();
+            let hd: Vec<f32> = g.download(&dsb, n * cols / 32 * 2).unwrap();
+            for t in 0..n {
+                let row = buf.row(t).unwrap();
+                for b in 0..cols / 256 {
+                    let blk = &row[b * 292..(b + 1) * 292];
+                    let d = f32::from_le_bytes(blk[0..4].try_into().unwrap());
+                    for k in 0..256 {
+                        let want = blk[4 + k] as i8 as f32;
+                        let got = f16::from_bits(hq[t * cols + b * 256 + k]).to_f32();
+                        assert!(
+                            got == want,
+                            "raw operand token {t} element {}: {got} against {want}",
+                            b * 256 + k
+                        );
+                    }
+                    for u in 0..8 {
+                        let i = t * cols / 32 + b * 8 + u;
+                        let lo =
+                            i16::from_le_bytes(blk[260 + 4 * u..262 + 4 * u].try_into().unwrap());
+                        let hi =
+                            i16::from_le_bytes(blk[262 + 4 * u..264 + 4 * u].try_into().unwrap());
+                        let bits = hd[2 * i + 1].to_bits();
+                        assert!(
+                            hd[2 * i] == d
+                                && bits as u16 as i16 == lo
+                                && (bits >> 16) as u16 as i16 == hi,
+                            "raw operand scales, token {t} unit {}",
+                            b * 8 + u
+                        );
+                    }
+                }
+            }
+            let mut want = vec![0f64; n * rows];
+            for t in 0..n {
+                let a = buf.row(t).unwrap();
+                for &rr in &check {
+                    want[t * rows + rr] =
+                        quant::dot::vec_dot(ty, &q[rr * rb..(rr + 1) * rb], a, cols, Isa::Scalar)
+                            .unwrap() as f64;
+                }
+            }
+            let y = poisoned(&g, n * rows);
+            let p = run_mmk(&g, &w, (rows, cols), (&xq, &dsb), n, &y, false);
+            let got: Vec<f32> = g.download(&y, n * rows).unwrap();
+            let y0 = randn(&mut r, n * rows, 1.0);
+            let ya = g.upload(&y0).unwrap();
+            run_mmk(&g, &w, (rows, cols), (&xq, &dsb), n, &ya, true);
+            let got_acc: Vec<f32> = g.download(&ya, n * rows).unwrap();
+            let (mut g1, mut g2, mut w1, mut w2) = (vec![], vec![], vec![], vec![]);
+            for t in 0..n {
+                for &rr in &check {
+                    let i = t * rows + rr;
+                    g1.push(got[i]);
+                    w1.push(want[i]);
+                    g2.push(got_acc[i]);
+                    w2.push(want[i] + y0[i] as f64);
+                }
+            }
+            // The same integer sums as the CPU per super-block; only the float scaling and
+            // the order of the super-blocks' additions differ (as matvec_q's bound).
+            let (e1, e2) = (rel_err(&g1, &w1), rel_err(&g2, &w2));
+            assert!(
+                e1 < 5e-6 && e2 < 5e-6,
+                "{rows}x{cols} n={n} {p:?}: relative error {e1:e} (accumulating {e2:e})"
+            );
+        }
+    }
+}
