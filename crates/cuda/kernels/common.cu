@@ -32,6 +32,23 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_launch(); \
     } while (0)
 
+// One step of a (value, index) argmax: the larger value wins, the lower index among equals, and
+// a NaN never wins (every comparison with it is false).
+__device__ __forceinline__ void argmax_take(float& best, int& bi, float v, int i) {
+    if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+}
+
+// argmax_take over a warp's 32 (value, index) pairs by a butterfly: every lane ends with the
+// warp's winner.
+__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(best, bi, ov, oi);
+    }
+}
+
 // Ask L2 for the lines of [p, p + bytes), spread over the block's threads (a hint: no fault, no
 // register result).
 __device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes) {

@@ -157,18 +157,13 @@ extern "C" __global__ void __launch_bounds__(256) argmax_mb(const float* x, int 
         for (int k = 0; k < 4; k++)
             if (c + 256 * k < c1 && v[k] > best) { best = v[k]; bi = c + 256 * k; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
+    warp_argmax(best, bi);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { sv[warp] = best; si[warp] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int k = 1; k < 8; k++)
-            if (sv[k] > best || (sv[k] == best && si[k] < bi)) { best = sv[k]; bi = si[k]; }
+            argmax_take(best, bi, sv[k], si[k]);
         pv[row * P + b] = best;
         pi[row * P + b] = bi;
         __threadfence();
@@ -182,14 +177,9 @@ extern "C" __global__ void __launch_bounds__(256) argmax_mb(const float* x, int 
     for (int k = lane; k < P; k += 32) {
         float ov = ld_cg(pv + row * P + k);
         int oi = __float_as_int(ld_cg((const float*)(pi + row * P + k)));
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        argmax_take(best, bi, ov, oi);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
+    warp_argmax(best, bi);
     if (lane == 0) {
         out[row] = bi < n ? bi : 0;
         cnt[row] = 0;

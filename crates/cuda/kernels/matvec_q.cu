@@ -65,20 +65,13 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
     // ACT_Q8_K: the first element (lowest index) of largest magnitude over the 256 of the block.
     float a = valid && !isnan(v) ? fabsf(v) : -1.0f;
     int ai = threadIdx.x;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float oa = __shfl_xor_sync(0xffffffffu, a, o);
-        int oi = __shfl_xor_sync(0xffffffffu, ai, o);
-        if (oa > a || (oa == a && oi < ai)) { a = oa; ai = oi; }
-    }
+    warp_argmax(a, ai);
     __syncthreads();  // the scratch may still be read by the previous chunk's threads
     if (lane == 0) { shf[warp] = a; shi[warp] = ai; }
     __syncthreads();
     float am = shf[0];
     int im = shi[0];
-    for (int w = 1; w < 8; w++) {
-        if (shf[w] > am || (shf[w] == am && shi[w] < im)) { am = shf[w]; im = shi[w]; }
-    }
+    for (int w = 1; w < 8; w++) argmax_take(am, im, shf[w], shi[w]);
     if (threadIdx.x == im) shf[8] = v;
     __syncthreads();
     float xmax = shf[8];
@@ -158,12 +151,7 @@ __device__ __forceinline__ void quant_group_vals(const float* v, bool valid, int
         float m = valid && !isnan(v[i]) ? fabsf(v[i]) : -1.0f;
         if (m > a) { a = m; ai = lane * 8 + i; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float oa = __shfl_xor_sync(0xffffffffu, a, o);
-        int oi = __shfl_xor_sync(0xffffffffu, ai, o);
-        if (oa > a || (oa == a && oi < ai)) { a = oa; ai = oi; }
-    }
+    warp_argmax(a, ai);
     float xm = __shfl_sync(0xffffffffu, v[0], 0);
 #pragma unroll
     for (int i = 0; i < 8; i++) {

@@ -188,12 +188,7 @@ extern "C" __global__ void argmax_rows(const float* x, int n, int* out) { PDL_EN
         float v = r[c];
         if (v > best) { best = v; bi = c; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
+    warp_argmax(best, bi);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { sv[warp] = best; si[warp] = bi; }
     __syncthreads();
@@ -201,12 +196,7 @@ extern "C" __global__ void argmax_rows(const float* x, int n, int* out) { PDL_EN
         int nw = blockDim.x >> 5;
         best = lane < nw ? sv[lane] : NEG_INF;
         bi = lane < nw ? si[lane] : n;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
+        warp_argmax(best, bi);
         if (lane == 0) out[blockIdx.x] = bi < n ? bi : 0;
     }
 }

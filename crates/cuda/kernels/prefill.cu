@@ -41,12 +41,7 @@ __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, 
             float m = valid && !isnan(v[i]) ? fabsf(v[i]) : -1.0f;
             if (m > a) { a = m; ai = lane * 8 + i; }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float oa = __shfl_xor_sync(0xffffffffu, a, o);
-            int oi = __shfl_xor_sync(0xffffffffu, ai, o);
-            if (oa > a || (oa == a && oi < ai)) { a = oa; ai = oi; }
-        }
+        warp_argmax(a, ai);
         float xm = __shfl_sync(0xffffffffu, v[0], 0);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
