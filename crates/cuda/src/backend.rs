@@ -304,6 +304,9 @@ pub struct StepStats {
     pub graph_steps: u64,
     pub eager_steps: u64,
     pub gemm_calls: u64,
+    /// Captures broken by other work on the device (those steps ran eagerly; the next step
+    /// captured again).
+    pub captures_invalidated: u64,
 }
 
 fn model_err(path: &str, why: impl Into<String>) -> CudaError {
@@ -2510,6 +2513,11 @@ impl CudaBackend {
                     // Rows of padding tokens are computed but never read.
                     return Ok(n);
                 }
+                Err(CudaError::CaptureInvalidated) => {
+                    // Other work on the device broke this capture (another handle loading):
+                    // this step runs eagerly and the next one captures again.
+                    self.stats.captures_invalidated += 1;
+                }
                 Err(e) if bucket > MV_MAX_NT => {
                     // A wide step's capture failing (cuBLAS where the integer GEMM does not
                     // apply) leaves the narrow buckets' graphs in use.
@@ -2552,6 +2560,10 @@ impl CudaBackend {
             .map_err(crate::error::drv("begin capture"))?;
         let r = self.enqueue(bucket, n_out, n_split, split_len);
         let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        use cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED as INVALIDATED;
+        if matches!(&g, Err(e) if e.0 == INVALIDATED) {
+            return Err(CudaError::CaptureInvalidated);
+        }
         r?;
         let graph = g
             .map_err(crate::error::drv("end capture"))?

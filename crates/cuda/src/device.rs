@@ -280,6 +280,13 @@ impl Gpu {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("multiprocessor count"))? as u32;
         let total_mem = ctx.total_mem().map_err(drv("total memory"))? as u64;
+        // cudarc's cross-stream event tracking synchronizes the whole (primary, so shared)
+        // context when a handle makes its first stream, which fails while another handle on
+        // the device is capturing a graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a second
+        // actor or model loaded beside a running one). A handle has one stream and its buffers
+        // never leave it, so there is nothing across streams to track.
+        // SAFETY: every buffer of this handle is allocated, used and freed on `stream` alone.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let t = std::time::Instant::now();
         let arch = format!("sm_{}{}", cc.0, cc.1);

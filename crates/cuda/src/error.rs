@@ -46,6 +46,11 @@ pub enum CudaError {
     /// A caller-side argument does not fit the kernel (shape, length).
     #[error("invalid kernel argument: {0}")]
     Arg(String),
+    /// A graph capture was invalidated by work outside it (e.g. another handle on the device
+    /// loading its kernels meanwhile): the launches it held were not run; capturing again later
+    /// may succeed.
+    #[error("graph capture invalidated by other work on the device")]
+    CaptureInvalidated,
 }
 
 pub(crate) fn drv(

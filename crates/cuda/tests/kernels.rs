@@ -3462,3 +3462,62 @@ fn mmk_q4k_matches_cpu_scalar_vec_dot() {
         }
     }
 }
+
+/// A second handle on the same device (another actor, or a model loaded beside a running one)
+/// is made while the first handle's stream is capturing a graph, on another thread as actors
+/// do: making it must succeed (session 10: cudarc's event tracking synchronized the shared
+/// context on a handle's first stream, which failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+/// and the first handle must come out of its capture with a graph or an invalidated capture
+/// (loading kernels may invalidate it; the backend then runs that step eagerly), and stay
+/// usable.
+#[test]
+fn a_second_handle_is_made_while_the_first_captures() {
+    let Some(a) = gpu_or_skip("second_handle") else {
+        return;
+    };
+    let x = g_upload_rand(&a);
+    let h = a.alloc(1024 * 2).unwrap();
+    a.stream
+        .begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+        .unwrap();
+    a.to_f16(x.ptr(), 1024, h.ptr()).unwrap();
+    let b = std::thread::spawn(|| {
+        Gpu::new(0)
+            .map(|g| g.name.clone())
+            .map_err(|e| e.to_string())
+    })
+    .join()
+    .unwrap();
+    let graph = a
+        .stream
+        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    let name = b.unwrap_or_else(|e| panic!("second handle during a capture: {e}"));
+    assert!(!name.is_empty());
+    match graph {
+        Ok(g) => g.expect("a graph").launch().unwrap(),
+        Err(e) => assert_eq!(
+            e.0,
+            cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            "capture ended with {e:?}"
+        ),
+    }
+    // The first handle still works: an eager conversion, checked.
+    a.to_f16(x.ptr(), 1024, h.ptr()).unwrap();
+    a.sync().unwrap();
+    let got: Vec<u16> = a.download(&h, 1024).unwrap();
+    let xs: Vec<f32> = a.download(&x, 1024).unwrap();
+    for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
+        assert_eq!(
+            g,
+            f16::from_f32(v).to_bits(),
+            "element {i} after the capture"
+        );
+    }
+}
+
+fn g_upload_rand(g: &Gpu) -> DevBuf {
+    let mut r = rng("second_handle");
+    g.upload(&randn(&mut r, 1024, 1.0)).unwrap()
+}
