@@ -181,22 +181,9 @@ __device__ __forceinline__ void mmf_finish(float (&a)[MT][NT][4], float* y, int 
                                            int acc, int row0, int rpb, float* ws, u32* cnt) {
     __shared__ int last;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    if (gridDim.y == 1) {
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = row0 + 16 * m + 8 * (e >> 1) + g, n = 8 * j + 2 * c + (e & 1);
-                    if (row < rows && n < ntok) {
-                        float* o = y + (long long)n * rows + row;
-                        *o = acc ? *o + a[m][j][e] : a[m][j][e];
-                    }
-                }
-        return;
-    }
-    float* part = ws + (long long)blockIdx.y * ntok * rows;
+    // One K slice: into y (adding to it when accumulating); else this slice's partials.
+    const bool one = gridDim.y == 1;
+    float* dst = one ? y : ws + (long long)blockIdx.y * ntok * rows;
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -204,8 +191,12 @@ __device__ __forceinline__ void mmf_finish(float (&a)[MT][NT][4], float* y, int 
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int row = row0 + 16 * m + 8 * (e >> 1) + g, n = 8 * j + 2 * c + (e & 1);
-                if (row < rows && n < ntok) part[(long long)n * rows + row] = a[m][j][e];
+                if (row < rows && n < ntok) {
+                    float* o = dst + (long long)n * rows + row;
+                    *o = one && acc ? *o + a[m][j][e] : a[m][j][e];
+                }
             }
+    if (one) return;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1u) == gridDim.y - 1;

@@ -177,6 +177,15 @@ struct Acts {
     h: Option<(u64, Option<ActFormat>, bool)>,
 }
 
+impl Scratch {
+    /// Whether the split-K workspace and counters hold what a product laid out by `p` over
+    /// `rows` rows and `n` tokens needs (head-sized matrices run unsplit).
+    fn fits_plan(&self, p: &kernels::MmfPlan, rows: usize, n: usize) -> bool {
+        p.ws_floats(rows, n) * 4 <= self.mmf_ws.bytes()
+            && (p.slices == 1 || p.tiles * 4 <= self.mmf_cnt.bytes())
+    }
+}
+
 /// Host copies of one step's metadata.
 #[derive(Default)]
 struct Meta {
@@ -1441,11 +1450,13 @@ impl CudaBackend {
         // Batched decode (9..64 tokens), Q4_K (session 10): tensor-core products on the
         // quantized weights in the CPU's integer order, where the workspace holds the plan's
         // partial sums (head-sized matrices run unsplit).
-        if mmk_for(gpu, m, n) && {
-            let p = kernels::mmk_plan(gpu.sms as usize, m.rows, m.cols, n);
-            p.ws_floats(m.rows, n) * 4 <= s.mmf_ws.bytes()
-                && (p.slices == 1 || p.tiles * 4 <= s.mmf_cnt.bytes())
-        } {
+        if mmk_for(gpu, m, n)
+            && s.fits_plan(
+                &kernels::mmk_plan(gpu.sms as usize, m.rows, m.cols, n),
+                m.rows,
+                n,
+            )
+        {
             let f = ActFormat::Q8K;
             if acts.h != Some((x, Some(f), true)) {
                 gpu.act_raw_w(x, 0, n, m.cols, f, s.rd.ptr(), s.xh.ptr())
@@ -1474,18 +1485,18 @@ impl CudaBackend {
             && mmf_tokens(gpu, n)
             && kernels::mmf_supports(m.ty)
             && m.cols.is_multiple_of(m.ty.block_size().max(32))
-            && {
-                let p = kernels::mmf_plan(
+            && s.fits_plan(
+                &kernels::mmf_plan(
                     gpu.sms as usize,
                     m.ty,
                     m.rows,
                     m.cols,
                     n,
                     gpu.mmf_warps.get(),
-                );
-                p.ws_floats(m.rows, n) * 4 <= s.mmf_ws.bytes()
-                    && (p.slices == 1 || p.tiles * 4 <= s.mmf_cnt.bytes())
-            };
+                ),
+                m.rows,
+                n,
+            );
         if n > opts.gemm_min_tokens && gpu.has_blas() {
             let w = match (m.f16_ptr(), s.wf16.as_ref()) {
                 _ if mmf => m.q.ptr(),

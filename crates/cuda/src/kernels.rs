@@ -1019,6 +1019,20 @@ impl Gpu {
             i32_of(p.chunk, "units per chunk")?,
             self.mmf_fast.get() as i32,
         );
+        self.launch_plan(
+            k,
+            &p,
+            kargs![w, rr, c, xh, nn, y, a, per, ch, ws, cnt, fast],
+        )
+    }
+
+    /// Launch a product laid out by `p` ([`mmf_plan`], [`mmk_plan`]): row tiles by K slices.
+    fn launch_plan(
+        &self,
+        k: usize,
+        p: &MmfPlan,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), CudaError> {
         self.launch_id_smem(
             k,
             (
@@ -1028,7 +1042,7 @@ impl Gpu {
             ),
             (32 * p.warps as u32, 1, 1),
             u32_of(p.smem, "shared memory")?,
-            kargs![w, rr, c, xh, nn, y, a, per, ch, ws, cnt, fast],
+            args,
         )
     }
 
@@ -1077,17 +1091,7 @@ impl Gpu {
             i32_of(p.per, "units per slice")?,
             i32_of(p.chunk, "units per chunk")?,
         );
-        self.launch_id_smem(
-            k,
-            (
-                u32_of(p.tiles, "row tiles")?,
-                u32_of(p.slices, "K slices")?,
-                1,
-            ),
-            (32 * p.warps as u32, 1, 1),
-            u32_of(p.smem, "shared memory")?,
-            kargs![w, rr, c, xq, ds, nn, y, a, per, ch, ws, cnt],
-        )
+        self.launch_plan(k, &p, kargs![w, rr, c, xq, ds, nn, y, a, per, ch, ws, cnt])
     }
 
     /// [`Gpu::rms_norm`] of `n_rows` consecutive rows (no row list) for prompt-sized steps:

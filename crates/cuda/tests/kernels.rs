@@ -2404,48 +2404,34 @@ fn run_mmf(
     acc: bool,
 ) -> cuda::kernels::MmfPlan {
     let p = cuda::kernels::mmf_plan(g.sms as usize, ty, rows, cols, n, g.mmf_warps.get());
+    run_split_k(g, &p, rows, n, acc, |ws, cnt, a| {
+        g.matmul_f16w(ty, w.ptr(), rows, cols, xh.ptr(), n, y.ptr(), a, ws, cnt)
+            .map_err(|e| e.to_string())
+    });
+    p
+}
+
+/// Run a split-K product laid out by `p` through `launch(ws, cnt, accumulate)`: plain twice
+/// (its row-tile counters must be left at zero for the next launch), accumulating once; then
+/// check the counters.
+fn run_split_k(
+    g: &Gpu,
+    p: &cuda::kernels::MmfPlan,
+    rows: usize,
+    n: usize,
+    acc: bool,
+    launch: impl Fn(u64, u64, bool) -> Result<(), String>,
+) {
     let ws = g.alloc(p.ws_floats(rows, n).max(1) * 4).unwrap();
     let cnt = g.alloc_zeroed(p.tiles * 4).unwrap();
-    for _ in 0..2 {
-        // Twice: the counters must be left at zero for the next launch.
-        if acc {
-            break;
-        }
-        g.matmul_f16w(
-            ty,
-            w.ptr(),
-            rows,
-            cols,
-            xh.ptr(),
-            n,
-            y.ptr(),
-            false,
-            ws.ptr(),
-            cnt.ptr(),
-        )
-        .unwrap();
-    }
-    if acc {
-        g.matmul_f16w(
-            ty,
-            w.ptr(),
-            rows,
-            cols,
-            xh.ptr(),
-            n,
-            y.ptr(),
-            true,
-            ws.ptr(),
-            cnt.ptr(),
-        )
-        .unwrap();
+    for _ in 0..if acc { 1 } else { 2 } {
+        launch(ws.ptr(), cnt.ptr(), acc).unwrap();
     }
     let left: Vec<u32> = g.download(&cnt, p.tiles).unwrap();
     assert!(
         left.iter().all(|&c| c == 0),
         "row-tile counters not left at zero"
     );
-    p
 }
 
 #[test]
@@ -3325,10 +3311,7 @@ fn run_mmk(
     acc: bool,
 ) -> cuda::kernels::MmfPlan {
     let p = cuda::kernels::mmk_plan(g.sms as usize, rows, cols, n);
-    let ws = g.alloc(p.ws_floats(rows, n).max(1) * 4).unwrap();
-    let cnt = g.alloc_zeroed(p.tiles * 4).unwrap();
-    // Plain: twice (the counters must be left at zero for the next launch); accumulating once.
-    for _ in 0..if acc { 1 } else { 2 } {
+    run_split_k(g, &p, rows, n, acc, |ws, cnt, a| {
         g.matmul_q4k_mmk(
             w.ptr(),
             rows,
@@ -3337,17 +3320,12 @@ fn run_mmk(
             ds.ptr(),
             n,
             y.ptr(),
-            acc,
-            ws.ptr(),
-            cnt.ptr(),
+            a,
+            ws,
+            cnt,
         )
-        .unwrap();
-    }
-    let left: Vec<u32> = g.download(&cnt, p.tiles).unwrap();
-    assert!(
-        left.iter().all(|&c| c == 0),
-        "row-tile counters not left at zero"
-    );
+        .map_err(|e| e.to_string())
+    });
     p
 }
 
