@@ -2550,3 +2550,55 @@ impl Gpu {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layouts the split-K product kernels rely on (mmf.cu): whole super-blocks per slice
+    /// and per chunk, no empty slice, every row and token covered, and the blocks per SM the
+    /// kernels are built for within an H100/H200 multiprocessor's 228 KB of shared memory (1 KB
+    /// of it reserved per block).
+    #[test]
+    fn split_k_plans_fit_the_kernels() {
+        let shapes = [
+            (1024usize, 3072usize),
+            (3072, 3072),
+            (8192, 3072),
+            (3072, 8192),
+            (128_256, 3072),
+            (70, 2048),
+            (301, 512),
+            (2048, 8192),
+        ];
+        for sms in [132usize, 114, 78, 16] {
+            for &(rows, cols) in &shapes {
+                for n in 9..=64 {
+                    let mut plans = vec![(mmk_plan(sms, rows, cols, n), 16usize, 16 / 8)];
+                    for w in [4usize, 8] {
+                        plans.push((mmf_plan(sms, GgmlType::Q4K, rows, cols, n, w), 32, 8 / w));
+                    }
+                    for (p, warp_rows, per_sm) in plans {
+                        let units = cols / 32;
+                        let what = format!("{rows}x{cols} n={n} sms={sms}: {p:?}");
+                        assert!(
+                            p.per % 8 == 0 && p.chunk % 8 == 0 && p.chunk <= p.per,
+                            "{what}"
+                        );
+                        assert!(p.slices * p.per >= units, "{what}: K not covered");
+                        assert!((p.slices - 1) * p.per < units, "{what}: an empty slice");
+                        assert!(
+                            p.tiles * warp_rows * p.warps >= rows,
+                            "{what}: rows not covered"
+                        );
+                        assert!(8 * p.nt >= n, "{what}: tokens not covered");
+                        assert!(
+                            per_sm * (p.smem + 1024) <= 228 * 1024 && p.smem <= 227 * 1024,
+                            "{what}: {per_sm} blocks do not fit one multiprocessor"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
