@@ -89,7 +89,9 @@ __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, 
 // rms_norm (ops.cu) for prompt-sized steps: one block of 256 threads per row (same f64 sum of
 // squares, so the same scale bits), then each warp normalizes and quantizes whole 256-element
 // groups. out (may be null) gets the normalized row; out_h the f16 operand (f16(d * q) when
-// fmt != 0, else plain f16); qs/ds the quantized row (may be null). grid = rows.
+// fmt != 0, else plain f16); qs/ds the quantized row (may be null). grid = (rows, ceil(n /
+// 2048)): each block sums the whole row (the same bits in every block) and takes a warp per
+// group of its 2048 columns (session 10: a 64-row step was 64 blocks on 132 SMs).
 extern "C" __global__ void rms_norm_w(const float* x, const float* w, int n, float eps,
                                       float* out, u16* out_h, int fmt, i8* qs, float2* ds) {
     PDL_ENTRY();
@@ -98,7 +100,7 @@ extern "C" __global__ void rms_norm_w(const float* x, const float* w, int n, flo
     const float* xr = x + r * n;
     float scale = rms_scale(xr, n, eps, sh);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int g0 = warp * 256; g0 < n; g0 += 8 * 256) {
+    for (int g0 = (blockIdx.y * 8 + warp) * 256; g0 < n; g0 += gridDim.y * 8 * 256) {
         int c0 = g0 + lane * 8;
         bool valid = c0 < n;
         float o[8];
@@ -135,14 +137,14 @@ extern "C" __global__ void rms_norm_w(const float* x, const float* w, int n, flo
 // u != null, x = silu(x) * u first (ggml's SwiGLU, written back to x), as swiglu_q. Rows of x
 // and u are xs floats apart (n, or the width of one fused gate/up product's rows, v10); the
 // outputs' rows are dense.
-// grid = (rows, ceil(n / 2048)), blockDim.x = 256: a warp per 256-element group.
+// grid = (rows, ceil(n / (256 * warps))), blockDim.x = 32 * warps: a warp per 256-element group.
 extern "C" __global__ void act_quant_w(float* x, const float* u, int n, int fmt, i8* qs,
                                        float2* ds, u16* xh, long long xs) {
     PDL_ENTRY();
     long long r = blockIdx.x;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int c0 = (blockIdx.y * 8 + warp) * 256 + lane * 8;
-    if (blockIdx.y * 8 * 256 + warp * 256 >= n) return;  // whole warps leave together
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int c0 = (blockIdx.y * nw + warp) * 256 + lane * 8;
+    if ((blockIdx.y * nw + warp) * 256 >= n) return;  // whole warps leave together
     bool valid = c0 < n;
     float v[8];
     if (valid) {

@@ -1153,10 +1153,19 @@ impl Gpu {
                 "rms_norm_w: {n} columns is not a multiple of {blk}"
             )));
         }
+        let chunks = if n_rows <= MMQ_MAX_N {
+            n.div_ceil(2048)
+        } else {
+            1
+        };
         let nn = i32_of(n, "width")?;
         self.launch_id(
             self.kernel_id("rms_norm_w")?,
-            (u32_of(n_rows, "rows")?, 1, 1),
+            // Session 10: for decode steps (<= 64 rows, fewer blocks than SMs), the row's
+            // 256-element groups over ceil(n / 2048) blocks (a warp per group), each block
+            // summing the whole row's squares as every other does (the same bits); prompts
+            // keep a block per row (the repeated sums cost them more than the spread gains).
+            (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),
             (256, 1, 1),
             kargs![x, w, nn, eps, out, out_h, fmt, qs, ds],
         )
@@ -1262,16 +1271,19 @@ impl Gpu {
         }
         // ACT_RAW (matvec_q.cu): the f16 operand holds the int8 values themselves.
         let raw = if raw && fmt.is_some() { 256 } else { 0 };
+        // Session 10: decode steps (<= 64 rows) in blocks of 4 warps (a 64 x 3072 operand over
+        // 768 blocks instead of 128); prompts keep 8.
+        let warps = if rows <= MMQ_MAX_N { 4 } else { 8 };
         let (nn, f) = (i32_of(n, "width")?, fmt.map_or(0, |f| f as i32) | raw);
         let xs = stride as i64;
         self.launch_id(
             self.kernel_id("act_quant_w")?,
             (
                 u32_of(rows, "rows")?,
-                u32_of(n.div_ceil(2048), "chunks")?,
+                u32_of(n.div_ceil(256 * warps), "chunks")?,
                 1,
             ),
-            (256, 1, 1),
+            (32 * warps as u32, 1, 1),
             kargs![x, u, nn, f, qs, ds, xh, xs],
         )
     }
