@@ -6,7 +6,9 @@
 
 use std::time::Instant;
 
-use cuda::{CudaBackend, CudaOptions, DecodeV10, PowerMeter};
+use cuda::{
+    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, SIDE_ONE, SIDE_ONE_NEXT, SIDE_WIDE,
+};
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
 
@@ -254,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -560,6 +562,63 @@ fn main() {
         }
         b.set_decode_v11(d0.0, d0.1);
     }
+    // --side-cfgs (session 11): the side stream's launch forms the --ab-side runs try
+    // (SideCfg::parse, `;` between them); default the one in use.
+    let side_cfgs: Vec<SideCfg> = get("--side-cfgs")
+        .map(|s| s.split(';').filter_map(SideCfg::parse).collect())
+        .filter(|v: &Vec<SideCfg>| !v.is_empty())
+        .unwrap_or_else(|| vec![b.gpu().side_cfg.get()]);
+    let side_ab = args.iter().any(|a| a == "--ab-side");
+    // --ab-side: one-token steps without and with the side stream's L2 prefetches (O and
+    // gate/up after Q/K/V, down after O; then also the next Q/K/V after gate/up), alternating,
+    // twice over, under each launch form, in one process.
+    if side_ab {
+        let (s0, c0) = (b.side_l2(), b.gpu().side_cfg.get());
+        for round in 0..2 {
+            for cfg in &side_cfgs {
+                b.gpu().side_cfg.set(*cfg);
+                for bits in [0u8, SIDE_ONE, SIDE_ONE | SIDE_ONE_NEXT] {
+                    b.set_side_l2(bits);
+                    for d in [0usize, depth] {
+                        let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+                        println!(
+                            "a/b side round {round} bits={bits} cfg={}:{}:{}:{}: tg128 @ depth \
+                             {d}: {:.3} ms/token ({:.0} tok/s)",
+                            cfg.kind,
+                            cfg.blocks,
+                            cfg.threads,
+                            cfg.chunk,
+                            m * 1e3 / 128.0,
+                            128.0 / m
+                        );
+                    }
+                }
+            }
+        }
+        b.set_side_l2(s0);
+        b.gpu().side_cfg.set(c0);
+    }
+    // --ab-wp (session 11): one-token steps with the split attention's warp-private and
+    // block-wide loaders, alternating, three times over, in one process.
+    let wp_ab = args.iter().any(|a| a == "--ab-wp");
+    if wp_ab {
+        let w0 = b.gpu().attn_wp.get();
+        for round in 0..3 {
+            for wp in [w0, !w0] {
+                b.set_attn_wp(wp);
+                for d in [0usize, depth] {
+                    let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
+                    println!(
+                        "a/b wp round {round} attn_wp={wp}: tg128 @ depth {d}: {:.3} ms/token \
+                         ({:.0} tok/s)",
+                        m * 1e3 / 128.0,
+                        128.0 / m
+                    );
+                }
+            }
+        }
+        b.set_attn_wp(w0);
+    }
     // --ab-skip (v11): the step with each kernel class left out (timing only: the results
     // of those steps are wrong), alternating with the full step, in one process: what each
     // class costs inside the real captured step, PDL overlap and launch gaps included.
@@ -642,12 +701,14 @@ fn main() {
     // --ab-merge: each aggregate also with the wide steps' attention slices merged by
     // attn_merge instead of attn_combine (or the other way round).
     let merge_ab = args.iter().any(|a| a == "--ab-merge");
+    let side = side_ab.then_some(&side_cfgs[..]);
     aggregate(
         path,
         &par,
         graphs,
         prof,
         (mmq_ab, mmf_ab, lt_ab, merge_ab, mmk_ab),
+        (side, wp_ab),
         &mut toks,
     );
 }
@@ -689,6 +750,7 @@ fn aggregate(
     graphs: bool,
     prof: bool,
     (mmq_ab, mmf_ab, lt_ab, merge_ab, mmk_ab): (bool, bool, bool, bool, bool),
+    (side_cfgs, wp_ab): (Option<&[SideCfg]>, bool),
     toks: &mut dyn FnMut(usize) -> Vec<u32>,
 ) {
     let pmax = par.iter().copied().max().unwrap_or(1);
@@ -711,33 +773,65 @@ fn aggregate(
         // (integer GEMM, many-sequence attention, f16 products on quantized weights): the
         // default, then (--ab-mmq) the integer GEMM switched over and the many-sequence
         // attention off, (--ab-mmf) the f16 products on quantized weights switched over.
-        let mut modes = vec![(mmq0, true, mmf0, prod0, fm0, mmk0)];
+        let (side0, cfg0) = (b.side_l2(), b.gpu().side_cfg.get());
+        let wp0 = b.gpu().attn_wp.get();
+        let sd = (side0, cfg0, wp0);
+        let mut modes = vec![(mmq0, true, mmf0, prod0, fm0, mmk0, sd)];
         if mmq_ab {
             modes.extend([
-                (!mmq0, true, mmf0, prod0, fm0, mmk0),
-                (mmq0, false, mmf0, prod0, fm0, mmk0),
+                (!mmq0, true, mmf0, prod0, fm0, mmk0, sd),
+                (mmq0, false, mmf0, prod0, fm0, mmk0, sd),
             ]);
         }
         if mmf_ab {
-            modes.push((mmq0, true, !mmf0, prod0, fm0, mmk0));
+            modes.push((mmq0, true, !mmf0, prod0, fm0, mmk0, sd));
         }
         if mmk_ab {
-            modes.push((mmq0, true, mmf0, prod0, fm0, !mmk0));
+            modes.push((mmq0, true, mmf0, prod0, fm0, !mmk0, sd));
         }
         if lt_ab {
             // v9's products (neither), then each of v10's two changes alone.
             let (f, l) = prod0;
             modes.extend([
-                (mmq0, true, mmf0, (!f, !l), fm0, mmk0),
-                (mmq0, true, mmf0, (f, !l), fm0, mmk0),
-                (mmq0, true, mmf0, (!f, l), fm0, mmk0),
+                (mmq0, true, mmf0, (!f, !l), fm0, mmk0, sd),
+                (mmq0, true, mmf0, (f, !l), fm0, mmk0, sd),
+                (mmq0, true, mmf0, (!f, l), fm0, mmk0, sd),
             ]);
         }
         if merge_ab {
-            modes.push((mmq0, true, mmf0, prod0, !fm0, mmk0));
+            modes.push((mmq0, true, mmf0, prod0, !fm0, mmk0, sd));
+        }
+        if let Some(cfgs) = side_cfgs {
+            // Without, then with the wide steps' prefetches under each launch form, twice.
+            let base = modes[0];
+            for _ in 0..2 {
+                modes.push((
+                    base.0,
+                    base.1,
+                    base.2,
+                    base.3,
+                    base.4,
+                    base.5,
+                    (0, cfg0, wp0),
+                ));
+                for c in cfgs {
+                    let m = (SIDE_WIDE, *c, wp0);
+                    modes.push((base.0, base.1, base.2, base.3, base.4, base.5, m));
+                }
+            }
+        }
+        if wp_ab {
+            // The split attention's other loader, then the default, three times.
+            let base = modes[0];
+            for _ in 0..3 {
+                for wp in [!wp0, wp0] {
+                    let m = (side0, cfg0, wp);
+                    modes.push((base.0, base.1, base.2, base.3, base.4, base.5, m));
+                }
+            }
         }
         let modes = &modes;
-        for (&p, &(mmq, battn, mmf, prod, fm, mmk)) in
+        for (&p, &(mmq, battn, mmf, prod, fm, mmk, (side, cfg, wp))) in
             par.iter().flat_map(|p| modes.iter().map(move |m| (p, m)))
         {
             b.set_mmq(mmq);
@@ -746,6 +840,9 @@ fn aggregate(
             b.set_mmk(mmk);
             b.set_batched_products(prod.0, prod.1);
             b.set_ab_fast_merge(fm);
+            b.gpu().side_cfg.set(cfg);
+            b.set_side_l2(side);
+            b.set_attn_wp(wp);
             let mut last = Vec::new();
             for s in 0..p {
                 let batch = StepBatch {
@@ -786,6 +883,7 @@ fn aggregate(
                 && (mmk == mmk0 || mmk_ab)
                 && prod == prod0
                 && fm == fm0
+                && (side, cfg, wp) == (side0, cfg0, wp0)
             {
                 // Where one step of the widest batch goes (eagerly, to time each kernel).
                 b.set_graphs(false);
@@ -807,9 +905,14 @@ fn aggregate(
                 b.release(s as u64);
             }
             println!(
-                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} mmk={mmk} fused_gemm={} lt={} fast_merge={fm}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
+                "aggregate tg128 x {p} sequences (mmq={mmq} attn_batch={battn} mmf={mmf} mmk={mmk} fused_gemm={} lt={} fast_merge={fm} side={side} cfg={}:{}:{}:{}:{} attn_wp={wp}): {:.0} tok/s ({:.3} ms/step; {} graph / {} eager steps so far, graph failure {:?})",
                 prod.0,
                 prod.1,
+                cfg.kind,
+                cfg.blocks,
+                cfg.threads,
+                cfg.chunk,
+                cfg.cap >> 20,
                 (p * 128) as f64 / dt,
                 dt * 1e3 / 128.0,
                 gs,
@@ -821,6 +924,9 @@ fn aggregate(
         b.set_mmk(mmk0);
         b.set_batched_products(prod0.0, prod0.1);
         b.set_ab_fast_merge(fm0);
+        b.gpu().side_cfg.set(cfg0);
+        b.set_side_l2(side0);
+        b.set_attn_wp(wp0);
         if lt_ab || prof {
             // Every product shape tuned in this process (f16 weight bytes read per product).
             for t in b.gpu().gemm_tunings() {

@@ -89,6 +89,12 @@ __device__ __forceinline__ void ab_merge_slices(const float* part, float* merged
     }
 }
 
+// WP (session 11, attn_batchw_d* / attn_onew_d*): each warp copies the 16 rows of every tile
+// it multiplies itself (rows 16w..16w+15, the rows dec_tile_softmax and P.V read for warp w),
+// so a warp waits for its own copies and syncs with itself only: no block barrier in the tile
+// loop, and the four warps no longer step together. The same rows land in the same places and
+// each warp does the same arithmetic in the same order, so the bits are attn_batch's.
+//
 // EARLY is a template parameter, not a kernel argument (v9): with the one-token path's own-row
 // registers in the same function, ptxas gave attn_batch_d4 178 registers instead of v7's 140,
 // two blocks per SM instead of three (70 KB of shared memory each), and the many-sequence steps
@@ -96,7 +102,7 @@ __device__ __forceinline__ void ab_merge_slices(const float* part, float* merged
 //
 // MERGE (v9, attn_batchm_d*): the last block of (token, KV head) to finish merges the slices of
 // its G heads into merged[t, h*HD + d] (ab_merge_slices), so steps need no attn_combine launch.
-template <int HD, bool EARLY, bool MERGE>
+template <int HD, bool EARLY, bool MERGE, bool WP>
 __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
                                 int n_head, int n_kv, float scale, float* part, u16* sh,
@@ -122,13 +128,15 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // copies go out before waiting for that kernel, overlapping its tail; the own row is loaded
     // after the wait and stored into its tile by plain stores (issue() leaves it alone).
     int own = EARLY ? len - 1 : -1;
-    // Loader: thread tid copies 16-byte piece (tid % CH) of rows tid / CH + (128 / CH) * j.
-    constexpr int RSTEP = 128 / CH;
+    // Loader: thread tid copies 16-byte piece (tid % CH) of rows tid / CH + (128 / CH) * j;
+    // with WP, lane copies piece (lane % CH) of its warp's rows 16 w + lane / CH + (32 / CH) j.
+    constexpr int RSTEP = (WP ? 32 : 128) / CH;
+    const int li = WP ? lane : tid, r0 = WP ? warp * 16 : 0;
     auto issue = [&](int tile, int stage) {
         int base = p0 + tile * FA_BK;
 #pragma unroll
-        for (int j = 0; j < FA_BK / RSTEP; j++) {
-            int pr = tid / CH + RSTEP * j, ch = tid % CH;
+        for (int j = 0; j < (WP ? 16 : FA_BK) / RSTEP; j++) {
+            int pr = r0 + li / CH + RSTEP * j, ch = li % CH;
             int p = base + pr;
             bool ok = p < p1;
             long long row = ok ? (long long)bl[p / bt] * bt + p % bt : 0;
@@ -150,15 +158,19 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     if (ntiles > 1) issue(1, 1);
     uint4 ownk = make_uint4(0, 0, 0, 0), ownv = ownk;
     int own_tile = -1;
+    // The threads that store the own row: the first CH of the block (WP: of the warp whose
+    // rows hold it).
+    bool own_st = false;
     if (EARLY) {
         pdl_wait();
         pdl_launch();
         if (own < p1) {
             own_tile = (own - p0) / FA_BK;
-            if (tid < CH) {
+            own_st = WP ? warp == (own - p0) % FA_BK / 16 && lane < CH : tid < CH;
+            if (own_st) {
                 long long row = (long long)bl[own / bt] * bt + own % bt;
-                ownk = *(const uint4*)(kc + row * kv_row + kvh * HD + tid * 8);
-                ownv = *(const uint4*)(vc + row * kv_row + kvh * HD + tid * 8);
+                ownk = *(const uint4*)(kc + row * kv_row + kvh * HD + li * 8);
+                ownv = *(const uint4*)(vc + row * kv_row + kvh * HD + li * 8);
             }
         }
     }
@@ -177,12 +189,13 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         else cp_async_wait<0>();
         const u16* K = Ks + stage * TILE;
         const u16* V = Vs + stage * TILE;
-        if (EARLY && tile == own_tile && tid < CH) {
+        if (EARLY && tile == own_tile && own_st) {
             int pr = (own - p0) % FA_BK;
-            *(uint4*)(Ks + stage * TILE + pr * KS + tid * 8) = ownk;
-            *(uint4*)(Vs + stage * TILE + pr * KS + tid * 8) = ownv;
+            *(uint4*)(Ks + stage * TILE + pr * KS + li * 8) = ownk;
+            *(uint4*)(Vs + stage * TILE + pr * KS + li * 8) = ownv;
         }
-        __syncthreads();
+        if (WP) __syncwarp();
+        else __syncthreads();
         int base = p0 + tile * FA_BK;
         u32 pa[4];
         dec_tile_softmax<HD, KS>(qa, K, base, p1, scale, warp, g, c, m0, l0, o, pa);
@@ -197,8 +210,12 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
             mma_16816(o[n], pa, b[0], b[1]);
             mma_16816(o[n + 1], pa, b[2], b[3]);
         }
-        __syncthreads();
+        if (WP) __syncwarp();
+        else __syncthreads();
     }
+    // The warps' results go through shared memory over the K stages: every warp's last read
+    // of them comes first (the non-WP loop ends on a block barrier already).
+    if (WP) __syncthreads();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
@@ -210,20 +227,27 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
 
 // attn_batch_d*: every step of more than one token (and one-token steps without the early
 // copies); attn_one_d*: one-token steps whose first tiles' copies go out before the PDL wait.
-#define DEF_ATTN_BATCH(NAME, D, EARLY) \
-    extern "C" __global__ void __launch_bounds__(128) NAME##_d##D( \
+// MINB: blocks per SM the registers must allow (the warp-private forms ask for 3, what the
+// 70 KB of shared memory per block allows; without it ptxas may take 174 registers, 2 blocks).
+#define DEF_ATTN_BATCH(NAME, D, EARLY, WP, MINB) \
+    extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
         float* part) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
-        attn_batch_impl<32 * D, EARLY, false>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
-                                              n_head, n_kv, scale, part, ab_sh, nullptr, \
-                                              nullptr); \
+        attn_batch_impl<32 * D, EARLY, false, WP>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, \
+                                                  bt, n_head, n_kv, scale, part, ab_sh, nullptr, \
+                                                  nullptr); \
     }
-DEF_ATTN_BATCH(attn_batch, 2, false)
-DEF_ATTN_BATCH(attn_batch, 4, false)
-DEF_ATTN_BATCH(attn_one, 2, true)
-DEF_ATTN_BATCH(attn_one, 4, true)
+DEF_ATTN_BATCH(attn_batch, 2, false, false, 1)
+DEF_ATTN_BATCH(attn_batch, 4, false, false, 1)
+DEF_ATTN_BATCH(attn_one, 2, true, false, 1)
+DEF_ATTN_BATCH(attn_one, 4, true, false, 1)
+// Session 11: the warp-private loaders (WP above).
+DEF_ATTN_BATCH(attn_batchw, 2, false, true, 3)
+DEF_ATTN_BATCH(attn_batchw, 4, false, true, 3)
+DEF_ATTN_BATCH(attn_onew, 2, true, true, 3)
+DEF_ATTN_BATCH(attn_onew, 4, true, true, 3)
 // attn_batchm_d*: attn_batch_d* that also merges the slices (cnt: one zeroed u32 per (token,
 // KV head), left zeroed).
 #define DEF_ATTN_BATCHM(D) \
@@ -232,7 +256,7 @@ DEF_ATTN_BATCH(attn_one, 4, true)
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
         float* part, float* merged, u32* cnt) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
-        attn_batch_impl<32 * D, false, true>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
+        attn_batch_impl<32 * D, false, true, false>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
                                              n_head, n_kv, scale, part, ab_sh, merged, cnt); \
     }
 DEF_ATTN_BATCHM(2)

@@ -219,3 +219,37 @@ extern "C" __global__ void swiglu_q(float* g, const float* u, int n, int fmt, u1
     if (fmt) quant_act_elem(v, valid, c, fmt, (i8*)0, (float2*)0, xh + r * n, shf, shi);
     else if (valid) xh[r * n + c] = f2h(v);
 }
+
+// Session 11: ask L2 for up to four byte ranges ahead of the kernels that read them. Launched
+// on a second stream beside the main chain (device.rs `Gpu::side_prefetch`), so the memory
+// streams the next products' weights while small kernels (norms, attention) run. kind 0: one
+// cp.async.bulk.prefetch.L2 per `chunk` bytes (sm_90; starts and sizes multiples of 16);
+// kind 1: prefetch.global.L2 per 128-byte line. Thread t takes chunks t, t + T, ... of each
+// range in turn. A hint only: nothing is written, a range never faults the kernel.
+struct PfRanges {
+    const u8* p[4];
+    long long n[4];
+};
+extern "C" __global__ void l2_prefetch(PfRanges r, int kind, int chunk) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long nt = (long long)gridDim.x * blockDim.x;
+    for (int s = 0; s < 4; s++) {
+        const u8* p = r.p[s];
+        long long n = r.n[s];
+        if (!p || n <= 0) continue;
+        if (kind == 0) {
+#if __CUDA_ARCH__ >= 900
+            for (long long o = t * chunk; o < n; o += nt * chunk) {
+                long long sz = (n - o < chunk ? n - o : (long long)chunk) & ~15LL;
+                if (sz > 0)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o),
+                                 "r"((u32)sz)
+                                 : "memory");
+            }
+#endif
+        } else {
+            for (long long o = t * 128; o < n; o += nt * 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+        }
+    }
+}

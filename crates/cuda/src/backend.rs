@@ -298,6 +298,9 @@ pub struct CudaBackend {
     /// Those steps merge the attention slices with [`Gpu::attn_merge`] (same bits as
     /// [`Gpu::attn_combine`]): off unless `CROSSOVER_CUDA_AB_FASTMERGE=1`.
     ab_fast_merge: bool,
+    /// Session 11: which steps ask L2 for weights from the side stream ([`SIDE_ONE`],
+    /// [`SIDE_WIDE`] bits; `CROSSOVER_CUDA_SIDE_L2`).
+    side_l2: u8,
     /// Graph buckets whose product shapes [`CudaBackend::tune_products`] tuned, with the
     /// product form (fused or not) it tuned them for.
     tuned: Vec<(usize, bool)>,
@@ -719,6 +722,10 @@ impl CudaBackend {
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
+            side_l2: std::env::var("CROSSOVER_CUDA_SIDE_L2")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             tuned: Vec::new(),
             lt_failed: None,
             gpu,
@@ -1188,6 +1195,25 @@ impl CudaBackend {
     pub fn set_ab_fast_merge(&mut self, on: bool) {
         self.ab_fast_merge = on;
         self.graphs.clear();
+    }
+
+    /// Take the split attention's warp-private loaders ([`Gpu::attn_wp`], the same bits) or
+    /// the block-wide ones; drops captured graphs.
+    pub fn set_attn_wp(&mut self, on: bool) {
+        self.gpu.attn_wp.set(on);
+        self.graphs.clear();
+    }
+
+    /// Which steps ask L2 for the weights of products ahead from the side stream
+    /// ([`Gpu::side_prefetch`]; bits [`SIDE_ONE`] and [`SIDE_WIDE`]); drops captured graphs.
+    pub fn set_side_l2(&mut self, bits: u8) {
+        self.side_l2 = bits;
+        self.graphs.clear();
+    }
+
+    /// The [`CudaBackend::set_side_l2`] bits.
+    pub fn side_l2(&self) -> u8 {
+        self.side_l2
     }
 
     /// Whether [`CudaBackend::set_ab_fast_merge`] is on.
@@ -1767,6 +1793,20 @@ impl CudaBackend {
         n_split: usize,
         split_len: usize,
     ) -> Result<(), CudaError> {
+        let r = self.enqueue_layers(n, n_out, n_split, split_len);
+        // The side stream's prefetches rejoin the main stream whatever happened (a capture
+        // cannot end with a stream it forked still apart).
+        let j = self.gpu.side_join();
+        r.and(j)
+    }
+
+    fn enqueue_layers(
+        &mut self,
+        n: usize,
+        n_out: usize,
+        n_split: usize,
+        split_len: usize,
+    ) -> Result<(), CudaError> {
         let merge = self.merge_in_split(n);
         let one = self.one_split(n);
         let gpu = &self.gpu;
@@ -1808,7 +1848,16 @@ impl CudaBackend {
             && n <= s.qkv.bytes() / (4 * (qd + 2 * kvd))
             && gpu.has_blas()
             && !mmf_tokens(gpu, n);
-        for (li, l) in self.layers.iter().enumerate() {
+        // Session 11: L2 prefetches of the weights ahead from the side stream.
+        let side_one = self.side_l2 & SIDE_ONE != 0 && n == 1 && matvec_path && tr.is_none();
+        let side_next = side_one && self.side_l2 & SIDE_ONE_NEXT != 0;
+        let side_wide = self.side_l2 & SIDE_WIDE != 0 && wide_gemm;
+        let cap = gpu.side_cfg.get().cap;
+        let qr = |m: &Mat| (m.q.ptr(), if m.host.is_none() { m.q.bytes() } else { 0 });
+        let hr = |m: &Mat| (m.f16_ptr().unwrap_or(0), (m.rows * m.cols * 2).min(cap));
+        let br = |b: &Option<DevBuf>| b.as_ref().map_or((0, 0), |b| (b.ptr(), b.bytes().min(cap)));
+        let layers = &self.layers;
+        for (li, l) in layers.iter().enumerate() {
             // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
             let qf = kernels::act_format(l.wq.ty);
             let rope_ok = n == 1
@@ -1953,6 +2002,9 @@ impl CudaBackend {
             } else {
                 let qkv = [(&l.wq, s.q.ptr()), (&l.wk, s.k.ptr()), (&l.wv, s.v.ptr())];
                 Self::linear_group(gpu, o, s, &qkv, s.xn.ptr(), n, st, &mut qc)?;
+            }
+            if side_one {
+                gpu.side_prefetch(&[qr(&l.wo), qr(&l.gate), qr(&l.up)])?;
             }
             for (name, b, w) in [("Qcur", &s.q, qd), ("Kcur", &s.k, kvd), ("Vcur", &s.v, kvd)] {
                 Self::trace_point(gpu, tr, s, &mut qc, (name, li, 0), b, n, w)?;
@@ -2121,6 +2173,9 @@ impl CudaBackend {
                         ab_split,
                         s.part.ptr(),
                     )?;
+                    if side_wide {
+                        gpu.side_prefetch(&[hr(&l.wo)])?;
+                    }
                     // v10 (switch): v8's merge with its loads issued together, same bits.
                     let merge = if self.ab_fast_merge && ab_split <= kernels::ATTN_MERGE_MAX_SPLIT {
                         Gpu::attn_merge
@@ -2228,6 +2283,12 @@ impl CudaBackend {
                     st,
                     &mut qc,
                 )?;
+            }
+            if side_one {
+                gpu.side_prefetch(&[qr(&l.down)])?;
+            }
+            if side_wide {
+                gpu.side_prefetch(&[br(&l.gu16)])?;
             }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_inp", li, 0), &s.x, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
@@ -2384,6 +2445,9 @@ impl CudaBackend {
                 Self::f16_operand(gpu, s, s.xn.ptr(), n, e, gf, &mut qc)?;
                 st.gemm_calls += 1;
                 gpu.gemm_f16(wb.ptr(), s.xh.ptr(), s.gu.ptr(), 2 * ff, n, e, 0.0)?;
+                if side_wide {
+                    gpu.side_prefetch(&[hr(&l.down)])?;
+                }
                 let df = kernels::act_format(l.down.ty);
                 gpu.act_f16_strided(s.gu.ptr(), s.gu.at(ff * 4), n, ff, 2 * ff, df, s.xh.ptr())?;
                 qc.h = Some((s.gu.ptr(), df, false));
@@ -2426,6 +2490,11 @@ impl CudaBackend {
                     qc.h = Some((s.g.ptr(), df, false));
                 }
             }
+            if side_next {
+                if let Some(nl) = layers.get(li + 1) {
+                    gpu.side_prefetch(&[qr(&nl.wq), qr(&nl.wk), qr(&nl.wv)])?;
+                }
+            }
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_swiglu", li, 0), &s.g, n, ff)?;
             if prep
                 && gpu.wide.get()
@@ -2450,6 +2519,11 @@ impl CudaBackend {
                 })?;
             } else {
                 Self::linear(gpu, o, s, &l.down, down_x, n, s.x.ptr(), true, st, &mut qc)?;
+            }
+            if side_wide {
+                if let Some(nl) = layers.get(li + 1) {
+                    gpu.side_prefetch(&[br(&nl.qkv16)])?;
+                }
             }
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
@@ -2644,6 +2718,15 @@ fn mmf_tokens(gpu: &Gpu, n: usize) -> bool {
 /// Batch sizes decode graphs are captured for: a step of `n` sequences replays the smallest
 /// bucket that holds it, the rest padding. Past 8 the products take cuBLAS (or the integer
 /// GEMM), whose time grows slowly with the token count, so padding costs little.
+/// [`CudaBackend::set_side_l2`] bit: one-token steps ask L2 for O and gate/up once Q/K/V is
+/// launched, and for down once O is (session 11).
+pub const SIDE_ONE: u8 = 1;
+/// Bit: batched cuBLAS steps ask L2 for the start of each next f16 copy (O during the attention
+/// merge, gate/up after O, down after gate/up, the next Q/K/V after down).
+pub const SIDE_WIDE: u8 = 2;
+/// Bit: one-token steps also ask for the next layer's Q/K/V once gate/up is launched.
+pub const SIDE_ONE_NEXT: u8 = 4;
+
 const DECODE_BUCKETS: [usize; 9] = [1, 2, 4, 8, 16, 24, 32, 48, 64];
 
 /// Most attention splits any step uses: enough to spread one token's context over twice the

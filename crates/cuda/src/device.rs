@@ -82,6 +82,75 @@ impl Drop for Blas {
     }
 }
 
+/// How the side stream's kernels ask L2 for weights ([`Gpu::side_prefetch`], session 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SideCfg {
+    /// 0: one `cp.async.bulk.prefetch.L2` per `chunk` bytes; 1: `prefetch.global.L2` per line.
+    pub kind: u32,
+    /// Blocks and threads per block of each prefetch launch.
+    pub blocks: u32,
+    pub threads: u32,
+    /// Bytes per bulk prefetch (a multiple of 16).
+    pub chunk: u32,
+    /// Most bytes of one matrix a wide step asks for ahead (the f16 copies are larger than L2).
+    pub cap: usize,
+}
+
+impl Default for SideCfg {
+    fn default() -> Self {
+        SideCfg {
+            kind: 0,
+            blocks: 32,
+            threads: 32,
+            chunk: 16384,
+            cap: 24 << 20,
+        }
+    }
+}
+
+impl SideCfg {
+    /// `kind:blocks:threads:chunk[:cap MiB]`, e.g. `0:32:32:16384:24` (`CROSSOVER_CUDA_SIDE_CFG`).
+    pub fn parse(s: &str) -> Option<SideCfg> {
+        let v: Vec<usize> = s
+            .split(':')
+            .map(|x| x.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        let d = SideCfg::default();
+        let c = SideCfg {
+            kind: *v.first()? as u32,
+            blocks: *v.get(1)? as u32,
+            threads: *v.get(2)? as u32,
+            chunk: v.get(3).map_or(d.chunk, |&c| c as u32),
+            cap: v.get(4).map_or(d.cap, |&m| m << 20),
+        };
+        (c.kind <= 1
+            && (1..=1024).contains(&c.blocks)
+            && (32..=1024).contains(&c.threads)
+            && c.chunk >= 16
+            && c.chunk.is_multiple_of(16))
+        .then_some(c)
+    }
+}
+
+/// A second stream beside the main one, for launches nothing on the main stream waits for
+/// until the step ends (L2 prefetches of weights, session 11), with the two events that fork it
+/// from and join it to the main stream (in a capture, these make a parallel graph branch).
+struct Side {
+    stream: Arc<CudaStream>,
+    fork: cudarc::driver::sys::CUevent,
+    join: cudarc::driver::sys::CUevent,
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        // SAFETY: both events were created by cuEventCreate for this context, destroyed once.
+        unsafe {
+            let _ = drv_result::event::destroy(self.fork);
+            let _ = drv_result::event::destroy(self.join);
+        }
+    }
+}
+
 /// One GPU ready to run the kernels.
 pub struct Gpu {
     /// Timing events after each launch while a profile is being taken ([`Gpu::profile_start`]).
@@ -100,6 +169,12 @@ pub struct Gpu {
     blas: Option<Blas>,
     /// cuBLASLt with per-shape tuned algorithms for the batched decode products (v10).
     pub(crate) lt: Option<crate::lt::Lt>,
+    /// The side stream (None when it could not be made: then no prefetch branch is taken).
+    side: Option<Side>,
+    /// Whether the side stream has work not yet joined to the main stream.
+    side_pending: std::cell::Cell<bool>,
+    /// How side prefetches are launched (`CROSSOVER_CUDA_SIDE_CFG`).
+    pub side_cfg: std::cell::Cell<SideCfg>,
     /// The stream all work goes to.
     pub stream: Arc<CudaStream>,
     /// The context (kept last so it outlives the stream and module).
@@ -229,6 +304,12 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_RMS1=1` (on the H200 the step got slower: tg128 1.598 against 1.549 ms
     /// per token at depth 0, docs/perf/cuda.md v11).
     pub rms1: std::cell::Cell<bool>,
+    /// The split attention of decode steps takes the forms whose warps each copy their own 16
+    /// rows of every tile (`attn_batchw_*`, `attn_onew_*`, session 11: no block barrier in the
+    /// tile loop, 146-168 registers where the block-wide forms took 162-178; the same bits):
+    /// on unless `CROSSOVER_CUDA_ATTN_WP=0` (on the H200 the 64-sequence step 4.670 -> 4.648 ms,
+    /// one-token steps unchanged, docs/perf/cuda.md "Version 13").
+    pub attn_wp: std::cell::Cell<bool>,
     /// Greedy argmax takes up to 64 blocks per row (`argmax_mb`, v11) rather than one
     /// (`argmax_rows`, whose threads walked ~125 logits each, one round trip after another):
     /// on unless `CROSSOVER_CUDA_ARGMAX_MB=0` (on the H200 tg128 1.549 -> 1.511 ms per token at
@@ -288,6 +369,7 @@ impl Gpu {
         // SAFETY: every buffer of this handle is allocated, used and freed on `stream` alone.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let side = Self::make_side(&ctx);
         let t = std::time::Instant::now();
         let arch = format!("sm_{}{}", cc.0, cc.1);
         let (image, kernels_cached) = compile::compile_cached(&arch)?;
@@ -352,6 +434,14 @@ impl Gpu {
             names,
             _module: module,
             blas,
+            side,
+            side_pending: std::cell::Cell::new(false),
+            side_cfg: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_SIDE_CFG")
+                    .ok()
+                    .and_then(|v| SideCfg::parse(&v))
+                    .unwrap_or_default(),
+            ),
             stream,
             ctx,
             ordinal,
@@ -413,7 +503,132 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
             ),
             argmax_ws: RefCell::new(None),
+            attn_wp: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
+            ),
         })
+    }
+
+    /// The side stream and its events, or None when any of them cannot be made.
+    fn make_side(ctx: &Arc<CudaContext>) -> Option<Side> {
+        use cudarc::driver::sys::CUevent_flags;
+        let stream = ctx.new_stream().ok()?;
+        let fork = drv_result::event::create(CUevent_flags::CU_EVENT_DISABLE_TIMING).ok()?;
+        let Ok(join) = drv_result::event::create(CUevent_flags::CU_EVENT_DISABLE_TIMING) else {
+            // SAFETY: created just above, destroyed once.
+            unsafe {
+                let _ = drv_result::event::destroy(fork);
+            }
+            return None;
+        };
+        Some(Side { stream, fork, join })
+    }
+
+    /// Ask L2, from the side stream, for the bytes of up to four device ranges `(address,
+    /// bytes)` once everything queued so far on the main stream has finished, while the main
+    /// stream goes on (session 11: the weights of a product two or more launches ahead, read
+    /// while small kernels leave the memory idle). A hint only: nothing is written, and
+    /// nothing on the main stream waits for it until [`Gpu::side_join`]. Does nothing when
+    /// there is no side stream or no range.
+    pub fn side_prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), CudaError> {
+        let Some(side) = &self.side else {
+            return Ok(());
+        };
+        #[repr(C)]
+        struct PfRanges {
+            p: [u64; 4],
+            n: [i64; 4],
+        }
+        let mut r = PfRanges {
+            p: [0; 4],
+            n: [0; 4],
+        };
+        let mut k = 0;
+        for &(a, b) in ranges.iter().filter(|x| x.0 != 0 && x.1 >= 16) {
+            if k == 4 {
+                return Err(CudaError::Arg(
+                    "side prefetch: more than four ranges".into(),
+                ));
+            }
+            // The bulk form wants 16-byte aligned starts and sizes.
+            let a16 = a.next_multiple_of(16);
+            let skip = (a16 - a) as usize;
+            if b <= skip + 16 {
+                continue;
+            }
+            r.p[k] = a16;
+            r.n[k] = ((b - skip) & !15) as i64;
+            k += 1;
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let id = self.kernel_id("l2_prefetch")?;
+        if self
+            .skip
+            .borrow()
+            .iter()
+            .any(|p| "l2_prefetch".starts_with(p.as_str()))
+        {
+            return Ok(());
+        }
+        let c = self.side_cfg.get();
+        let (kind, chunk) = (c.kind as i32, c.chunk as i32);
+        let f = &self.funcs[id];
+        // SAFETY: both streams and the event belong to this context; recording then waiting
+        // orders the side stream after everything queued on the main stream so far (in a
+        // capture, the side stream joins it). The kernel's arguments match its C signature
+        // (ops.cu `l2_prefetch`: a by-value struct of four addresses and four sizes, two ints);
+        // it only issues prefetches of the given live ranges.
+        unsafe {
+            drv_result::event::record(side.fork, self.stream.cu_stream())
+                .map_err(drv("side stream fork"))?;
+            drv_result::stream::wait_event(
+                side.stream.cu_stream(),
+                side.fork,
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(drv("side stream wait"))?;
+            let mut args: [*mut c_void; 3] = [
+                (&mut r as *mut PfRanges).cast(),
+                (&kind as *const i32 as *mut i32).cast(),
+                (&chunk as *const i32 as *mut i32).cast(),
+            ];
+            drv_result::launch_kernel(
+                f.cu_function(),
+                (c.blocks, 1, 1),
+                (c.threads, 1, 1),
+                0,
+                side.stream.cu_stream(),
+                &mut args,
+            )
+            .map_err(drv("launching l2_prefetch"))?;
+        }
+        self.side_pending.set(true);
+        Ok(())
+    }
+
+    /// Make the main stream wait for everything queued on the side stream (a capture must
+    /// join every stream it forked before it ends). Does nothing when nothing is pending.
+    pub fn side_join(&self) -> Result<(), CudaError> {
+        let Some(side) = &self.side else {
+            return Ok(());
+        };
+        if !self.side_pending.replace(false) {
+            return Ok(());
+        }
+        // SAFETY: both streams and the event belong to this context.
+        unsafe {
+            drv_result::event::record(side.join, side.stream.cu_stream())
+                .map_err(drv("side stream join"))?;
+            drv_result::stream::wait_event(
+                self.stream.cu_stream(),
+                side.join,
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(drv("main stream wait"))?;
+        }
+        Ok(())
     }
 
     /// Whether cuBLAS is available for the GEMM path.

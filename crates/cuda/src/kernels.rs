@@ -99,6 +99,7 @@ const OPS: &[&str] = &[
     "swiglu_q",
     "attn_decode_d2",
     "attn_decode_d4",
+    "l2_prefetch",
 ];
 const K_RMS_NORM: usize = 0;
 const K_ROPE_STORE: usize = 1;
@@ -197,6 +198,10 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("attn_batch_d4".into());
     v.push("attn_one_d2".into());
     v.push("attn_one_d4".into());
+    v.push("attn_batchw_d2".into());
+    v.push("attn_batchw_d4".into());
+    v.push("attn_onew_d2".into());
+    v.push("attn_onew_d4".into());
     v.push("attn_batchm_d2".into());
     v.push("attn_batchm_d4".into());
     v.push("attn_merge".into());
@@ -1412,10 +1417,14 @@ impl Gpu {
         );
         // Separate entry points (v9): the early path's registers cost the wide steps a block
         // per SM when both lived in one kernel.
-        let name = match (early, merge) {
-            (true, _) => ["attn_one_d2", "attn_one_d4"][d],
-            (false, Some(_)) => ["attn_batchm_d2", "attn_batchm_d4"][d],
-            (false, None) => ["attn_batch_d2", "attn_batch_d4"][d],
+        // Session 11: the warp-private loaders (same bits) where `attn_wp` is on.
+        let wp = self.attn_wp.get();
+        let name = match (early, merge, wp) {
+            (true, _, false) => ["attn_one_d2", "attn_one_d4"][d],
+            (true, _, true) => ["attn_onew_d2", "attn_onew_d4"][d],
+            (false, Some(_), _) => ["attn_batchm_d2", "attn_batchm_d4"][d],
+            (false, None, false) => ["attn_batch_d2", "attn_batch_d4"][d],
+            (false, None, true) => ["attn_batchw_d2", "attn_batchw_d4"][d],
         };
         let k = self.kernel_id(name)?;
         match merge {

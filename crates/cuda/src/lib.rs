@@ -11,13 +11,16 @@ pub mod error;
 pub mod kernels;
 pub mod lt;
 
-pub use device::{available, DevBuf, Gpu};
+pub use device::{available, DevBuf, Gpu, SideCfg};
 pub use error::CudaError;
 pub use lt::{GemmShape, GemmTuning};
 pub mod backend;
 pub mod host;
 pub mod power;
 
-pub use backend::{CudaBackend, CudaOptions, DecodeV10, GemmWeights, StepStats, TraceFn};
+pub use backend::{
+    CudaBackend, CudaOptions, DecodeV10, GemmWeights, StepStats, TraceFn, SIDE_ONE, SIDE_ONE_NEXT,
+    SIDE_WIDE,
+};
 pub use host::{HostPlan, WeightSplit};
 pub use power::PowerMeter;

@@ -326,3 +326,111 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
         }
     }
 }
+
+/// Session 11: the side stream's L2 prefetches (a parallel branch in every captured decode
+/// graph) change no result. The same prompts and tokens run three times on one backend: plain,
+/// with every prefetch bit on, plain again; one sequence alone (one-token steps) and `p`
+/// sequences together (batched cuBLAS steps), every step replayed from a graph. The prefetched
+/// run must differ from the first plain run by no more than the two plain runs differ from
+/// each other (zero where the products are deterministic).
+#[test]
+fn side_prefetch_leaves_logits_unchanged() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED side_prefetch_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(13, |d| d.as_nanos() as u64);
+    eprintln!("seed {seed}");
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (p, steps, plen) = (20usize, 5usize, 8usize);
+    for path in models() {
+        assert!(path.exists(), "{} not found", path.display());
+        let opts = CudaOptions {
+            ctx_size: 64,
+            max_seqs: p,
+            max_batch_tokens: 128,
+            ..Default::default()
+        };
+        let mut gpu = CudaBackend::load(&path, &opts).expect("gpu load");
+        let nv = gpu.config().n_vocab as u32;
+        let prompts: Vec<Vec<u32>> = (0..p)
+            .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
+            .collect();
+        let toks: Vec<Vec<u32>> = (0..steps)
+            .map(|_| (0..p).map(|_| r.gen_range(0..nv)).collect())
+            .collect();
+        // Rows of every decode step: the single sequence's, then each wide step's.
+        let run = |gpu: &mut CudaBackend, bits: u8| -> Vec<Vec<f32>> {
+            gpu.set_side_l2(bits);
+            let mut rows = Vec::new();
+            for width in [1usize, p] {
+                for (s, prompt) in prompts.iter().enumerate().take(width) {
+                    let b = StepBatch {
+                        chunks: vec![SeqChunk {
+                            prompt_len: None,
+                            seq: s as u64,
+                            tokens: prompt.clone(),
+                            start_pos: 0,
+                            want: Want::Last,
+                        }],
+                    };
+                    gpu.step(&b).expect("prefill");
+                }
+                let g0 = gpu.stats.graph_steps;
+                for (i, t) in toks.iter().enumerate() {
+                    let b = StepBatch {
+                        chunks: (0..width)
+                            .map(|s| SeqChunk {
+                                prompt_len: None,
+                                seq: s as u64,
+                                tokens: vec![t[s]],
+                                start_pos: plen + i,
+                                want: Want::Last,
+                            })
+                            .collect(),
+                    };
+                    let out = gpu.step(&b).expect("decode step");
+                    for s in 0..width {
+                        rows.push(out.row(s).expect("row").to_vec());
+                    }
+                }
+                assert_eq!(
+                    (gpu.stats.graph_steps - g0) as usize,
+                    steps,
+                    "{width}-sequence steps with side bits {bits} did not replay graphs ({:?})",
+                    gpu.graph_failure()
+                );
+                for s in 0..width {
+                    gpu.release(s as u64);
+                }
+            }
+            rows
+        };
+        let plain = run(&mut gpu, 0);
+        let side = run(
+            &mut gpu,
+            cuda::SIDE_ONE | cuda::SIDE_ONE_NEXT | cuda::SIDE_WIDE,
+        );
+        let again = run(&mut gpu, 0);
+        let diff = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+            a.iter()
+                .zip(b)
+                .flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs()))
+                .fold(0.0f32, f32::max)
+        };
+        let (d_side, d_plain) = (diff(&plain, &side), diff(&plain, &again));
+        eprintln!(
+            "{}: {} rows; largest difference with prefetches {d_side:e}, between plain runs {d_plain:e}",
+            path.display(),
+            plain.len()
+        );
+        assert_eq!(plain.len(), steps * (1 + p));
+        assert!(plain.iter().flatten().all(|v| v.is_finite()));
+        assert!(
+            d_side <= d_plain,
+            "prefetches changed the logits by {d_side:e} (plain runs differ by {d_plain:e})"
+        );
+    }
+}
