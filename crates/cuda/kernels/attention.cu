@@ -446,7 +446,8 @@ template <int HD>
 __device__ __forceinline__ void dec_merge_warps(float* so, float (&sm)[4][8], float (&sl)[4][8],
                                                 float m0, float l0, const float (&o)[HD / 8][4],
                                                 int G, int warp, int g, int c, float* part, int t,
-                                                int n_head, int kvh, int n_split, int s) {
+                                                int n_head, int kvh, int n_split, int s,
+                                                float* direct = nullptr) {
     if (g < G) {
         if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
 #pragma unroll
@@ -465,6 +466,16 @@ __device__ __forceinline__ void dec_merge_warps(float* so, float (&sm)[4][8], fl
             float cw = sm[w][r] == NEG_INF ? 0.0f : expf(sm[w][r] - M);
             L += sl[w][r] * cw;
             A += so[(w * 8 + r) * HD + d] * cw;
+        }
+        if (direct) {
+            // Session 11 (one split): attn_combine's operations on this one slice, in its order
+            // (weight exp(M - M), sums from 0, A / L), so the same bits without its launch.
+            float cw = M == NEG_INF ? 0.0f : expf(M - M);
+            float Lc = 0.0f, Ac = 0.0f;
+            Lc += L * cw;
+            Ac += A * cw;
+            direct[((long long)t * n_head + kvh * G + r) * HD + d] = Ac / Lc;
+            continue;
         }
         float* out = part + (((long long)t * n_head + kvh * G + r) * n_split + s) * (HD + 2);
         out[2 + d] = A;

@@ -106,7 +106,7 @@ template <int HD, bool EARLY, bool MERGE, bool WP>
 __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
                                 int n_head, int n_kv, float scale, float* part, u16* sh,
-                                float* merged, u32* cnt) {
+                                float* merged, u32* cnt, float* direct) {
     constexpr int KS = HD + 8, CH = HD / 8;
     constexpr int TILE = FA_BK * KS;  // halves per K (or V) tile
     u16* Ks = sh;                          // [AB_STAGES][FA_BK][KS]
@@ -132,8 +132,39 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // with WP, lane copies piece (lane % CH) of its warp's rows 16 w + lane / CH + (32 / CH) j.
     constexpr int RSTEP = (WP ? 32 : 128) / CH;
     const int li = WP ? lane : tid, r0 = WP ? warp * 16 : 0;
+    // Session 11 (WP; the host takes these forms only for cache blocks of a multiple of 16
+    // positions): a warp's 16 rows start at a multiple of 16 (slices and tiles start at
+    // multiples of 64), so they lie in one cache block: one block-table lookup and one division
+    // per tile instead of one per row (Nsight Compute: integer multiply-adds were 29 % of the
+    // kernel's instructions, most of them the per-row `p / bt`, `p % bt` and row products). The
+    // same rows land in the same places.
+    const int ch_l = li % CH;
     auto issue = [&](int tile, int stage) {
         int base = p0 + tile * FA_BK;
+        if (WP) {
+            int w0 = base + r0 + li / CH;  // this lane's first row
+            int w16 = base + r0;
+            long long rb = w16 < p1 ? (long long)bl[w16 / bt] * bt + w16 % bt : 0;
+            long long e0 = (rb + li / CH) * kv_row + kvh * HD + ch_l * 8;
+            const u16* kp = kc + e0;
+            const u16* vp = vc + e0;
+            int sd = stage * TILE + (r0 + li / CH) * KS + ch_l * 8;
+            const int step = RSTEP * (int)kv_row;
+#pragma unroll
+            for (int j = 0; j < 16 / RSTEP; j++) {
+                int p = w0 + RSTEP * j;
+                bool ok = p < p1;
+                if (!EARLY || p != own) {
+                    cp_async16(Ks + sd, ok ? kp : kc, ok ? 16 : 0);
+                    cp_async16(Vs + sd, ok ? vp : vc, ok ? 16 : 0);
+                }
+                kp += step;
+                vp += step;
+                sd += RSTEP * KS;
+            }
+            cp_async_commit();
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < (WP ? 16 : FA_BK) / RSTEP; j++) {
             int pr = r0 + li / CH + RSTEP * j, ch = li % CH;
@@ -219,7 +250,9 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
-    dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s);
+    // `direct` (one split only): the merged output itself, no attn_combine launch after.
+    dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s,
+                        n_split == 1 ? direct : nullptr);
     if (MERGE)
         ab_merge_slices<HD>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
                             (len + slen - 1) / slen);
@@ -233,11 +266,11 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_d##D( \
         const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
         const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
-        float* part) { \
+        float* part, float* direct) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
         attn_batch_impl<32 * D, EARLY, false, WP>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, \
                                                   bt, n_head, n_kv, scale, part, ab_sh, nullptr, \
-                                                  nullptr); \
+                                                  nullptr, direct); \
     }
 DEF_ATTN_BATCH(attn_batch, 2, false, false, 1)
 DEF_ATTN_BATCH(attn_batch, 4, false, false, 1)
@@ -257,7 +290,7 @@ DEF_ATTN_BATCH(attn_onew, 4, true, true, 3)
         float* part, float* merged, u32* cnt) { \
         extern __shared__ __align__(16) u16 ab_sh[]; \
         attn_batch_impl<32 * D, false, true, false>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, \
-                                             n_head, n_kv, scale, part, ab_sh, merged, cnt); \
+                                             n_head, n_kv, scale, part, ab_sh, merged, cnt, nullptr); \
     }
 DEF_ATTN_BATCHM(2)
 DEF_ATTN_BATCHM(4)

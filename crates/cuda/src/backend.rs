@@ -268,7 +268,9 @@ pub struct CudaBackend {
     /// attention ([`Gpu::attn_batch`], v7; `CROSSOVER_CUDA_ATTN_BATCH=0` turns it off).
     batch_attn: bool,
     /// Blocks per SM that attention aims for (its split count) in those steps:
-    /// `CROSSOVER_CUDA_AB_CTAS`, default 8 (v7).
+    /// `CROSSOVER_CUDA_AB_CTAS`, default 3 (session 11: the warp-private form holds 3 blocks
+    /// per SM, so one wave; v7's 8 gave x16 9 splits of about one tile each: 3.256 against
+    /// 3.125 ms per step on the H200, x64 the same).
     ab_ctas: usize,
     /// Those steps' attention merges its slices itself ([`Gpu::attn_batch_merge`], v9: no
     /// [`Gpu::attn_combine`] launch, same bits): `CROSSOVER_CUDA_AB_MERGE=1` (off by default:
@@ -710,7 +712,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&v: &usize| v > 0)
-                .unwrap_or(8),
+                .unwrap_or(3),
             ab_merge: std::env::var("CROSSOVER_CUDA_AB_MERGE").as_deref() == Ok("1"),
             one_attn: std::env::var("CROSSOVER_CUDA_ATTN_ONE")
                 .ok()
@@ -2156,6 +2158,27 @@ impl CudaBackend {
                         s.att.ptr(),
                         s.acnt.ptr(),
                     )?;
+                } else if ab_split == 1 && !self.ab_fast_merge {
+                    // Session 11: one split (tokens and KV heads fill the GPU): the attention
+                    // writes the merged rows itself, attn_combine's bits.
+                    gpu.attn_batch_direct(
+                        n,
+                        (s.q.ptr(), self.kc[li].ptr(), self.vc[li].ptr()),
+                        (
+                            s.tok_pos.ptr(),
+                            s.tok_seq.ptr(),
+                            s.btab.ptr(),
+                            self.max_blocks,
+                            o.block_tokens,
+                        ),
+                        nh,
+                        nkv,
+                        hd,
+                        s.att.ptr(),
+                    )?;
+                    if side_wide {
+                        gpu.side_prefetch(&[hr(&l.wo)])?;
+                    }
                 } else {
                     gpu.attn_batch(
                         n,

@@ -1319,7 +1319,28 @@ impl Gpu {
             (q, kc, vc),
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, None)
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, None, 0)
+    }
+
+    /// [`Gpu::attn_batch`] over one split that writes the merged output `out` (`n x
+    /// n_head*hd` floats) itself, the bits [`Gpu::attn_combine`] makes of its partial results
+    /// (session 11: steps whose tokens and KV heads fill the GPU need no combine launch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_batch_direct(
+        &self,
+        n: usize,
+        (q, kc, vc): (u64, u64, u64),
+        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (g, kv) = (
+            (q, kc, vc),
+            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
+        );
+        self.attn_split(n, g, kv, n_head, n_kv, hd, 1, 0, false, None, out)
     }
 
     /// [`Gpu::attn_batch`] followed by [`Gpu::attn_combine`] (`split_len` 0) in one launch
@@ -1345,7 +1366,7 @@ impl Gpu {
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
         let m = Some((merged, cnt));
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, m)
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, false, m, 0)
     }
 
     /// [`Gpu::attn_batch`] for steps in which every K/V row of each token's context but its own
@@ -1375,7 +1396,7 @@ impl Gpu {
             (q, kc, vc),
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true, None)
+        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true, None, 0)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1391,7 +1412,13 @@ impl Gpu {
         part: u64,
         early: bool,
         merge: Option<(u64, u64)>,
+        direct: u64,
     ) -> Result<(), CudaError> {
+        if direct != 0 && (n_split != 1 || merge.is_some()) {
+            return Err(CudaError::Arg(format!(
+                "attention output written directly over {n_split} splits"
+            )));
+        }
         let d = PREFILL_HEAD_DIMS
             .iter()
             .position(|&h| h == hd)
@@ -1418,7 +1445,8 @@ impl Gpu {
         // Separate entry points (v9): the early path's registers cost the wide steps a block
         // per SM when both lived in one kernel.
         // Session 11: the warp-private loaders (same bits) where `attn_wp` is on.
-        let wp = self.attn_wp.get();
+        // (Their loaders take a warp's 16 rows from one cache block.)
+        let wp = self.attn_wp.get() && block_tokens.is_multiple_of(16);
         let name = match (early, merge, wp) {
             (true, _, false) => ["attn_one_d2", "attn_one_d4"][d],
             (true, _, true) => ["attn_onew_d2", "attn_onew_d4"][d],
@@ -1440,7 +1468,7 @@ impl Gpu {
                 grid,
                 (128, 1, 1),
                 smem,
-                kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part],
+                kargs![q, kc, vc, tok_pos, tok_seq, btab, mb, bt, nh, nk, scale, part, direct],
             ),
         }
     }

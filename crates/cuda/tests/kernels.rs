@@ -2218,6 +2218,32 @@ fn batch_attention_merge_equals_batch_then_combine() {
             g.attn_combine(n, pa.ptr(), pb.ptr(), nh, hd, n_split, 0, oc.ptr())
                 .unwrap();
             let want: Vec<u32> = g.download(&oc, words).unwrap();
+            if n_split == 1 {
+                // Session 11: one split writes attn_combine's rows itself, in either loader form.
+                for wp in [true, false] {
+                    let w0 = g.attn_wp.get();
+                    g.attn_wp.set(wp);
+                    let od = poisoned(&g, words);
+                    g.attn_batch_direct(
+                        n,
+                        (qb.ptr(), kb.ptr(), vb.ptr()),
+                        (pb.ptr(), sb.ptr(), tb.ptr(), max_blocks, bt),
+                        nh,
+                        nkv,
+                        hd,
+                        od.ptr(),
+                    )
+                    .unwrap();
+                    g.attn_wp.set(w0);
+                    let got: Vec<u32> = g.download(&od, words).unwrap();
+                    let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    assert_eq!(
+                        bad, 0,
+                        "hd {hd} attn_wp={wp}: {bad} of {words} direct outputs differ from \
+                         attn_batch + attn_combine"
+                    );
+                }
+            }
             for replay in 0..2 {
                 let om = poisoned(&g, words);
                 g.attn_batch_merge(
