@@ -1296,7 +1296,10 @@ impl Gpu {
     /// Decode attention for many sequences ([`Gpu::attn_decode`]'s arithmetic and partial
     /// results): block (t, kvh, s) walks split `s` of `n_split` equal parts (whole 64-position
     /// tiles) of token `t`'s own context with the next tile's K/V copy in flight (cp.async,
-    /// two shared-memory stages). Merge with [`Gpu::attn_combine`] and `split_len` 0.
+    /// two shared-memory stages). Merge with [`Gpu::attn_combine`] and `split_len` 0. With
+    /// [`Gpu::attn_wp`] (the default) and cache blocks of a multiple of 16 positions, each warp
+    /// copies its own 16 rows of a tile from one cache block (`attn_batchw_*`, session 11; the
+    /// same bits).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_batch(
         &self,
