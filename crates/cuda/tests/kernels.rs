@@ -1927,40 +1927,34 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
                 let pw = nh * n_split * (hd + 2);
                 let (pa, pbatch) = (poisoned(&g, pw), poisoned(&g, pw));
                 let (q0, k0, v0, p0, s0, b0) = args(qb.ptr());
-                g.attn_one(
-                    1,
-                    q0,
-                    k0,
-                    v0,
-                    p0,
-                    s0,
-                    b0,
-                    max_blocks,
-                    bt,
-                    nh,
-                    nkv,
-                    hd,
-                    n_split,
-                    pa.ptr(),
-                )
-                .unwrap();
-                g.attn_batch(
-                    1,
-                    q0,
-                    k0,
-                    v0,
-                    p0,
-                    s0,
-                    b0,
-                    max_blocks,
-                    bt,
-                    nh,
-                    nkv,
-                    hd,
-                    n_split,
-                    pbatch.ptr(),
-                )
-                .unwrap();
+                // The one-token kernel (early copies) or attn_batch, into `out`.
+                let split = |early: bool, out: &DevBuf| {
+                    let f = if early {
+                        Gpu::attn_one
+                    } else {
+                        Gpu::attn_batch
+                    };
+                    f(
+                        &g,
+                        1,
+                        q0,
+                        k0,
+                        v0,
+                        p0,
+                        s0,
+                        b0,
+                        max_blocks,
+                        bt,
+                        nh,
+                        nkv,
+                        hd,
+                        n_split,
+                        out.ptr(),
+                    )
+                    .unwrap();
+                };
+                split(true, &pa);
+                split(false, &pbatch);
                 let got: Vec<u32> = g.download(&pa, pw).unwrap();
                 let want: Vec<u32> = g.download(&pbatch, pw).unwrap();
                 assert!(
@@ -1970,40 +1964,16 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
                 // Session 11: the other loader form (warp-private or block-wide) of both
                 // kernels writes the same bits.
                 let wp = g.attn_wp.get();
-                {
-                    let form = !wp;
-                    g.attn_wp.set(form);
-                    for early in [true, false] {
-                        let po = poisoned(&g, pw);
-                        let f = if early {
-                            Gpu::attn_one
-                        } else {
-                            Gpu::attn_batch
-                        };
-                        f(
-                            &g,
-                            1,
-                            q0,
-                            k0,
-                            v0,
-                            p0,
-                            s0,
-                            b0,
-                            max_blocks,
-                            bt,
-                            nh,
-                            nkv,
-                            hd,
-                            n_split,
-                            po.ptr(),
-                        )
-                        .unwrap();
-                        let other: Vec<u32> = g.download(&po, pw).unwrap();
-                        assert!(
-                            other == want,
-                            "hd {hd} len {len} splits {n_split}: attn_wp={form} early={early} differs"
-                        );
-                    }
+                g.attn_wp.set(!wp);
+                for early in [true, false] {
+                    let po = poisoned(&g, pw);
+                    split(early, &po);
+                    let other: Vec<u32> = g.download(&po, pw).unwrap();
+                    assert!(
+                        other == want,
+                        "hd {hd} len {len} splits {n_split}: attn_wp={} early={early} differs",
+                        !wp
+                    );
                 }
                 g.attn_wp.set(wp);
                 let (om, oc) = (poisoned(&g, words), poisoned(&g, words));
@@ -2184,35 +2154,33 @@ fn batch_attention_merge_equals_batch_then_combine() {
             .unwrap();
             // Session 11: the other loader form writes the same partial results.
             let wp = g.attn_wp.get();
-            {
-                let form = !wp;
-                g.attn_wp.set(form);
-                let po = poisoned(&g, pw);
-                g.attn_batch(
-                    n,
-                    qb.ptr(),
-                    kb.ptr(),
-                    vb.ptr(),
-                    pb.ptr(),
-                    sb.ptr(),
-                    tb.ptr(),
-                    max_blocks,
-                    bt,
-                    nh,
-                    nkv,
-                    hd,
-                    n_split,
-                    po.ptr(),
-                )
-                .unwrap();
-                let (ours, other): (Vec<u32>, Vec<u32>) =
-                    (g.download(&pa, pw).unwrap(), g.download(&po, pw).unwrap());
-                let bad = ours.iter().zip(&other).filter(|(a, b)| a != b).count();
-                assert_eq!(
+            g.attn_wp.set(!wp);
+            let po = poisoned(&g, pw);
+            g.attn_batch(
+                n,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                pb.ptr(),
+                sb.ptr(),
+                tb.ptr(),
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
+                po.ptr(),
+            )
+            .unwrap();
+            let (ours, other): (Vec<u32>, Vec<u32>) =
+                (g.download(&pa, pw).unwrap(), g.download(&po, pw).unwrap());
+            let bad = ours.iter().zip(&other).filter(|(a, b)| a != b).count();
+            assert_eq!(
                 bad, 0,
-                "hd {hd} splits {n_split}: attn_wp={form} differs in {bad} of {pw} partial words"
+                "hd {hd} splits {n_split}: attn_wp={} differs in {bad} of {pw} partial words",
+                !wp
             );
-            }
             g.attn_wp.set(wp);
             let oc = poisoned(&g, words);
             g.attn_combine(n, pa.ptr(), pb.ptr(), nh, hd, n_split, 0, oc.ptr())

@@ -49,6 +49,37 @@ fn run_both(
     (tc, tg)
 }
 
+/// A backend on `path` with room for `seqs` sequences of up to 64 positions, `p` random prompts
+/// of `plen` tokens and `steps` rows of `p` random next tokens (the decode tests' inputs).
+#[allow(clippy::type_complexity)]
+fn decode_setup(
+    path: &std::path::Path,
+    seqs: usize,
+    (p, steps, plen): (usize, usize, usize),
+    r: &mut rand_chacha::ChaCha8Rng,
+) -> (CudaBackend, Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    assert!(
+        path.exists(),
+        "{} not found: run scripts/fetch_model.sh, or set CROSSOVER_CUDA_MODELS",
+        path.display()
+    );
+    let opts = CudaOptions {
+        ctx_size: 64,
+        max_seqs: seqs,
+        max_batch_tokens: 128,
+        ..Default::default()
+    };
+    let gpu = CudaBackend::load(path, &opts).expect("gpu load");
+    let nv = gpu.config().n_vocab as u32;
+    let prompts = (0..p)
+        .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
+        .collect();
+    let toks = (0..steps)
+        .map(|_| (0..p).map(|_| r.gen_range(0..nv)).collect())
+        .collect();
+    (gpu, prompts, toks)
+}
+
 #[test]
 fn gpu_logits_agree_with_cpu_backend() {
     if let Err(e) = cuda::available() {
@@ -225,25 +256,7 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let (p, steps, plen) = (20usize, 6usize, 8usize);
     for path in models() {
-        assert!(
-            path.exists(),
-            "{} not found: run scripts/fetch_model.sh, or set CROSSOVER_CUDA_MODELS",
-            path.display()
-        );
-        let opts = CudaOptions {
-            ctx_size: 64,
-            max_seqs: 2 * p,
-            max_batch_tokens: 128,
-            ..Default::default()
-        };
-        let mut gpu = CudaBackend::load(&path, &opts).expect("gpu load");
-        let nv = gpu.config().n_vocab as u32;
-        let prompts: Vec<Vec<u32>> = (0..p)
-            .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
-            .collect();
-        let toks: Vec<Vec<u32>> = (0..steps)
-            .map(|_| (0..p).map(|_| r.gen_range(0..nv)).collect())
-            .collect();
+        let (mut gpu, prompts, toks) = decode_setup(&path, 2 * p, (p, steps, plen), &mut r);
         let prefill = |gpu: &mut CudaBackend, seq: u64, s: usize| {
             let b = StepBatch {
                 chunks: vec![SeqChunk {
@@ -346,21 +359,7 @@ fn side_prefetch_leaves_logits_unchanged() {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let (p, steps, plen) = (20usize, 5usize, 8usize);
     for path in models() {
-        assert!(path.exists(), "{} not found", path.display());
-        let opts = CudaOptions {
-            ctx_size: 64,
-            max_seqs: p,
-            max_batch_tokens: 128,
-            ..Default::default()
-        };
-        let mut gpu = CudaBackend::load(&path, &opts).expect("gpu load");
-        let nv = gpu.config().n_vocab as u32;
-        let prompts: Vec<Vec<u32>> = (0..p)
-            .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
-            .collect();
-        let toks: Vec<Vec<u32>> = (0..steps)
-            .map(|_| (0..p).map(|_| r.gen_range(0..nv)).collect())
-            .collect();
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
         // Rows of every decode step: the single sequence's, then each wide step's.
         let run = |gpu: &mut CudaBackend, bits: u8| -> Vec<Vec<f32>> {
             gpu.set_side_l2(bits);
