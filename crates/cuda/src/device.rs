@@ -306,9 +306,10 @@ pub struct Gpu {
     pub rms1: std::cell::Cell<bool>,
     /// The split attention of decode steps takes the forms whose warps each copy their own 16
     /// rows of every tile (`attn_batchw_*`, `attn_onew_*`, session 11: no block barrier in the
-    /// tile loop, 146-168 registers where the block-wide forms took 162-178; the same bits):
-    /// on unless `CROSSOVER_CUDA_ATTN_WP=0` (on the H200 the 64-sequence step 4.670 -> 4.648 ms,
-    /// one-token steps unchanged, docs/perf/cuda.md "Version 13").
+    /// tile loop, one block-table lookup per warp and tile, 154-160 registers where the
+    /// block-wide forms take 162-178; the same bits; cache blocks of a multiple of 16
+    /// positions): on unless `CROSSOVER_CUDA_ATTN_WP=0` (on the H200 the 64-sequence step
+    /// 4.69 -> 4.31 ms, one-token steps unchanged, docs/perf/cuda.md "Version 13").
     pub attn_wp: std::cell::Cell<bool>,
     /// Greedy argmax takes up to 64 blocks per row (`argmax_mb`, v11) rather than one
     /// (`argmax_rows`, whose threads walked ~125 logits each, one round trip after another):
