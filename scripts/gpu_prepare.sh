@@ -25,7 +25,11 @@ L=${LLAMA_SRC:-/work/cache/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp}
 # NO_LLAMA_SRC=1: leave the llama.cpp source out (a call that does not build llama.cpp carries less).
 [[ -n "${NO_LLAMA_SRC:-}" ]] && rm -f "$G"/llama-src.tar.gz
 [[ -n "${NO_LLAMA_SRC:-}" || -f "$G"/llama-src.tar.gz ]] || tar czf "$G"/llama-src.tar.gz -C "$L" CMakeLists.txt cmake ggml src include common tools vendor licenses app
-cp "$L/models/ggml-vocab-starcoder.gguf" "$L/models/ggml-vocab-llama-bpe.gguf" "$G"/
+# The two vocabularies: from the llama.cpp source when it is there, else from the vocab cache
+# scripts/fetch_vocabs.sh fills.
+V=$L/models
+[[ -f $V/ggml-vocab-starcoder.gguf ]] || V=$(bash scripts/fetch_vocabs.sh | tail -1)
+cp "$V/ggml-vocab-starcoder.gguf" "$V/ggml-vocab-llama-bpe.gguf" "$G"/
 # The chat template `crossover synth --preset llama-3.2-1b` completes the vocabulary with
 # (scripts/fetch_vocabs.sh fetches it), for the conformance fixture's model.
 mkdir -p "$G"/templates && cp .cache/vocab/templates/meta-llama-Llama-3.2-3B-Instruct.jinja "$G"/templates/

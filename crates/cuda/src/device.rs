@@ -82,7 +82,7 @@ impl Drop for Blas {
     }
 }
 
-/// Shape of the streamed one-token products ([`Gpu::stream`], v14, stream.cu).
+/// Shape of the streamed one-token products ([`Gpu::stream_mv`], v14, stream.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamCfg {
     /// Bytes of one shared-memory slot of a block's ring (a multiple of 128).
