@@ -7,8 +7,7 @@
 use std::time::Instant;
 
 use cuda::{
-    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, StreamCfg, SIDE_ONE, SIDE_ONE_NEXT,
-    SIDE_WIDE,
+    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, SIDE_ONE, SIDE_ONE_NEXT, SIDE_WIDE,
 };
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
@@ -257,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--ab-stream] [--stream-cfgs KB:S:W[:B];...]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -619,38 +618,6 @@ fn main() {
             }
         }
         b.set_attn_wp(w0);
-    }
-    // --ab-stream (session 12): one-token steps with the mvr products and the streamed ones
-    // (v14) under each --stream-cfgs form (StreamCfg::parse, `;` between them), alternating,
-    // three times over, in one process.
-    if args.iter().any(|a| a == "--ab-stream") {
-        let (s0, c0) = (b.gpu().stream_mv.get(), b.gpu().stream_cfg.get());
-        let cfgs: Vec<StreamCfg> = get("--stream-cfgs")
-            .map(|s| s.split(';').filter_map(StreamCfg::parse).collect())
-            .filter(|v: &Vec<StreamCfg>| !v.is_empty())
-            .unwrap_or_else(|| vec![c0]);
-        let forms: Vec<(bool, StreamCfg)> = std::iter::once((false, c0))
-            .chain(cfgs.iter().map(|c| (true, *c)))
-            .collect();
-        for round in 0..3 {
-            for (on, cfg) in &forms {
-                b.set_stream(*on, *cfg);
-                for d in [0usize, depth] {
-                    let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
-                    println!(
-                        "a/b stream round {round} on={on} cfg={}:{}:{}:{}: tg128 @ depth {d}: \
-                         {:.3} ms/token ({:.0} tok/s)",
-                        cfg.slot_bytes / 1024,
-                        cfg.slots,
-                        cfg.warps,
-                        cfg.blocks,
-                        m * 1e3 / 128.0,
-                        128.0 / m
-                    );
-                }
-            }
-        }
-        b.set_stream(s0, c0);
     }
     // --ab-skip (v11): the step with each kernel class left out (timing only: the results
     // of those steps are wrong), alternating with the full step, in one process: what each

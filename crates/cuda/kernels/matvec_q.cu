@@ -658,19 +658,20 @@ __device__ __forceinline__ void mvr_preload(const u8* const* wr, int units, MvrP
     }
 }
 
-// The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU)
-// whose weight rows start at wr[0] and wr[1] (in global memory, or a shared-memory copy: v14's
-// streamed products); `second`: whether row + 1 exists. With `use_pre`, `pre` holds its first
-// step's weights, loaded by mvr_preload.
+// The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU);
+// with `use_pre`, `pre` holds its first step's weights, loaded by mvr_preload.
 template <int T, bool GLU>
-__device__ __forceinline__ void mvr_pair(int row, const u8* const* wr, bool second, int r0,
-                                         int r1, int total, int units,
+__device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
+                                         const u8* __restrict__ w1, const u8* __restrict__ w2,
+                                         int r0, int r1, int total, int units, long long rb,
                                          const i8* __restrict__ aq, const float2* __restrict__ ad,
                                          float* y0, float* y1, float* y2, int accumulate,
                                          int qfmt, u32* qcnt, i8* qso, float2* dso,
                                          const RopeArgs* rp, const MvrPre<T>& pre,
                                          bool use_pre) {
     int lane = threadIdx.x & 31;
+    const u8* wr[2];
+    bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
     float acc[2] = {0.0f, 0.0f};
     int u = lane;
     if (use_pre) {
@@ -747,22 +748,6 @@ __device__ __forceinline__ void mvr_pair(int row, const u8* const* wr, bool seco
         float* y = g < r0 ? y0 + g : g < r0 + r1 ? y1 + (g - r0) : y2 + (g - r0 - r1);
         *y = accumulate ? *y + acc[s] : acc[s];
     }
-}
-
-// mvr_pair on the rows of pair `row` in the weight matrices w0, w1, w2 (mvr_ptrs).
-template <int T, bool GLU>
-__device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
-                                         const u8* __restrict__ w1, const u8* __restrict__ w2,
-                                         int r0, int r1, int total, int units, long long rb,
-                                         const i8* __restrict__ aq, const float2* __restrict__ ad,
-                                         float* y0, float* y1, float* y2, int accumulate,
-                                         int qfmt, u32* qcnt, i8* qso, float2* dso,
-                                         const RopeArgs* rp, const MvrPre<T>& pre,
-                                         bool use_pre) {
-    const u8* wr[2];
-    bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
-    mvr_pair<T, GLU>(row, wr, second, r0, r1, total, units, aq, ad, y0, y1, y2, accumulate, qfmt,
-                     qcnt, qso, dso, rp, pre, use_pre);
 }
 
 // v10: L2 prefetch of [p, p + bytes) by one warp (a hint, as prefetch_l2).

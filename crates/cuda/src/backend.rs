@@ -1206,14 +1206,6 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Whether one-token products take the streamed kernels (v14, [`Gpu::stream_mv`]) and
-    /// under which [`StreamCfg`]; drops captured graphs.
-    pub fn set_stream(&mut self, on: bool, cfg: crate::StreamCfg) {
-        self.gpu.stream_mv.set(on);
-        self.gpu.stream_cfg.set(cfg);
-        self.graphs.clear();
-    }
-
     /// Which steps ask L2 for the weights of products ahead from the side stream
     /// ([`Gpu::side_prefetch`]; bits [`SIDE_ONE`] and [`SIDE_WIDE`]); drops captured graphs.
     pub fn set_side_l2(&mut self, bits: u8) {

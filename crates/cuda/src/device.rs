@@ -82,63 +82,6 @@ impl Drop for Blas {
     }
 }
 
-/// Shape of the streamed one-token products ([`Gpu::stream_mv`], v14, stream.cu).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamCfg {
-    /// Bytes of one shared-memory slot of a block's ring (a multiple of 128).
-    pub slot_bytes: usize,
-    /// Slots in the ring (2 to 16).
-    pub slots: usize,
-    /// Consumer warps per block (1 to 16; one more warp copies the weights).
-    pub warps: usize,
-    /// Blocks per launch (0: one per SM).
-    pub blocks: usize,
-}
-
-impl Default for StreamCfg {
-    fn default() -> Self {
-        StreamCfg {
-            slot_bytes: 48 << 10,
-            slots: 4,
-            warps: 16,
-            blocks: 0,
-        }
-    }
-}
-
-impl StreamCfg {
-    /// Bytes of shared memory a block of these products holds (stream.cu: the barriers and
-    /// margins around the slots).
-    pub fn smem_bytes(&self) -> usize {
-        256 + self.slots * self.slot_bytes + 64
-    }
-
-    /// `slot KiB:slots:warps[:blocks]`, e.g. `48:4:16` (`CROSSOVER_CUDA_STREAM_CFG`); None
-    /// when out of range (more than 227 KiB of shared memory in all, among others).
-    pub fn parse(s: &str) -> Option<StreamCfg> {
-        let v: Vec<usize> = s
-            .split(':')
-            .map(|x| x.trim().parse().ok())
-            .collect::<Option<_>>()?;
-        let c = StreamCfg {
-            slot_bytes: v.first()? << 10,
-            slots: *v.get(1)?,
-            warps: *v.get(2)?,
-            blocks: v.get(3).copied().unwrap_or(0),
-        };
-        c.valid().then_some(c)
-    }
-
-    /// Whether the kernels can run with this shape.
-    pub fn valid(&self) -> bool {
-        self.slot_bytes >= 1024
-            && self.slot_bytes.is_multiple_of(128)
-            && (2..=16).contains(&self.slots)
-            && (1..=16).contains(&self.warps)
-            && self.smem_bytes() <= 227 << 10
-    }
-}
-
 /// How the side stream's kernels ask L2 for weights ([`Gpu::side_prefetch`], session 11).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SideCfg {
@@ -368,13 +311,6 @@ pub struct Gpu {
     /// positions): on unless `CROSSOVER_CUDA_ATTN_WP=0` (on the H200 the 64-sequence step
     /// 4.69 -> 4.31 ms, one-token steps unchanged, docs/perf/cuda.md "Version 13").
     pub attn_wp: std::cell::Cell<bool>,
-    /// One-token products stream their weights into shared memory (v14, stream.cu: a producer
-    /// warp per block copies the block's rows with bulk asynchronous copies from before the
-    /// wait on the kernel before; the same bits as the `mvr_*` kernels; sm_90 and later):
-    /// `CROSSOVER_CUDA_STREAM=1` turns them on.
-    pub stream_mv: std::cell::Cell<bool>,
-    /// Their shape (`CROSSOVER_CUDA_STREAM_CFG`, [`StreamCfg::parse`]).
-    pub stream_cfg: std::cell::Cell<StreamCfg>,
     /// Greedy argmax takes up to 64 blocks per row (`argmax_mb`, v11) rather than one
     /// (`argmax_rows`, whose threads walked ~125 logits each, one round trip after another):
     /// on unless `CROSSOVER_CUDA_ARGMAX_MB=0` (on the H200 tg128 1.549 -> 1.511 ms per token at
@@ -570,15 +506,6 @@ impl Gpu {
             argmax_ws: RefCell::new(None),
             attn_wp: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
-            ),
-            stream_mv: std::cell::Cell::new(
-                cc.0 >= 9 && std::env::var("CROSSOVER_CUDA_STREAM").as_deref() == Ok("1"),
-            ),
-            stream_cfg: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_STREAM_CFG")
-                    .ok()
-                    .and_then(|v| StreamCfg::parse(&v))
-                    .unwrap_or_default(),
             ),
         })
     }

@@ -152,23 +152,6 @@ impl RopeParams {
     }
 }
 
-/// The `RopeArgs` struct of matvec_q.cu: what a Q/K/V launch needs for RoPE and the KV store.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct RopeArgs {
-    pos: u64,
-    slot: u64,
-    factors: u64,
-    theta_scale: f32,
-    freq_scale: f32,
-    n_rot: i32,
-    hd: i32,
-    kv_row: i32,
-    pad: i32,
-    kc: u64,
-    vc: u64,
-}
-
 /// Head sizes the attention kernel is built for (32 x its lane width).
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
@@ -253,14 +236,6 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
-    }
-    for (_, t) in QTYPES {
-        v.push(format!("mvs_{t}"));
-        v.push(format!("mvs_swiglu_{t}"));
-    }
-    for (a, b) in QKV_PAIRS {
-        let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
-        v.push(format!("mvs2_{}_{}", name(a), name(b)));
     }
     v
 }
@@ -813,21 +788,6 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        if nt == 1 && self.stream_fits(ty, ty, cols, &[w, 0, 0]) {
-            let yy = [y; 3];
-            return self.mvs(
-                ty,
-                ty,
-                false,
-                [w, 0, 0],
-                [rows, 0, 0],
-                cols,
-                (qs, ds),
-                yy,
-                accumulate,
-                None,
-            );
-        }
         if nt == 1 && self.q6_half_fits(ty, cols) {
             return self.matvec_q6_half(w, rows, cols, qs, ds, y, accumulate);
         }
@@ -1659,6 +1619,20 @@ impl Gpu {
                 rope.n_rot
             )));
         }
+        #[repr(C)]
+        struct RopeArgs {
+            pos: u64,
+            slot: u64,
+            factors: u64,
+            theta_scale: f32,
+            freq_scale: f32,
+            n_rot: i32,
+            hd: i32,
+            kv_row: i32,
+            pad: i32,
+            kc: u64,
+            vc: u64,
+        }
         let rp = RopeArgs {
             pos,
             slot,
@@ -1681,23 +1655,6 @@ impl Gpu {
         let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
-        if matches!(act, ActIn::Quantized { .. })
-            && self.stream_fits(ty, tv.unwrap_or(ty), cols, &w)
-            && (rows[0] + rows[1]).is_multiple_of(2)
-        {
-            return self.mvs(
-                ty,
-                tv.unwrap_or(ty),
-                false,
-                w,
-                rows,
-                cols,
-                (qs, ds),
-                [yq; 3],
-                false,
-                Some(rp),
-            );
-        }
         if let Some(tv) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
             let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), name(tv), &act) else {
@@ -1725,81 +1682,6 @@ impl Gpu {
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
-        )
-    }
-
-    /// Whether one-token products of `ty` (the third matrix of a launch: `tv`) with rows of
-    /// `cols` take the streamed kernels (v14, stream.cu): [`Gpu::stream_mv`] on, a valid
-    /// [`Gpu::stream_cfg`] whose slot holds two rows of each type, and 16-byte aligned weights.
-    pub fn stream_fits(&self, ty: GgmlType, tv: GgmlType, cols: usize, w: &[u64; 3]) -> bool {
-        let cfg = self.stream_cfg.get();
-        let pair = |t: GgmlType| 2 * (cols / t.block_size()) * t.type_size() + 64;
-        self.stream_mv.get()
-            && self.cc.0 >= 9
-            && cfg.valid()
-            && qtype_index(ty).is_ok()
-            && (ty == tv || Self::qkv_mixed_fits(ty, tv))
-            && cols.is_multiple_of(ty.block_size())
-            && cols.is_multiple_of(tv.block_size())
-            && pair(ty).max(pair(tv)) <= cfg.slot_bytes
-            && w.iter().all(|p| p % 16 == 0)
-    }
-
-    /// One token's streamed product (v14, [`Gpu::stream_fits`]): `glu`, the SwiGLU of gate
-    /// `w[0]` and up `w[1]` (`rows[0]` each) into `y[0]`; else `y[i] (+)= W_i x` for up to
-    /// three matrices (`rows[0]`, `rows[1]` even when a matrix follows them; the third of type
-    /// `tv`), with RoPE and the KV store when `rope` is given (the Q/K/V launch, as
-    /// [`Gpu::matvec_q_qkv_rope`]). The same operations, so the same bits, as the `mvr_*`
-    /// launches.
-    #[allow(clippy::too_many_arguments)]
-    fn mvs(
-        &self,
-        ty: GgmlType,
-        tv: GgmlType,
-        glu: bool,
-        w: [u64; 3],
-        rows: [usize; 3],
-        cols: usize,
-        (qs, ds): (u64, u64),
-        y: [u64; 3],
-        accumulate: bool,
-        rope: Option<RopeArgs>,
-    ) -> Result<(), CudaError> {
-        let cfg = self.stream_cfg.get();
-        let tname = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
-        let name = if ty != tv {
-            format!("mvs2_{}_{}", tname(ty), tname(tv))
-        } else if glu {
-            format!("mvs_swiglu_{}", tname(ty))
-        } else {
-            format!("mvs_{}", tname(ty))
-        };
-        let id = self.kernel_id(&name)?;
-        let (w0, w1, w2) = (w[0], w[1], w[2]);
-        let (y0, y1, y2) = (y[0], y[1], y[2]);
-        let (r0, r1, r2) = (
-            i32_of(rows[0], "rows")?,
-            i32_of(rows[1], "rows")?,
-            i32_of(rows[2], "rows")?,
-        );
-        let (c, a) = (i32_of(cols, "cols")?, accumulate as i32);
-        let rp = rope.unwrap_or_default();
-        let on = rope.is_some() as i32;
-        let (sb, ns) = (
-            i32_of(cfg.slot_bytes, "slot bytes")?,
-            i32_of(cfg.slots, "slots")?,
-        );
-        let blocks = if cfg.blocks > 0 {
-            cfg.blocks
-        } else {
-            self.sms as usize
-        };
-        self.launch_id_smem(
-            id,
-            (u32_of(blocks, "blocks")?, 1, 1),
-            (32 * (cfg.warps as u32 + 1), 1, 1),
-            u32_of(cfg.smem_bytes(), "shared memory")?,
-            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, rp, on, sb, ns],
         )
     }
 
@@ -1945,14 +1827,6 @@ impl Gpu {
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
-        if matches!(act, ActIn::Quantized { .. })
-            && self.stream_fits(ty, ty, cols, &w)
-            && (r[1] == 0 || r[0] % 2 == 0)
-            && (r[2] == 0 || r[1] % 2 == 0)
-        {
-            let rows = [segs[0].1, r[1] as usize, r[2] as usize];
-            return self.mvs(ty, ty, false, w, rows, cols, (qs, ds), y, accumulate, None);
-        }
         let id = if self.mvr_lb4.get() {
             self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
         } else {
@@ -2086,24 +1960,6 @@ impl Gpu {
             None => (0, 0, 0, 0),
         };
         let (qs, ds, px, pw, eps) = act.args();
-        if quant.is_none()
-            && matches!(act, ActIn::Quantized { .. })
-            && self.stream_fits(ty, ty, cols, &[wg, wu, 0])
-        {
-            let w = [wg, wu, 0];
-            return self.mvs(
-                ty,
-                ty,
-                true,
-                w,
-                [rows, 0, 0],
-                cols,
-                (qs, ds),
-                [y; 3],
-                false,
-                None,
-            );
-        }
         let id = mvr_id(ty, true)?;
         let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(MVR_WARPS), &act)?;
         self.launch_id(

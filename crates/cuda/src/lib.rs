@@ -11,7 +11,7 @@ pub mod error;
 pub mod kernels;
 pub mod lt;
 
-pub use device::{available, DevBuf, Gpu, SideCfg, StreamCfg};
+pub use device::{available, DevBuf, Gpu, SideCfg};
 pub use error::CudaError;
 pub use lt::{GemmShape, GemmTuning};
 pub mod backend;

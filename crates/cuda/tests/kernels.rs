@@ -2,7 +2,7 @@
 //! math) on fresh random inputs. Skips, saying so, where no GPU is present.
 
 use cuda::kernels::{act_bytes, act_format, matrix_bytes, ActFormat, QTYPES, TYPES};
-use cuda::{DevBuf, Gpu, StreamCfg};
+use cuda::{DevBuf, Gpu};
 use gguf::GgmlType;
 use half::f16;
 use quant::dot::Isa;
@@ -575,10 +575,24 @@ fn matvec_q_multi_matches_cpu_scalar_vec_dot() {
             .unwrap();
         let mut ws = Vec::new();
         let mut want = Vec::new();
+        // Per row, the sum of |w_j x_j| over the dequantized weights: the scale of the float
+        // order's rounding (a row whose terms cancel has a small result but not a small error).
+        let mut mag = Vec::new();
         for &n in &rows {
-            let (q, _) = quantized(ty, &randn(&mut r, n * cols, 0.5));
+            let (q, d) = quantized(ty, &randn(&mut r, n * cols, 0.5));
             let rb = q.len() / n;
             let a = buf.row(0).unwrap();
+            mag.push(
+                (0..n)
+                    .map(|i| {
+                        let w = &d[i * cols..(i + 1) * cols];
+                        w.iter()
+                            .zip(&x)
+                            .map(|(&wj, &xj)| (wj as f64 * xj as f64).abs())
+                            .sum()
+                    })
+                    .collect::<Vec<f64>>(),
+            );
             want.push(
                 (0..n)
                     .map(|i| {
@@ -608,11 +622,20 @@ fn matvec_q_multi_matches_cpu_scalar_vec_dot() {
                     .zip(&y0[i])
                     .map(|(&a, &b)| if acc { a + b as f64 } else { a })
                     .collect();
-                let e = rel_err(&got, &w);
-                assert!(
-                    e < 5e-6,
-                    "{name} rows {rows:?} matrix {i} accumulate={acc}: relative error {e:e}"
-                );
+                // Same integer sums in another float order: each row within 1e-6 of the scale
+                // of its terms (and of the value it adds to). A wrong or missing 32-weight unit
+                // is ~1e-2 of that scale at 3072 columns. The relative error over the whole
+                // vector (rel_err) failed once on a single row whose terms nearly cancelled
+                // (5.8e-6 on q5_1, one row; session 13).
+                for (k, (&gk, &wk)) in got.iter().zip(&w).enumerate() {
+                    let scale = mag[i][k] + if acc { (y0[i][k] as f64).abs() } else { 0.0 };
+                    let d = (gk as f64 - wk).abs();
+                    assert!(
+                        gk.is_finite() && d <= 1e-6 * scale,
+                        "{name} rows {rows:?} matrix {i} row {k} accumulate={acc}: got {gk}, \
+                         want {wk}, difference {d:e} against the scale of its terms {scale:e}"
+                    );
+                }
             }
         }
     }
@@ -846,69 +869,6 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
             let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
             assert_eq!(a, b, "case {ci} V {vty}: V cache");
-            // v14: the streamed Q/K/V launches (one type, and V of another type in the same
-            // launch) give the same rotated Q and caches.
-            for cfg in STREAM_CFGS {
-                g.stream_mv.set(true);
-                g.stream_cfg.set(cfg);
-                let w3 = [wq.ptr(), wk.ptr(), wv.ptr()];
-                assert!(
-                    g.stream_fits(GgmlType::Q4K, vty, cols, &w3),
-                    "{cfg:?}: not streamed"
-                );
-                let q4 = poisoned(&g, rq);
-                let (kc4, vc4) = (
-                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
-                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
-                );
-                if vty == GgmlType::Q4K {
-                    g.matvec_q_qkv_rope(
-                        vty,
-                        w3,
-                        [rq, rk, rk],
-                        cols,
-                        qa.ptr(),
-                        da.ptr(),
-                        q4.ptr(),
-                        rope,
-                        pb.ptr(),
-                        sb.ptr(),
-                        hd,
-                        rk,
-                        kc4.ptr(),
-                        vc4.ptr(),
-                    )
-                } else {
-                    g.matvec_q_qkv_rope_mixed(
-                        GgmlType::Q4K,
-                        vty,
-                        w3,
-                        [rq, rk, rk],
-                        cols,
-                        qa.ptr(),
-                        da.ptr(),
-                        q4.ptr(),
-                        rope,
-                        pb.ptr(),
-                        sb.ptr(),
-                        hd,
-                        rk,
-                        kc4.ptr(),
-                        vc4.ptr(),
-                    )
-                }
-                .unwrap();
-                g.stream_mv.set(false);
-                for (what, a, b) in [("K cache", &kc1, &kc4), ("V cache", &vc1, &vc4)] {
-                    let a: Vec<u16> = g.download(a, 8 * rk).unwrap();
-                    let b: Vec<u16> = g.download(b, 8 * rk).unwrap();
-                    assert_eq!(a, b, "case {ci} V {vty} streamed {cfg:?}: {what}");
-                }
-                let a: Vec<u32> = g.download(&q1, rq).unwrap();
-                let b: Vec<u32> = g.download(&q4, rq).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} streamed {cfg:?}: rotated Q");
-            }
-            g.stream_cfg.set(StreamCfg::default());
             if !Gpu::qkv_mixed_fits(GgmlType::Q4K, vty) {
                 continue;
             }
@@ -3324,192 +3284,6 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.q6_half.set(false);
     g.mvr_lb4.set(false);
     g.mvq_pf.set(false);
-}
-
-/// Shapes of the streamed products the tests run (v14): a ring of two small slots in three
-/// blocks of three consumer warps (many chunks per block, every slot refilled many times), a
-/// small ring over every SM, and the default.
-const STREAM_CFGS: [StreamCfg; 3] = [
-    StreamCfg {
-        slot_bytes: 20 << 10,
-        slots: 2,
-        warps: 3,
-        blocks: 3,
-    },
-    StreamCfg {
-        slot_bytes: 20 << 10,
-        slots: 3,
-        warps: 16,
-        blocks: 0,
-    },
-    StreamCfg {
-        slot_bytes: 48 << 10,
-        slots: 4,
-        warps: 16,
-        blocks: 0,
-    },
-];
-
-/// v14: the streamed one-token products (weights copied into shared memory by a producer warp,
-/// stream.cu) give the `mvr` kernels' bits where those run (up to 4096 columns: plain,
-/// accumulating, SwiGLU, up to three matrices in one launch), and match the CPU's scalar
-/// `vec_dot` on the down projection's 8192-column rows, for every ring shape, on fresh random
-/// weights and activations.
-#[test]
-fn streamed_products_keep_the_mvr_bits() {
-    let Some(g) = gpu_or_skip("streamed_products") else {
-        return;
-    };
-    if g.cc.0 < 9 {
-        eprintln!(
-            "streamed_products: skipped, needs sm_90 (bulk copies), found {:?}",
-            g.cc
-        );
-        return;
-    }
-    let mut r = rng("streamed_products");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    for &(rows, cols) in &[
-        (37usize, 768usize),
-        (130, 3072),
-        (9, 4096),
-        (301, 256),
-        (37, 8192),
-    ] {
-        let x = randn(&mut r, cols, 1.0);
-        let xb = g.upload(&x).unwrap();
-        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_1, GgmlType::Q8_0] {
-            let Some(f) = cuda::kernels::act_format(ty) else {
-                continue;
-            };
-            let (qb, db) = act_bufs(&g, 1, cols);
-            g.quantize_act(xb.ptr(), 1, cols, f, qb.ptr(), db.ptr())
-                .unwrap();
-            let mut buf = quant::dot::ActBuf::new();
-            quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
-            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
-            let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
-            let (q3, _) = quantized(ty, &randn(&mut r, 2 * cols, 0.5));
-            let (w, wu, w3) = (
-                g.upload(&q).unwrap(),
-                g.upload(&qu).unwrap(),
-                g.upload(&q3).unwrap(),
-            );
-            let rb = q.len() / rows;
-            let want: Vec<f64> = (0..rows)
-                .map(|i| {
-                    let a = buf.row(0).unwrap();
-                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
-                        as f64
-                })
-                .collect();
-            let y0 = randn(&mut r, rows, 1.0);
-            // Plain, accumulating, SwiGLU, and three matrices in one launch (rows even, 2, odd).
-            let run = |stream: bool| {
-                g.stream_mv.set(stream);
-                let y = poisoned(&g, rows);
-                g.matvec_q(
-                    ty,
-                    w.ptr(),
-                    rows,
-                    cols,
-                    qb.ptr(),
-                    db.ptr(),
-                    1,
-                    y.ptr(),
-                    false,
-                )
-                .unwrap();
-                let ya = g.upload(&y0).unwrap();
-                g.matvec_q(
-                    ty,
-                    w.ptr(),
-                    rows,
-                    cols,
-                    qb.ptr(),
-                    db.ptr(),
-                    1,
-                    ya.ptr(),
-                    true,
-                )
-                .unwrap();
-                let ys = poisoned(&g, rows);
-                g.matvec_q_swiglu(
-                    ty,
-                    w.ptr(),
-                    wu.ptr(),
-                    rows,
-                    cols,
-                    qb.ptr(),
-                    db.ptr(),
-                    1,
-                    ys.ptr(),
-                )
-                .unwrap();
-                let (even, ym) = (rows & !1, poisoned(&g, (rows & !1) + 2 + rows));
-                let segs = [
-                    (wu.ptr(), even, ym.ptr()),
-                    (w3.ptr(), 2, ym.at(4 * even)),
-                    (w.ptr(), rows, ym.at(4 * (even + 2))),
-                ];
-                let multi = cols <= 4096;
-                if multi {
-                    g.matvec_q_multi(ty, &segs, cols, qb.ptr(), db.ptr(), false)
-                        .unwrap();
-                }
-                g.stream_mv.set(false);
-                let dl = |b: &DevBuf, n| -> Vec<f32> { g.download(b, n).unwrap() };
-                let m = if multi {
-                    dl(&ym, even + 2 + rows)
-                } else {
-                    vec![]
-                };
-                (dl(&y, rows), dl(&ya, rows), dl(&ys, rows), m)
-            };
-            let reference = run(false);
-            for cfg in STREAM_CFGS {
-                g.stream_cfg.set(cfg);
-                let case = format!("{ty} {rows}x{cols} {cfg:?}");
-                assert!(
-                    g.stream_fits(ty, ty, cols, &[w.ptr(), wu.ptr(), w3.ptr()]),
-                    "{case}: not streamed"
-                );
-                let (got, acc, glu, multi) = run(true);
-                let e = rel_err(&got, &want);
-                assert!(e < 5e-6, "{case}: relative error {e:e}");
-                let want2: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
-                let e = rel_err(&acc, &want2);
-                assert!(e < 5e-6, "{case} accumulate: relative error {e:e}");
-                assert!(
-                    glu.iter().all(|v| v.is_finite()),
-                    "{case} swiglu: unwritten rows"
-                );
-                assert!(
-                    multi.iter().all(|v| v.is_finite()),
-                    "{case} three: unwritten rows"
-                );
-                if cols <= 4096 {
-                    assert_eq!(bits(&got), bits(&reference.0), "{case}: not the mvr bits");
-                    assert_eq!(
-                        bits(&acc),
-                        bits(&reference.1),
-                        "{case} accumulate: not the mvr bits"
-                    );
-                    assert_eq!(
-                        bits(&glu),
-                        bits(&reference.2),
-                        "{case} swiglu: not the mvr bits"
-                    );
-                    assert_eq!(
-                        bits(&multi),
-                        bits(&reference.3),
-                        "{case} three: not the mvr bits"
-                    );
-                }
-            }
-        }
-    }
-    g.stream_cfg.set(StreamCfg::default());
 }
 
 /// v11: the one-token RMSNorm a warp per group (`rms_norm1`) gives `rms_norm`'s bits (f32 row,
