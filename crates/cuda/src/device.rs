@@ -953,6 +953,105 @@ impl Gpu {
         self.prof_mark(name)
     }
 
+    /// Blocks of `threads` threads and `smem` bytes of dynamic shared memory of kernel `id`
+    /// that one multiprocessor holds at once (0: none fits). Raises the kernel's dynamic
+    /// shared-memory limit to `smem` first.
+    pub(crate) fn blocks_per_sm_smem(
+        &self,
+        id: usize,
+        threads: u32,
+        smem: u32,
+    ) -> Result<usize, CudaError> {
+        use cudarc::driver::sys;
+        let f = self
+            .funcs
+            .get(id)
+            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
+        // SAFETY: a valid function handle of this context; the attribute takes a byte count.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f.cu_function(),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+        }
+        .result()
+        .map_err(drv("cuFuncSetAttribute"))?;
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: a valid function handle of this context and a live out-pointer.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f.cu_function(),
+                threads as std::ffi::c_int,
+                smem as usize,
+            )
+        }
+        .result()
+        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Launch kernel number `id` as a cooperative grid (every block resident at once, which
+    /// the driver checks: a grid that cannot be is refused, never left waiting), without
+    /// programmatic dependent launch: the persistent decode kernel's blocks wait for each
+    /// other (persist.cu), so it must not start before the kernel ahead of it ends.
+    pub(crate) fn launch_coop(
+        &self,
+        id: usize,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        let f = self
+            .funcs
+            .get(id)
+            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
+        let name = self.names.get(id).map_or("?", String::as_str);
+        if self
+            .skip
+            .borrow()
+            .iter()
+            .any(|p| name.starts_with(p.as_str()))
+        {
+            return Ok(());
+        }
+        // SAFETY: an all-zero launch attribute is a valid (empty) value; the fields set below
+        // are the id and the one union member that id reads.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr.value.cooperative = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the argument list matches the kernel's C signature (the launch site in
+        // kernels.rs mirrors the .cu declaration), every pointer it carries is a live device
+        // buffer, `cfg` and `attr` outlive the call, and the dynamic shared-memory limit was
+        // raised by blocks_per_sm_smem before the first launch.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(drv(format!("launching {name}")))?;
+        self.prof_mark(name)
+    }
+
     /// `C[n, m] (+)= A[n, k] * W[m, k]^T` with f16 `W` (row-major `m x k`) and f16 `A` (row-major
     /// `n x k`), f32 output and accumulation (tensor cores). `beta` 1 adds into `C`.
     #[allow(clippy::too_many_arguments)]

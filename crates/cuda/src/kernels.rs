@@ -237,6 +237,8 @@ pub fn all_kernel_names() -> Vec<String> {
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
     }
+    v.push("pdec_d2".into());
+    v.push("pdec_d4".into());
     v
 }
 
@@ -2652,5 +2654,137 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// Weight types the persistent one-token decode kernel takes (`PD_SWITCH` in persist.cu), with
+/// their codes there (`T_*` in quant.cu).
+pub const PERSIST_TYPES: [(GgmlType, i32); 6] = [
+    (GgmlType::Q4_0, 3),
+    (GgmlType::Q4_1, 4),
+    (GgmlType::Q8_0, 7),
+    (GgmlType::Q4K, 10),
+    (GgmlType::Q5K, 11),
+    (GgmlType::Q6K, 12),
+];
+
+/// The code of `ty` in the persistent decode kernel, if it takes that type.
+pub fn persist_type(ty: GgmlType) -> Option<i32> {
+    PERSIST_TYPES.iter().find(|p| p.0 == ty).map(|p| p.1)
+}
+
+/// Clock marks per layer the persistent kernel records when asked (`PD_MARKS`).
+pub const PERSIST_MARKS: usize = 10;
+/// Threads per block of the persistent decode kernel (`PD_THREADS`: three groups of 128).
+pub const PERSIST_THREADS: u32 = 384;
+/// Widest activation row the persistent decode kernel prepares (`MVR_PREP_MAX`).
+pub const PERSIST_MAX_COLS: usize = MVR_PREP_MAX;
+
+/// One layer's device pointers for the persistent decode kernel (`PdLayer` in persist.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PdLayer {
+    pub wq: u64,
+    pub wk: u64,
+    pub wv: u64,
+    pub wo: u64,
+    pub wg: u64,
+    pub wu: u64,
+    pub wd: u64,
+    /// RMSNorm weights before attention and before the feed-forward block.
+    pub attn_norm: u64,
+    pub ffn_norm: u64,
+    /// The layer's K and V caches (f16).
+    pub kc: u64,
+    pub vc: u64,
+    /// Type codes ([`persist_type`]) of Q and K, V, O, gate and up, down.
+    pub tq: i32,
+    pub tv: i32,
+    pub to: i32,
+    pub tg: i32,
+    pub td: i32,
+    pub pad: i32,
+}
+
+/// Everything the persistent decode kernel reads (`PdArgs` in persist.cu, field for field).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PdArgs {
+    /// Device array of `n_layer` [`PdLayer`].
+    pub layers: u64,
+    pub pos: u64,
+    pub slot: u64,
+    pub tok_seq: u64,
+    pub btab: u64,
+    pub factors: u64,
+    /// Residual row (f32, `e`), updated in place.
+    pub x: u64,
+    /// Rotated query (f32, `qd`).
+    pub q: u64,
+    /// Attention slices (`nh * n_split * (hd + 2)` f32).
+    pub part: u64,
+    /// Merged attention output (f32, `qd`).
+    pub att: u64,
+    /// SwiGLU output (f32, `ff`).
+    pub g: u64,
+    /// The down projection's quantized activation and its scales.
+    pub aq2: u64,
+    pub ad2: u64,
+    /// Zeroed counters: `ff / 256` group counters, `nkv` slice counters, two barrier words.
+    pub qcnt: u64,
+    pub acnt: u64,
+    pub bar: u64,
+    /// Diagnostics (0: none): `n_layer * PERSIST_MARKS` i64, block 0's clock at phase marks.
+    pub prof: u64,
+    pub eps: f32,
+    pub scale: f32,
+    pub theta_scale: f32,
+    pub freq_scale: f32,
+    pub n_layer: i32,
+    pub e: i32,
+    pub qd: i32,
+    pub kvd: i32,
+    pub ff: i32,
+    pub nh: i32,
+    pub nkv: i32,
+    pub n_rot: i32,
+    pub hd: i32,
+    pub max_blocks: i32,
+    pub bt: i32,
+    pub n_split: i32,
+    /// Bit 0: L2 prefetches of later phases' weights; bit 1: also the first layer's Q/K/V.
+    pub flags: i32,
+}
+
+impl Gpu {
+    /// The persistent decode kernel for head size `hd`: (kernel id, blocks, dynamic shared
+    /// memory), one block per multiprocessor, or None where a multiprocessor cannot hold one.
+    pub fn persist_plan(&self, hd: usize) -> Result<Option<(usize, u32, u32)>, CudaError> {
+        let name = match hd {
+            64 => "pdec_d2",
+            128 => "pdec_d4",
+            _ => return Ok(None),
+        };
+        let id = self.kernel_id(name)?;
+        // Three groups' two stages of K and V tiles (64 rows of hd + 8 halves each).
+        let smem = (3 * 2 * 2 * 64 * (hd + 8) * 2) as u32;
+        if self.blocks_per_sm_smem(id, PERSIST_THREADS, smem)? < 1 {
+            return Ok(None);
+        }
+        Ok(Some((id, self.sms, smem)))
+    }
+
+    /// Every layer of a one-token decode step in one cooperative launch (persist.cu, v15):
+    /// `plan` from [`Gpu::persist_plan`], `a` the step's buffers and shapes.
+    pub fn persist_decode(&self, plan: (usize, u32, u32), a: &PdArgs) -> Result<(), CudaError> {
+        let (id, grid, smem) = plan;
+        if a.n_split < 1 || a.n_layer < 1 || a.e % 2 != 0 || (a.qd + 2 * a.kvd) % 2 != 0 {
+            return Err(CudaError::Arg(format!(
+                "persistent decode: {} splits, {} layers, widths {} / {} / {}",
+                a.n_split, a.n_layer, a.e, a.qd, a.kvd
+            )));
+        }
+        let args = *a;
+        self.launch_coop(id, grid, PERSIST_THREADS, smem, kargs![args])
     }
 }
