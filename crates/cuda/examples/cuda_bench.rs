@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--ab-persist] [--persist-flags a,b]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -343,82 +343,6 @@ fn main() {
             m * 1e3 / 128.0,
             128.0 / m
         );
-    }
-    // --ab-persist (v15, session 14): one-token steps through the launch chain and through the
-    // persistent kernel (under each --persist-flags value, default 1), alternating, three
-    // times over, in one process.
-    if args.iter().any(|a| a == "--ab-persist") {
-        let flags: Vec<i32> = get("--persist-flags")
-            .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-            .unwrap_or_else(|| vec![1]);
-        let (fits, on0, _) = b.persist_state();
-        println!("persist: model fits the persistent kernel: {fits}");
-        for round in 0..3 {
-            let mut modes = vec![(false, 0)];
-            modes.extend(flags.iter().map(|&f| (true, f)));
-            for &(on, f) in &modes {
-                b.set_persist(on, f);
-                for d in [0usize, depth] {
-                    let (m, jt) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
-                    println!(
-                        "a/b persist round {round} on={on} flags={f}: tg128 @ depth {d}: {:.3} \
-                         ms/token ({:.0} tok/s), GPU energy {jt}",
-                        m * 1e3 / 128.0,
-                        128.0 / m
-                    );
-                }
-            }
-        }
-        // CROSSOVER_CUDA_PERSIST_PROF=1: where block 0's time goes in one step at each depth
-        // (clock cycles between the kernel's marks, summed over layers).
-        for d in [0usize, depth] {
-            b.set_persist(true, *flags.first().unwrap_or(&1));
-            let _ = tg128(&mut b, &power, &mut toks, &mut seq, d, 2);
-            if let Ok(v) = b.persist_profile() {
-                let m = cuda::kernels::PERSIST_MARKS;
-                if v.len() >= m {
-                    let names = [
-                        "qkv", "bar1", "attn", "bar2", "o", "bar3", "gu", "bar4", "down",
-                    ];
-                    let mut sums = vec![0i64; m - 1];
-                    let mut total = 0i64;
-                    for l in v.chunks(m) {
-                        for k in 0..m - 1 {
-                            sums[k] += l[k + 1] - l[k];
-                        }
-                        total += l[m - 1] - l[0];
-                    }
-                    let layers = v.len() / m;
-                    let mut line =
-                        format!("persist profile @ depth {d} ({layers} layers, cycles per layer):");
-                    for (k, nm) in names.iter().enumerate() {
-                        line += &format!(" {nm} {}", sums[k] / layers as i64);
-                    }
-                    // The barrier after down is between layers: the next layer's first mark.
-                    let gaps: i64 = v
-                        .chunks(m)
-                        .zip(v.chunks(m).skip(1))
-                        .map(|(a, c)| c[0] - a[m - 1])
-                        .sum();
-                    line += &format!(
-                        " bar5 {} | layer {}",
-                        gaps / (layers as i64 - 1).max(1),
-                        total / layers as i64
-                    );
-                    println!("{line}");
-                }
-            }
-        }
-        if let (_, _, Some(why)) = b.persist_state() {
-            println!("persist: turned off at run time: {why}");
-        }
-        println!(
-            "persist: graph failure: {:?}; steps {} from graphs, {} eager",
-            b.graph_failure(),
-            b.stats.graph_steps,
-            b.stats.eager_steps
-        );
-        b.set_persist(on0, 1);
     }
     // Per-kernel bandwidth of the one-token products, and (--ab) the v6 decode kernels and
     // programmatic dependent launch each switched off, same binary, same file.

@@ -442,19 +442,12 @@ __device__ __forceinline__ void dec_tile_softmax(const u32 (&qa)[HD / 16][4], co
 // The four warps' (m, l, o) of the G heads merged through shared memory `so` ([4][8][HD]
 // floats; the caller has synchronized after its last read of that space) into this split's
 // slice of `part`: [m, l, o[0..HD]] per (token, head, split).
-// `sync`, `tid` and `nthr`: the barrier and thread numbers of the block (or, in the persistent
-// decode kernel, of the 128-thread group doing this work).
-template <int HD, class Sync = BlockSync>
-__device__ __forceinline__ void dec_merge_warps(float* so, float (*sm)[8], float (*sl)[8],
+template <int HD>
+__device__ __forceinline__ void dec_merge_warps(float* so, float (&sm)[4][8], float (&sl)[4][8],
                                                 float m0, float l0, const float (&o)[HD / 8][4],
                                                 int G, int warp, int g, int c, float* part, int t,
                                                 int n_head, int kvh, int n_split, int s,
-                                                float* direct = nullptr, Sync sync = Sync(),
-                                                int tid = -1, int nthr = 0) {
-    if (tid < 0) {
-        tid = threadIdx.x;
-        nthr = blockDim.x;
-    }
+                                                float* direct = nullptr) {
     if (g < G) {
         if (c == 0) { sm[warp][g] = m0; sl[warp][g] = l0; }
 #pragma unroll
@@ -463,8 +456,8 @@ __device__ __forceinline__ void dec_merge_warps(float* so, float (*sm)[8], float
             so[(warp * 8 + g) * HD + n * 8 + 2 * c + 1] = o[n][1];
         }
     }
-    sync();
-    for (int e = tid; e < G * HD; e += nthr) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
         int r = e / HD, d = e % HD;
         float M = NEG_INF;
         for (int w = 0; w < 4; w++) M = fmaxf(M, sm[w][r]);

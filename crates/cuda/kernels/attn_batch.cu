@@ -35,28 +35,25 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* smem) {
 // slices, then L and A summed in slice order, A / L (the same bits as attn_combine with
 // split_len 0). Loads of MC slices go out together; ld_cg reads the other blocks' slices from
 // L2. Every thread of the block calls it after its own slice is written.
-// `last` is one int of shared memory; `sync`, `tid`, `nthr` as for dec_merge_warps.
-template <int HD, class Sync>
+template <int HD>
 __device__ __forceinline__ void ab_merge_slices(const float* part, float* merged, u32* cnt, int t,
                                                 int kvh, int G, int n_head, int n_kv, int n_split,
-                                                int ns, int* last, Sync sync, int tid, int nthr) {
+                                                int ns) {
+    __shared__ int last;
     ns = min(n_split, ns);
     __threadfence();
-    sync();
-    if (tid == 0) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
         u32* cp = cnt + (long long)t * n_kv + kvh;
         u32 old = atomicAdd(cp, 1u);
-        *last = old + 1 == (u32)ns;
-        if (*last) *cp = 0u;
+        last = old + 1 == (u32)ns;
+        if (last) *cp = 0u;
     }
-    sync();
-    bool mine = *last != 0;
-    // Every thread has read the flag before the group's next use of it.
-    sync();
-    if (!mine) return;
+    __syncthreads();
+    if (!last) return;
     __threadfence();
     constexpr int MC = 8;
-    for (int e = tid; e < G * HD; e += nthr) {
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
         int r = e / HD, d = e % HD, h = kvh * G + r;
         const float* pp = part + ((long long)t * n_head + h) * n_split * (HD + 2);
         float M = NEG_INF;
@@ -105,24 +102,19 @@ __device__ __forceinline__ void ab_merge_slices(const float* part, float* merged
 //
 // MERGE (v9, attn_batchm_d*): the last block of (token, KV head) to finish merges the slices of
 // its G heads into merged[t, h*HD + d] (ab_merge_slices), so steps need no attn_combine launch.
-//
-// The work of one (token t, KV head kvh, split s of n_split) by a group of 128 threads (`tid`
-// 0..127 within it, `sync` its barrier, `sm`/`sl`/`last` its own shared scratch): the kernels
-// below pass the block (blockIdx, __syncthreads); the persistent decode kernel (persist.cu) a
-// named-barrier group of its block.
-template <int HD, bool EARLY, bool MERGE, bool WP, class Sync>
-__device__ void attn_group_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
+template <int HD, bool EARLY, bool MERGE, bool WP>
+__device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, const int* tok_pos,
                                 const int* tok_seq, const int* btab, int max_blocks, int bt,
                                 int n_head, int n_kv, float scale, float* part, u16* sh,
-                                float* merged, u32* cnt, float* direct, int t, int kvh, int s,
-                                int n_split, int tid, Sync sync, float (*sm)[8], float (*sl)[8],
-                                int* last) {
+                                float* merged, u32* cnt, float* direct) {
     constexpr int KS = HD + 8, CH = HD / 8;
     constexpr int TILE = FA_BK * KS;  // halves per K (or V) tile
     u16* Ks = sh;                          // [AB_STAGES][FA_BK][KS]
     u16* Vs = sh + AB_STAGES * TILE;       // [AB_STAGES][FA_BK][KS]
+    __shared__ float sm[4][8], sl[4][8];
+    int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_split = gridDim.z;
     int G = n_head / n_kv;
-    int lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, c = lane & 3;
     int len = tok_pos[t] + 1;
     int slen = ab_slice(len, n_split);
@@ -234,7 +226,7 @@ __device__ void attn_group_impl(const float* q, const u16* kc, const u16* vc, co
             *(uint4*)(Vs + stage * TILE + pr * KS + li * 8) = ownv;
         }
         if (WP) __syncwarp();
-        else sync();
+        else __syncthreads();
         int base = p0 + tile * FA_BK;
         u32 pa[4];
         dec_tile_softmax<HD, KS>(qa, K, base, p1, scale, warp, g, c, m0, l0, o, pa);
@@ -250,35 +242,20 @@ __device__ void attn_group_impl(const float* q, const u16* kc, const u16* vc, co
             mma_16816(o[n + 1], pa, b[2], b[3]);
         }
         if (WP) __syncwarp();
-        else sync();
+        else __syncthreads();
     }
     // The warps' results go through shared memory over the K stages: every warp's last read
     // of them comes first (the non-WP loop ends on a block barrier already).
-    if (WP) sync();
+    if (WP) __syncthreads();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     float* so = (float*)sh;  // [4][8][HD] floats, within the K stages
     // `direct` (one split only): the merged output itself, no attn_combine launch after.
-    dec_merge_warps<HD, Sync>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split,
-                              s, n_split == 1 ? direct : nullptr, sync, tid, 128);
+    dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s,
+                        n_split == 1 ? direct : nullptr);
     if (MERGE)
-        ab_merge_slices<HD, Sync>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
-                                  (len + slen - 1) / slen, last, sync, tid, 128);
-}
-
-template <int HD, bool EARLY, bool MERGE, bool WP>
-__device__ __forceinline__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc,
-                                                const int* tok_pos, const int* tok_seq,
-                                                const int* btab, int max_blocks, int bt,
-                                                int n_head, int n_kv, float scale, float* part,
-                                                u16* sh, float* merged, u32* cnt,
-                                                float* direct) {
-    __shared__ float sm[4][8], sl[4][8];
-    __shared__ int last;
-    attn_group_impl<HD, EARLY, MERGE, WP, BlockSync>(
-        q, kc, vc, tok_pos, tok_seq, btab, max_blocks, bt, n_head, n_kv, scale, part, sh, merged,
-        cnt, direct, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z, threadIdx.x, BlockSync(), sm,
-        sl, &last);
+        ab_merge_slices<HD>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
+                            (len + slen - 1) / slen);
 }
 
 // attn_batch_d*: every step of more than one token (and one-token steps without the early

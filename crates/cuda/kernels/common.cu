@@ -32,18 +32,6 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_launch(); \
     } while (0)
 
-// A barrier over the threads that share a piece of work: the whole block (__syncthreads), or
-// (the persistent decode kernel, persist.cu) a named barrier over a group of `n` threads.
-struct BlockSync {
-    __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-struct NamedSync {
-    int id, n;
-    __device__ __forceinline__ void operator()() const {
-        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-    }
-};
-
 // One step of a (value, index) argmax: the larger value wins, the lower index among equals, and
 // a NaN never wins (every comparison with it is false).
 __device__ __forceinline__ void argmax_take(float& best, int& bi, float v, int i) {
@@ -140,30 +128,22 @@ __device__ __forceinline__ double block_sum_d(double v, double* sh) {
 // v9: each thread's loads (up to 16) are issued together before the ordered sum (one L2 round
 // trip for a 3072-wide row at 256 threads instead of three); the order of the additions and so
 // the bits are unchanged (and x * x is exact in f64, so contraction cannot move them).
-// rms_scale_n: the order of `nt` threads (nt <= blockDim.x, a multiple of 32): threads from nt
-// on add nothing (block_sum_d's second stage then adds exact zeros, so a larger block gets the
-// bits nt threads get).
-__device__ __forceinline__ float rms_scale_n(const float* xr, int n, float eps, double* sh,
-                                             int nt) {
+__device__ __forceinline__ float rms_scale(const float* xr, int n, float eps, double* sh) {
     double s = 0.0;
-    int tid = threadIdx.x < (unsigned)nt ? (int)threadIdx.x : n;
-    for (int c0 = tid; c0 < n; c0 += 16 * nt) {
+    for (int c0 = threadIdx.x; c0 < n; c0 += 16 * blockDim.x) {
         float v[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            int c = c0 + i * nt;
+            int c = c0 + i * blockDim.x;
             v[i] = c < n ? xr[c] : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < 16; i++)
-            if (c0 + i * nt < n) s += (double)v[i] * (double)v[i];
+            if (c0 + i * (int)blockDim.x < n) s += (double)v[i] * (double)v[i];
     }
     s = block_sum_d(s, sh);
     float mean = (float)(s / (double)n);
     return 1.0f / sqrtf(mean + eps);
-}
-__device__ __forceinline__ float rms_scale(const float* xr, int n, float eps, double* sh) {
-    return rms_scale_n(xr, n, eps, sh, (int)blockDim.x);
 }
 
 // A load that skips L1 (data other blocks of the running kernel wrote, after a fence).

@@ -584,15 +584,11 @@ struct RopeArgs {
 // quantize_act does (quant_group_vals: a warp per 256-element group). The row is read from L2
 // by every block (12 KB for 3072 columns), which is why the fused launches give each warp
 // several row pairs (`loops`) rather than one.
-// x is not __restrict__: the persistent decode kernel (persist.cu) reads rows that other blocks
-// of the same launch wrote, which the read-only data path must not serve. A block of more than
-// 256 threads sums the squares in the order of 256 (rms_scale_n), so its bits are the same.
 template <int T>
-__device__ __forceinline__ void mvr_prep(const float* x, const float* __restrict__ nw,
+__device__ __forceinline__ void mvr_prep(const float* __restrict__ x, const float* __restrict__ nw,
                                          float eps, int n, i8* sq, float2* sd, double* shd) {
     constexpr int fmt = Q<T>::BE == 256 ? ACT_Q8_K : ACT_Q8_32;
-    float scale = nw ? rms_scale_n(x, n, eps, shd, blockDim.x < 256 ? (int)blockDim.x : 256)
-                     : 1.0f;
+    float scale = nw ? rms_scale(x, n, eps, shd) : 1.0f;
     int lane = threadIdx.x & 31;
     for (int g = threadIdx.x >> 5; g * 256 < n; g += blockDim.x >> 5) {
         int c0 = g * 256 + lane * 8;

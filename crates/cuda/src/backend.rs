@@ -309,29 +309,7 @@ pub struct CudaBackend {
     /// Why tuning the batched products at load failed, if it did (cuBLASLt is then left off
     /// and the products run on `cublasGemmEx`, as before v10).
     lt_failed: Option<String>,
-    /// v15 (session 14): what the persistent one-token decode kernel needs, where the model
-    /// fits it ([`CudaBackend::persist_setup`]).
-    persist: Option<Persist>,
-    /// One-token steps run every layer in the persistent kernel ([`Gpu::persist_decode`]):
-    /// `CROSSOVER_CUDA_PERSIST=1` (off by default until measured), [`CudaBackend::set_persist`].
-    persist_on: bool,
-    /// Its `flags` ([`kernels::PdArgs::flags`]): `CROSSOVER_CUDA_PERSIST_FLAGS`, default 1.
-    persist_flags: i32,
-    /// Why the persistent kernel was turned off at run time, if it was.
-    persist_failed: Option<String>,
     gpu: Gpu,
-}
-
-/// The persistent decode kernel's launch plan and its own device data.
-struct Persist {
-    plan: (usize, u32, u32),
-    /// [`kernels::PdLayer`] of every layer.
-    table: DevBuf,
-    /// Two barrier words and `n_kv` slice counters, zeroed (the kernel leaves them so).
-    bar: DevBuf,
-    acnt: DevBuf,
-    /// Clock marks of the last step (`CROSSOVER_CUDA_PERSIST_PROF=1`).
-    prof: Option<DevBuf>,
 }
 
 /// Counters of how steps ran.
@@ -752,16 +730,8 @@ impl CudaBackend {
                 .unwrap_or(0),
             tuned: Vec::new(),
             lt_failed: None,
-            persist: None,
-            persist_on: std::env::var("CROSSOVER_CUDA_PERSIST").as_deref() == Ok("1"),
-            persist_flags: std::env::var("CROSSOVER_CUDA_PERSIST_FLAGS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1),
-            persist_failed: None,
             gpu,
         };
-        be.persist = be.persist_setup()?;
         // v10: the batched decode products' algorithms are chosen here, not in a step.
         // A failure there (e.g. no memory for the timing scratch) costs the tuned algorithms,
         // not the load.
@@ -787,11 +757,6 @@ impl CudaBackend {
     /// e.g. to time them one by one with [`Gpu::profile_start`]).
     pub fn set_graphs(&mut self, on: bool) {
         self.opts.graphs = on;
-    }
-
-    /// Whether decode steps replay captured graphs ([`CudaBackend::set_graphs`]).
-    pub fn graphs_on(&self) -> bool {
-        self.opts.graphs
     }
 
     /// Install (or remove) a hook that sees every traced intermediate tensor of the following
@@ -1246,170 +1211,6 @@ impl CudaBackend {
     pub fn set_side_l2(&mut self, bits: u8) {
         self.side_l2 = bits;
         self.graphs.clear();
-    }
-
-    /// Run one-token steps in the persistent decode kernel (v15) where the model fits it;
-    /// drops captured graphs. Returns whether it now does.
-    pub fn set_persist(&mut self, on: bool, flags: i32) -> bool {
-        self.persist_on = on;
-        self.persist_flags = flags;
-        self.graphs.clear();
-        on && self.persist.is_some()
-    }
-
-    /// Whether the model fits the persistent decode kernel, and why it was turned off at run
-    /// time if it was.
-    pub fn persist_state(&self) -> (bool, bool, Option<&str>) {
-        (
-            self.persist.is_some(),
-            self.persist_on,
-            self.persist_failed.as_deref(),
-        )
-    }
-
-    /// The persistent decode kernel's table and counters, if every layer fits it: Llama-style
-    /// layers (no biases, adjacent RoPE pairs), every matrix on the device in a type it takes
-    /// (Q and K one type, V of the same activation format), rows at most
-    /// [`kernels::PERSIST_MAX_COLS`] wide where it prepares the activation, head size 64 or
-    /// 128, and a multiprocessor able to hold its block.
-    fn persist_setup(&self) -> Result<Option<Persist>, CudaError> {
-        let cfg = &self.cfg;
-        let (e, qd, kvd, ff, hd) = (
-            cfg.n_embd,
-            cfg.n_embd_q(),
-            cfg.n_embd_kv(),
-            cfg.n_ff,
-            cfg.head_dim,
-        );
-        let (nh, nkv) = (cfg.n_head, cfg.n_head_kv);
-        let shapes_ok = cfg.rope_style != RopeStyle::Neox
-            && (hd == 64 || hd == 128)
-            && nkv > 0
-            && nh.is_multiple_of(nkv)
-            && nh / nkv <= 8
-            && e <= kernels::PERSIST_MAX_COLS
-            && qd <= kernels::PERSIST_MAX_COLS
-            && e.is_multiple_of(32)
-            && qd.is_multiple_of(32)
-            && ff.is_multiple_of(32)
-            && self.opts.block_tokens.is_multiple_of(16)
-            && cfg.n_rot <= hd
-            && cfg.n_rot.is_multiple_of(2)
-            && !self.layers.is_empty();
-        if !shapes_ok {
-            return Ok(None);
-        }
-        let ty = |m: &Mat| kernels::persist_type(m.ty).filter(|_| m.host.is_none());
-        let mut table = Vec::with_capacity(self.layers.len());
-        for (li, l) in self.layers.iter().enumerate() {
-            let t = [ty(&l.wq), ty(&l.wv), ty(&l.wo), ty(&l.gate), ty(&l.down)];
-            let fits = t.iter().all(Option::is_some)
-                && l.bq.is_none()
-                && l.bk.is_none()
-                && l.bv.is_none()
-                && l.wk.ty == l.wq.ty
-                && l.wk.host.is_none()
-                && l.up.ty == l.gate.ty
-                && l.up.host.is_none()
-                && kernels::act_format(l.wv.ty) == kernels::act_format(l.wq.ty)
-                && (l.wq.rows, l.wq.cols, l.wk.rows, l.wv.rows) == (qd, e, kvd, kvd)
-                && (l.wo.rows, l.wo.cols) == (e, qd)
-                && (l.gate.rows, l.gate.cols, l.up.rows) == (ff, e, ff)
-                && (l.down.rows, l.down.cols) == (e, ff);
-            if !fits {
-                return Ok(None);
-            }
-            let [tq, tv, to, tg, td] = t.map(|c| c.unwrap_or(0));
-            table.push(kernels::PdLayer {
-                wq: l.wq.q.ptr(),
-                wk: l.wk.q.ptr(),
-                wv: l.wv.q.ptr(),
-                wo: l.wo.q.ptr(),
-                wg: l.gate.q.ptr(),
-                wu: l.up.q.ptr(),
-                wd: l.down.q.ptr(),
-                attn_norm: l.attn_norm.ptr(),
-                ffn_norm: l.ffn_norm.ptr(),
-                kc: self.kc[li].ptr(),
-                vc: self.vc[li].ptr(),
-                tq,
-                tv,
-                to,
-                tg,
-                td,
-                pad: 0,
-            });
-        }
-        let Some(plan) = self.gpu.persist_plan(hd)? else {
-            return Ok(None);
-        };
-        Ok(Some(Persist {
-            plan,
-            table: self.gpu.upload(&table)?,
-            bar: self.gpu.alloc_zeroed(8)?,
-            acnt: self.gpu.alloc_zeroed(nkv * 4)?,
-            prof: if std::env::var("CROSSOVER_CUDA_PERSIST_PROF").as_deref() == Ok("1") {
-                Some(
-                    self.gpu
-                        .alloc_zeroed(self.layers.len() * kernels::PERSIST_MARKS * 8)?,
-                )
-            } else {
-                None
-            },
-        }))
-    }
-
-    /// The persistent kernel's arguments for a one-token step with `n_split` attention slices.
-    fn persist_args(&self, p: &Persist, n_split: usize) -> kernels::PdArgs {
-        let (cfg, s) = (&self.cfg, &self.s);
-        kernels::PdArgs {
-            layers: p.table.ptr(),
-            pos: s.tok_pos.ptr(),
-            slot: s.tok_slot.ptr(),
-            tok_seq: s.tok_seq.ptr(),
-            btab: s.btab.ptr(),
-            factors: self.rope.factors,
-            x: s.x.ptr(),
-            q: s.q.ptr(),
-            part: s.part.ptr(),
-            att: s.att.ptr(),
-            g: s.g.ptr(),
-            aq2: s.aq2.ptr(),
-            ad2: s.ad2.ptr(),
-            qcnt: s.qcnt.ptr(),
-            acnt: p.acnt.ptr(),
-            bar: p.bar.ptr(),
-            prof: p.prof.as_ref().map_or(0, DevBuf::ptr),
-            eps: cfg.rms_norm_eps,
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-            theta_scale: self.rope.theta_scale,
-            freq_scale: self.rope.freq_scale,
-            n_layer: self.layers.len() as i32,
-            e: cfg.n_embd as i32,
-            qd: cfg.n_embd_q() as i32,
-            kvd: cfg.n_embd_kv() as i32,
-            ff: cfg.n_ff as i32,
-            nh: cfg.n_head as i32,
-            nkv: cfg.n_head_kv as i32,
-            n_rot: self.rope.n_rot as i32,
-            hd: cfg.head_dim as i32,
-            max_blocks: self.max_blocks as i32,
-            bt: self.opts.block_tokens as i32,
-            n_split: n_split as i32,
-            flags: self.persist_flags,
-        }
-    }
-
-    /// Block 0's clock at the persistent kernel's phase marks in its last launch, per layer
-    /// (`CROSSOVER_CUDA_PERSIST_PROF=1`; empty otherwise).
-    pub fn persist_profile(&self) -> Result<Vec<i64>, CudaError> {
-        let Some(b) = self.persist.as_ref().and_then(|p| p.prof.as_ref()) else {
-            return Ok(Vec::new());
-        };
-        self.gpu.sync()?;
-        let mut v = vec![0i64; self.layers.len() * kernels::PERSIST_MARKS];
-        self.gpu.read(b, 0, &mut v)?;
-        Ok(v)
     }
 
     /// The [`CudaBackend::set_side_l2`] bits.
@@ -2010,18 +1811,6 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let merge = self.merge_in_split(n);
         let one = self.one_split(n);
-        // v15: the persistent kernel's plan and arguments, where this step takes it.
-        let pd = match (self.persist.as_ref(), one) {
-            (Some(p), Some(ns1))
-                if self.persist_on
-                    && n == 1
-                    && self.trace.is_none()
-                    && self.side_l2 & SIDE_ONE == 0 =>
-            {
-                Some((p.plan, self.persist_args(p, ns1)))
-            }
-            _ => None,
-        };
         let gpu = &self.gpu;
         let cfg = &self.cfg;
         let s = &self.s;
@@ -2069,13 +1858,7 @@ impl CudaBackend {
         let qr = |m: &Mat| (m.q.ptr(), if m.host.is_none() { m.q.bytes() } else { 0 });
         let hr = |m: &Mat| (m.f16_ptr().unwrap_or(0), (m.rows * m.cols * 2).min(cap));
         let br = |b: &Option<DevBuf>| b.as_ref().map_or((0, 0), |b| (b.ptr(), b.bytes().min(cap)));
-        // v15: one token, every layer in the persistent kernel (its own RMSNorms,
-        // quantizations, RoPE, attention and products); then the output head as below.
-        let mut layers: &[Layer] = &self.layers;
-        if let Some((plan, a)) = pd.filter(|_| matvec_path) {
-            gpu.persist_decode(plan, &a)?;
-            layers = &[];
-        }
+        let layers = &self.layers;
         for (li, l) in layers.iter().enumerate() {
             // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
             let qf = kernels::act_format(l.wq.ty);

@@ -26,7 +26,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
     ("mmf.cu", include_str!("../kernels/mmf.cu")),
     ("decode.cu", include_str!("../kernels/decode.cu")),
-    ("persist.cu", include_str!("../kernels/persist.cu")),
 ];
 
 /// The whole program: every kernel file, each preceded by a `#line` directive so NVRTC's error
