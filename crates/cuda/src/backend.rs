@@ -213,6 +213,10 @@ struct Graph {
     graph: cudarc::driver::CudaGraph,
 }
 
+/// One row of [`CudaBackend::bench_roofline`]: (probe, prefetch, bytes per launch, launches,
+/// microseconds per launch).
+pub type RooflineRow = (String, bool, usize, usize, f64);
+
 /// v10's one-token product choices (the [`Gpu`] switches of the same names), for A/B runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeV10 {
@@ -908,6 +912,47 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Session 15's roofline: for each size in `sizes` (bytes per launch, as a one-token
+    /// product class reads), chains of launches of every streaming-read probe
+    /// ([`kernels::PROBES`], with and without the L2 prefetch before the wait), each launch on
+    /// its own range of a 1.6 GB buffer so nothing is served from L2, captured as one graph and
+    /// replayed `reps` times. Returns (probe, prefetch, bytes, launches, microseconds per
+    /// launch): what the real kernels of [`CudaBackend::bench_matvecs`] could reach if they
+    /// streamed their weights as fast as a kernel that only reads them.
+    pub fn bench_roofline(
+        &mut self,
+        reps: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<RooflineRow>, CudaError> {
+        let gpu = &self.gpu;
+        let pool = 1600usize << 20;
+        let buf = gpu.alloc(pool)?;
+        let out = gpu.alloc(4 * 65536)?;
+        let mut rows = Vec::new();
+        for &size in sizes {
+            let size = size.div_ceil(256) * 256;
+            let launches = (pool / size).clamp(1, 28);
+            for probe in kernels::PROBES {
+                for prefetch in [false, true] {
+                    let ms = gpu.time_graph(reps, &mut || {
+                        for k in 0..launches {
+                            gpu.probe_read(probe, buf.at(k * size), size, out.ptr(), prefetch)?;
+                        }
+                        Ok(())
+                    })?;
+                    rows.push((
+                        probe.to_string(),
+                        prefetch,
+                        size,
+                        launches,
+                        ms * 1e3 / launches as f64,
+                    ));
+                }
+            }
+        }
+        Ok(rows)
+    }
+
     /// Batched-decode products of `n` tokens (9..64) on one random f16 operand, per matrix class
     /// over all layers (Q/K/V, O, gate/up, down) and for the head: (class, launches, ms per
     /// launch with [`Gpu::matmul_q4k_mmk`] where the class has Q4_K matrices (the others on
@@ -1156,6 +1201,34 @@ impl CudaBackend {
                     .div_ceil(nkv)
                     .clamp(1, self.max_split)
             })
+    }
+
+    /// Session 15: which one-token Q4_K `mvr` products read half-units ([`Gpu::q4h`]'s bits), dropping
+    /// captured graphs so later steps use the choice.
+    pub fn set_q4h(&mut self, bits: u8) {
+        self.gpu.q4h.set(bits);
+        self.graphs.clear();
+    }
+
+    /// Session 15: one-token Q4_K products take the super-block-per-lane kernels in the CPU's
+    /// order ([`Gpu::mvk`]), dropping captured graphs so later steps use the choice.
+    pub fn set_mvk(&mut self, on: bool) {
+        self.gpu.mvk.set(on);
+        self.graphs.clear();
+    }
+
+    /// Session 15: which one-token Q4_K / Q6_K products take the streamed kernels ([`Gpu::mvs`]'s bits),
+    /// dropping captured graphs so later steps use the choice.
+    pub fn set_mvs(&mut self, bits: u8) {
+        self.gpu.mvs.set(bits);
+        self.graphs.clear();
+    }
+
+    /// Session 15: one-token products of matrices over `bytes` skip their L2 prefetch
+    /// ([`Gpu::pf_max`]), dropping captured graphs so later steps use the choice.
+    pub fn set_pf_max(&mut self, bytes: usize) {
+        self.gpu.pf_max.set(bytes);
+        self.graphs.clear();
     }
 
     /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on

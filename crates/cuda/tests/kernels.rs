@@ -3587,3 +3587,396 @@ fn g_upload_rand(g: &Gpu) -> DevBuf {
     let mut r = rng("second_handle");
     g.upload(&randn(&mut r, 1024, 1.0)).unwrap()
 }
+
+/// Session 15's streaming-read probes (probe.cu) read every byte of their range exactly once:
+/// the XOR of the blocks' results equals the XOR of the random words on the CPU, for sizes that
+/// leave partial chunks and blocks, with and without the L2 prefetch, launch after launch.
+#[test]
+fn read_probes_read_every_word_once() {
+    let Some(g) = gpu_or_skip("read_probes") else {
+        return;
+    };
+    let mut r = rng("read_probes");
+    for words in [4usize, 4 * 33, 4 * 1000 + 4 * 17, 4 * 300_001] {
+        let data: Vec<u32> = (0..words).map(|_| r.gen()).collect();
+        let want = data.iter().fold(0u32, |a, &w| a ^ w);
+        let buf = g.upload(&data).unwrap();
+        let out = g.alloc_zeroed(4 * 65536).unwrap();
+        for probe in cuda::kernels::PROBES {
+            for pf in [false, true] {
+                let blocks = g
+                    .probe_read(probe, buf.ptr(), 4 * words, out.ptr(), pf)
+                    .unwrap();
+                let got: Vec<u32> = g.download(&out, blocks).unwrap();
+                let x = got.iter().fold(0u32, |a, &w| a ^ w);
+                assert_eq!(
+                    x, want,
+                    "{probe} prefetch={pf} {words} words ({blocks} blocks)"
+                );
+            }
+        }
+    }
+    // A size that is not a multiple of 16 bytes is refused, not read past.
+    let buf = g.alloc_zeroed(64).unwrap();
+    assert!(g
+        .probe_read("probe_ld4", buf.ptr(), 40, buf.ptr(), false)
+        .is_err());
+}
+
+/// Session 15's streamed one-token products (mvs.cu) against the kernels they replace, bit for
+/// bit, and against the CPU's scalar `vec_dot`: row pairs (an odd row count, and enough rows
+/// that each warp takes several items), wide rows in the block-per-row order, accumulating,
+/// and the SwiGLU form with its fused quantization of the down projection's activation.
+#[test]
+fn streamed_products_keep_the_bits_and_match_cpu() {
+    let Some(g) = gpu_or_skip("streamed_products") else {
+        return;
+    };
+    let mut r = rng("streamed_products");
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let fmt = act_format(ty).unwrap();
+        for &(rows, cols, wide) in &[
+            (301usize, 3072usize, false),
+            (9001, 3072, false),
+            (77, 8192, true),
+        ] {
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let rb = q.len() / rows;
+            let x = randn(&mut r, cols, 1.0);
+            let mut buf = quant::dot::ActBuf::new();
+            quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+            let a = buf.row(0).unwrap();
+            let want: Vec<f64> = (0..rows)
+                .map(|i| {
+                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
+                        as f64
+                })
+                .collect();
+            let xb = g.upload(&x).unwrap();
+            let (qb, db) = act_bufs(&g, 1, cols);
+            g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+                .unwrap();
+            let y0 = randn(&mut r, rows, 1.0);
+            let mut outs = Vec::new();
+            g.q4h.set(0);
+            for on in [false, true] {
+                g.mvs.set(if on {
+                    cuda::MVS_SMALL | cuda::MVS_REST
+                } else {
+                    0
+                });
+                assert_eq!(g.mvs_fits(ty, rows, cols, &[w.ptr()], !wide, wide), on);
+                let y = poisoned(&g, rows);
+                g.matvec_q(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    y.ptr(),
+                    false,
+                )
+                .unwrap();
+                let ya = g.upload(&y0).unwrap();
+                g.matvec_q(
+                    ty,
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    ya.ptr(),
+                    true,
+                )
+                .unwrap();
+                let got: Vec<f32> = g.download(&y, rows).unwrap();
+                let gota: Vec<f32> = g.download(&ya, rows).unwrap();
+                let e = rel_err(&got, &want);
+                assert!(
+                    e < 5e-6,
+                    "{ty} {rows}x{cols} mvs={on}: relative error {e:e}"
+                );
+                outs.push((got, gota));
+            }
+            g.mvs.set(0);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&outs[0].0),
+                bits(&outs[1].0),
+                "{ty} {rows}x{cols}: bits differ"
+            );
+            assert_eq!(
+                bits(&outs[0].1),
+                bits(&outs[1].1),
+                "{ty} {rows}x{cols} accumulate"
+            );
+        }
+        // SwiGLU with the down projection's activation quantized in the launch.
+        let (rows, cols) = (768usize, 3072usize);
+        let (qg, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (wg, wu) = (g.upload(&qg).unwrap(), g.upload(&qu).unwrap());
+        let x = randn(&mut r, cols, 1.0);
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        let dfmt = ActFormat::Q8K;
+        let cnt = g.alloc_zeroed(4 * rows.div_ceil(256)).unwrap();
+        let mut outs = Vec::new();
+        g.q4h.set(0);
+        for on in [false, true] {
+            g.mvs.set(if on {
+                cuda::MVS_SMALL | cuda::MVS_REST
+            } else {
+                0
+            });
+            let y = poisoned(&g, rows);
+            let (q2, d2) = act_bufs(&g, 1, rows);
+            g.matvec_q_swiglu_quant(
+                ty,
+                wg.ptr(),
+                wu.ptr(),
+                rows,
+                cols,
+                qb.ptr(),
+                db.ptr(),
+                1,
+                y.ptr(),
+                Some((dfmt, cnt.ptr(), q2.ptr(), d2.ptr())),
+            )
+            .unwrap();
+            let (qn, dn) = act_bytes(1, rows);
+            let yv: Vec<f32> = g.download(&y, rows).unwrap();
+            let qv: Vec<u8> = g.download(&q2, qn).unwrap();
+            let dv: Vec<u8> = g.download(&d2, dn).unwrap();
+            assert!(
+                yv.iter().all(|v| v.is_finite()),
+                "{ty} swiglu mvs={on}: unwritten rows"
+            );
+            outs.push((yv.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), qv, dv));
+        }
+        g.mvs.set(0);
+        assert!(
+            outs[0] == outs[1],
+            "{ty} swiglu: streamed and mvr outputs differ"
+        );
+        let left: Vec<u32> = g.download(&cnt, rows.div_ceil(256)).unwrap();
+        assert!(
+            left.iter().all(|&c| c == 0),
+            "{ty} swiglu: counters left {left:?}"
+        );
+    }
+}
+
+/// Session 15's super-block-per-lane Q4_K products (mvk.cu) equal the CPU's decode kernel
+/// (`dot_q4_k_gemv`, the scalar reference of every ISA's one-token Q4_K product) bit for bit:
+/// row pairs with an odd row count, rows 8192 wide, several tiles per warp, accumulating, and
+/// the SwiGLU form (ggml's silu(g) * u on those products) with its fused quantization, whose
+/// int8 values and scales equal `quantize_act` of the same row.
+#[test]
+fn mvk_q4_k_products_equal_the_cpu_gemv_bits() {
+    let Some(g) = gpu_or_skip("mvk_q4_k") else {
+        return;
+    };
+    let mut r = rng("mvk_q4_k");
+    let ty = GgmlType::Q4K;
+    let fmt = act_format(ty).unwrap();
+    g.mvk.set(true);
+    let cpu = |q: &[u8], rows: usize, a: &[u8]| -> Vec<f32> {
+        let rb = q.len() / rows;
+        (0..rows)
+            .map(|i| quant::dot::scalar::dot_q4_k_gemv(&q[i * rb..(i + 1) * rb], a))
+            .collect()
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &(rows, cols) in &[(301usize, 3072usize), (20_001, 3072), (77, 8192), (64, 256)] {
+        assert!(g.mvk_fits(ty, cols, &[0]));
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+        let x = randn(&mut r, cols, 1.0);
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let want = cpu(&q, rows, buf.row(0).unwrap());
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        let y = poisoned(&g, rows);
+        g.matvec_q(
+            ty,
+            w.ptr(),
+            rows,
+            cols,
+            qb.ptr(),
+            db.ptr(),
+            1,
+            y.ptr(),
+            false,
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&y, rows).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{rows}x{cols}: not the CPU's bits");
+        let y0 = randn(&mut r, rows, 1.0);
+        let ya = g.upload(&y0).unwrap();
+        g.matvec_q(
+            ty,
+            w.ptr(),
+            rows,
+            cols,
+            qb.ptr(),
+            db.ptr(),
+            1,
+            ya.ptr(),
+            true,
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&ya, rows).unwrap();
+        let want_a: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + b).collect();
+        assert_eq!(bits(&got), bits(&want_a), "{rows}x{cols} accumulate");
+    }
+    let (rows, cols) = (1024usize, 3072usize);
+    let (qg, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+    let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+    let (wg, wu) = (g.upload(&qg).unwrap(), g.upload(&qu).unwrap());
+    let x = randn(&mut r, cols, 1.0);
+    let mut buf = quant::dot::ActBuf::new();
+    quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+    let a = buf.row(0).unwrap();
+    let (gv, uv) = (cpu(&qg, rows, a), cpu(&qu, rows, a));
+    let xb = g.upload(&x).unwrap();
+    let (qb, db) = act_bufs(&g, 1, cols);
+    g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+        .unwrap();
+    let cnt = g.alloc_zeroed(4 * rows.div_ceil(256)).unwrap();
+    let y = poisoned(&g, rows);
+    let (q2, d2) = act_bufs(&g, 1, rows);
+    g.matvec_q_swiglu_quant(
+        ty,
+        wg.ptr(),
+        wu.ptr(),
+        rows,
+        cols,
+        qb.ptr(),
+        db.ptr(),
+        1,
+        y.ptr(),
+        Some((ActFormat::Q8K, cnt.ptr(), q2.ptr(), d2.ptr())),
+    )
+    .unwrap();
+    let yv: Vec<f32> = g.download(&y, rows).unwrap();
+    // ggml's SwiGLU in f32: g / (1 + e^-g) * u; the GPU's expf may differ by an ulp.
+    for i in 0..rows {
+        let w = gv[i] / (1.0 + (-gv[i]).exp()) * uv[i];
+        let tol = 4.0 * f32::EPSILON * w.abs() + 1e-30;
+        assert!((yv[i] - w).abs() <= tol, "swiglu row {i}: {} vs {w}", yv[i]);
+    }
+    // The fused quantization equals quantize_act of the row the kernel wrote.
+    let yb = g.upload(&yv).unwrap();
+    let (q3, d3) = act_bufs(&g, 1, rows);
+    g.quantize_act(yb.ptr(), 1, rows, ActFormat::Q8K, q3.ptr(), d3.ptr())
+        .unwrap();
+    let (qn, dn) = act_bytes(1, rows);
+    let (a2, a3): (Vec<u8>, Vec<u8>) = (g.download(&q2, qn).unwrap(), g.download(&q3, qn).unwrap());
+    let (b2, b3): (Vec<u8>, Vec<u8>) = (g.download(&d2, dn).unwrap(), g.download(&d3, dn).unwrap());
+    assert!(
+        a2 == a3 && b2 == b3,
+        "fused quantization differs from quantize_act"
+    );
+    let left: Vec<u32> = g.download(&cnt, rows.div_ceil(256)).unwrap();
+    assert!(left.iter().all(|&c| c == 0), "counters left {left:?}");
+    g.mvk.set(false);
+}
+
+/// Session 15's half-unit Q4_K `mvr` kernels (`Gpu::q4h`) against the CPU's scalar `vec_dot`:
+/// row pairs with an odd row count, three matrices in one launch, accumulating, and the
+/// SwiGLU form. (The Q/K/V launches with RoPE are covered by running this file with
+/// `CROSSOVER_CUDA_Q4H=1`.)
+#[test]
+fn q4h_products_match_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("q4h") else {
+        return;
+    };
+    let mut r = rng("q4h");
+    let ty = GgmlType::Q4K;
+    let fmt = act_format(ty).unwrap();
+    g.q4h.set(cuda::Q4H_GLU | cuda::Q4H_REST);
+    g.mvs.set(0);
+    for &(rows, cols) in &[(301usize, 3072usize), (64, 256), (1000, 4096)] {
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
+        let rb = q.len() / rows;
+        let x = randn(&mut r, cols, 1.0);
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let a = buf.row(0).unwrap();
+        let dot = |m: &[u8], i: usize| {
+            quant::dot::vec_dot(ty, &m[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap() as f64
+        };
+        let want: Vec<f64> = (0..rows).map(|i| dot(&q, i)).collect();
+        let wantu: Vec<f64> = (0..rows).map(|i| dot(&qu, i)).collect();
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        let y = poisoned(&g, rows);
+        g.matvec_q(
+            ty,
+            w.ptr(),
+            rows,
+            cols,
+            qb.ptr(),
+            db.ptr(),
+            1,
+            y.ptr(),
+            false,
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&y, rows).unwrap();
+        let e = rel_err(&got, &want);
+        assert!(e < 5e-6, "{rows}x{cols}: relative error {e:e}");
+        // Three matrices in one launch (the Q/K/V form without RoPE), accumulating.
+        let ys: Vec<DevBuf> = (0..3)
+            .map(|_| g.upload(&vec![0.5f32; rows]).unwrap())
+            .collect();
+        let segs: Vec<(u64, usize, u64)> = ys.iter().map(|yb| (w.ptr(), rows, yb.ptr())).collect();
+        g.matvec_q_multi(ty, &segs, cols, qb.ptr(), db.ptr(), true)
+            .unwrap();
+        let want_a: Vec<f64> = want.iter().map(|v| v + 0.5).collect();
+        for yb in &ys {
+            let got: Vec<f32> = g.download(yb, rows).unwrap();
+            let e = rel_err(&got, &want_a);
+            assert!(
+                e < 5e-6,
+                "{rows}x{cols} multi accumulate: relative error {e:e}"
+            );
+        }
+        let want3: Vec<f64> = want
+            .iter()
+            .zip(&wantu)
+            .map(|(&gg, &u)| gg / (1.0 + (-gg).exp()) * u)
+            .collect();
+        let ys = poisoned(&g, rows);
+        g.matvec_q_swiglu(
+            ty,
+            w.ptr(),
+            wu.ptr(),
+            rows,
+            cols,
+            qb.ptr(),
+            db.ptr(),
+            1,
+            ys.ptr(),
+        )
+        .unwrap();
+        let got: Vec<f32> = g.download(&ys, rows).unwrap();
+        let e = rel_err(&got, &want3);
+        assert!(e < 1e-4, "{rows}x{cols} swiglu: relative error {e:e}");
+    }
+    g.q4h.set(0);
+}
