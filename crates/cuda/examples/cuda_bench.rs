@@ -7,8 +7,7 @@
 use std::time::Instant;
 
 use cuda::{
-    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, MVS_REST, MVS_SMALL, Q4H_GLU,
-    Q4H_REST, SIDE_ONE, SIDE_ONE_NEXT, SIDE_WIDE,
+    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, SIDE_ONE, SIDE_ONE_NEXT, SIDE_WIDE,
 };
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
@@ -105,20 +104,6 @@ fn tg128(
 /// a prompt to that depth, 32 greedy steps (the graph captured and warm), 64 timed steps, then
 /// `N` steps between `cuProfilerStart` and `cuProfilerStop`, so `ncu --profile-from-start off`
 /// profiles the replayed graph of those steps alone (per node with `--graph-profiling node`).
-/// Sequence `seq`'s prompt `tokens` in one step; its greedy next token.
-fn prefill_tokens(b: &mut CudaBackend, seq: u64, tokens: &[u32]) -> u32 {
-    let batch = StepBatch {
-        chunks: vec![SeqChunk {
-            prompt_len: None,
-            seq,
-            tokens: tokens.to_vec(),
-            start_pos: 0,
-            want: Want::Last,
-        }],
-    };
-    b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0]
-}
-
 /// Sequence `seq`'s first `d` positions from random tokens in chunks of up to 512; the greedy
 /// next token (a random one when `d` is 0).
 fn prefill(
@@ -271,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-pf] [--ab-prod]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -352,124 +337,6 @@ fn main() {
             }
         }
         return;
-    }
-
-    // --ab-prod (session 15): the one-token product kernels: mvr (the default), the streamed
-    // ones (mvs.cu) and the super-block-per-lane Q4_K ones (mvk.cu): the greedy tokens of one
-    // prompt, the product classes, tg128, alternating in one process.
-    if args.iter().any(|a| a == "--ab-prod") {
-        let (s0, k0, h0) = (b.gpu().mvs.get(), b.gpu().mvk.get(), b.gpu().q4h.get());
-        // (name, mvs bits, mvk, q4h bits): session 14's path, this session's default, every
-        // product streamed, every Q4_K product in half-units, the CPU-order Q4_K kernels.
-        let forms: [(&str, u8, bool, u8); 5] = [
-            ("v14", 0, false, 0),
-            ("v16", MVS_SMALL, false, Q4H_GLU),
-            ("mvs-all", MVS_SMALL | MVS_REST, false, 0),
-            ("q4h-all", 0, false, Q4H_GLU | Q4H_REST),
-            ("mvk", 0, true, 0),
-        ];
-        let prompt = toks(64);
-        let mut runs = Vec::new();
-        for &(_, ms, mk, qh) in &forms {
-            b.set_mvs(ms);
-            b.set_mvk(mk);
-            b.set_q4h(qh);
-            seq += 1;
-            let mut last = prefill_tokens(&mut b, seq, &prompt);
-            let mut out = vec![last];
-            for i in 0..48 {
-                let batch = StepBatch {
-                    chunks: vec![SeqChunk {
-                        prompt_len: None,
-                        seq,
-                        tokens: vec![last],
-                        start_pos: prompt.len() + i,
-                        want: Want::Last,
-                    }],
-                };
-                last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
-                out.push(last);
-            }
-            b.release(seq);
-            runs.push(out);
-        }
-        for (k, &(name, ..)) in forms.iter().enumerate().skip(1) {
-            let same = runs[k]
-                .iter()
-                .zip(&runs[0])
-                .take_while(|(a, b)| a == b)
-                .count();
-            println!(
-                "a/b prod {name}: greedy tokens equal to v14's for {same} of {}",
-                runs[0].len()
-            );
-        }
-        for round in 0..3 {
-            for &(name, ms, mk, qh) in &forms {
-                b.set_mvs(ms);
-                b.set_mvk(mk);
-                b.set_q4h(qh);
-                if round == 0 {
-                    for (cls, n, us, bytes) in b.bench_matvecs(20).unwrap_or_else(|e| panic!("{e}"))
-                    {
-                        println!(
-                            "a/b prod {name} kernel {cls:<18} x{n:<3} {us:8.2} us/launch {:7.0} GB/s",
-                            bytes / us / 1e3
-                        );
-                    }
-                }
-                for d in [0usize, depth] {
-                    let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
-                    println!(
-                        "a/b prod {name} round {round}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                        m * 1e3 / 128.0,
-                        128.0 / m
-                    );
-                }
-            }
-        }
-        b.set_mvs(s0);
-        b.set_mvk(k0);
-        b.set_q4h(h0);
-    }
-
-    // --ab-pf (session 15): the one-token products' L2 prefetch left off above several matrix
-    // sizes (bytes per launch), product classes and tg128, alternating in one process.
-    if args.iter().any(|a| a == "--ab-pf") {
-        let pf0 = b.gpu().pf_max.get();
-        let mut caps = vec![usize::MAX, 32 << 20, 8 << 20, 1];
-        if pf0 != usize::MAX {
-            caps.insert(0, pf0);
-        }
-        for round in 0..2 {
-            for &cap in &caps {
-                b.set_pf_max(cap);
-                let label = if cap == usize::MAX {
-                    "all".to_string()
-                } else {
-                    format!("{:.1}MB", cap as f64 / 1e6)
-                };
-                if round == 0 {
-                    for (name, n, us, bytes) in
-                        b.bench_matvecs(20).unwrap_or_else(|e| panic!("{e}"))
-                    {
-                        println!(
-                            "a/b pf={label} kernel {name:<18} x{n:<3} {us:8.2} us/launch {:7.0} GB/s",
-                            bytes / us / 1e3
-                        );
-                    }
-                }
-                for d in [0usize, depth] {
-                    let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 3);
-                    println!(
-                        "a/b pf={label} round {round}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                        m * 1e3 / 128.0,
-                        128.0 / m
-                    );
-                }
-            }
-        }
-        b.set_pf_max(pf0);
     }
 
     // pp512: one 512-token prompt step including the copy of its logits row (time to first token).

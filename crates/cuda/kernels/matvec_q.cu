@@ -472,74 +472,6 @@ __device__ __forceinline__ float unit_dot(const int* q, const typename QI<T>::P&
     return QI<T>::combine(p, s0, s1, *ad);
 }
 
-// Session 15: Q4_K with half-units (`T_Q4_KH`, the `mvr*_q4_kh` kernels, `Gpu::q4h`). A
-// Q4_K unit pair c (32 bytes of qs: unit 2c in the low nibbles, 2c + 1 in the high ones) was
-// read whole by both of its lanes; here lane slot j = 2c + h takes bytes [16h, 16h + 16) of it:
-// elements [16h, 16h + 16) of units 2c and 2c + 1, so every qs byte is loaded once. The
-// super-block's 16-byte header (d, dmin, the 12 scale bytes) is one load that the 8 lanes of
-// the super-block share, the scales unpacked from registers. The `mvr` kernels were bound by
-// their loads' L1 wavefronts (streaming the same bytes through shared memory, mvs.cu, did not
-// speed them up); this halves the wavefronts per super-block. Integer sums per half-unit are
-// exact; the float combine per slot differs from T_Q4_K's, so the sums are not its bits.
-#define T_Q4_KH 13
-template <> struct Q<T_Q4_KH> {
-    static constexpr int BE = 256, BB = 144;
-};
-__device__ __forceinline__ int q4kh_byte(const uint4& h, int k) {
-    u32 w = k < 4 ? h.y : k < 8 ? h.z : h.w;
-    return (int)((w >> (8 * (k & 3))) & 0xff);
-}
-template <> struct QI<T_Q4_KH> {
-    struct P { float d, dmin; int sc0, m0, sc1, m1, h; };
-    __device__ static __forceinline__ void unit(const u8* b, int j, int* q, P& p) {
-        uint4 hd = *(const uint4*)b;
-        p.d = h2f((u16)(hd.x & 0xffff));
-        p.dmin = h2f((u16)(hd.x >> 16));
-        int c = j >> 1, h = j & 1;
-        p.h = h;
-        // k4_scale_min of units 2c and 2c + 1 (both below 4, or both 4 and up).
-        int j0 = 2 * c, j1 = 2 * c + 1;
-        bool lo = c < 2;
-        int a0 = q4kh_byte(hd, lo ? j0 : j0 + 4), a1 = q4kh_byte(hd, lo ? j1 : j1 + 4);
-        int e0 = q4kh_byte(hd, lo ? j0 + 4 : j0 - 4), e1 = q4kh_byte(hd, lo ? j1 + 4 : j1 - 4);
-        int f0 = q4kh_byte(hd, j0), f1 = q4kh_byte(hd, j1);
-        p.sc0 = lo ? (a0 & 63) : ((a0 & 15) | ((e0 >> 6) << 4));
-        p.m0 = lo ? (e0 & 63) : ((a0 >> 4) | ((f0 >> 6) << 4));
-        p.sc1 = lo ? (a1 & 63) : ((a1 & 15) | ((e1 >> 6) << 4));
-        p.m1 = lo ? (e1 & 63) : ((a1 >> 4) | ((f1 >> 6) << 4));
-        uint4 v = *(const uint4*)(b + 16 + 32 * c + 16 * h);
-        u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            q[i] = (int)(w[i] & 0x0f0f0f0fu);
-            q[4 + i] = (int)((w[i] >> 4) & 0x0f0f0f0fu);
-        }
-    }
-};
-// Slot u = 8 sb + 2c + h: `aq` = the activation at 32u, so unit 2c's elements [16h, 16h + 16)
-// sit at aq - 16h and unit 2c + 1's at aq + 32 - 16h; `ad` = unit u's scales.
-template <>
-__device__ __forceinline__ float unit_dot<T_Q4_KH>(const int* q, const QI<T_Q4_KH>::P& p,
-                                                   const i8* aq, const float2* ad) {
-    int4 xl = *(const int4*)(aq - 16 * p.h), xh = *(const int4*)(aq + 32 - 16 * p.h);
-    int s0 = dp4a(q[0], xl.x, 0);
-    s0 = dp4a(q[1], xl.y, s0);
-    s0 = dp4a(q[2], xl.z, s0);
-    s0 = dp4a(q[3], xl.w, s0);
-    int s1 = dp4a(q[4], xh.x, 0);
-    s1 = dp4a(q[5], xh.y, s1);
-    s1 = dp4a(q[6], xh.z, s1);
-    s1 = dp4a(q[7], xh.w, s1);
-    float2 d0 = ad[-p.h], d1 = ad[1 - p.h];
-    int b00, b01, b10, b11;
-    act_bsums(d0, &b00, &b01);
-    act_bsums(d1, &b10, &b11);
-    int b0 = p.h ? b01 : b00, b1 = p.h ? b11 : b10;
-    float dy = d0.x;
-    return (p.d * dy) * (float)(p.sc0 * s0 + p.sc1 * s1) -
-           (p.dmin * dy) * (float)(p.m0 * b0 + p.m1 * b1);
-}
-
 // The block's threads (blockDim.x, a multiple of 32, at most 128) share one row (two for the
 // SwiGLU form): thread i takes units i, i + blockDim.x, ... so a row's bytes are read by many
 // warps at once (more loads in flight than one warp per row gives), then a block reduction.
@@ -1013,7 +945,6 @@ __device__ void mvqe_impl(const u8* __restrict__ w, int rows, int cols, const i8
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
 FOR_EACH_QTYPE(DEF_MVR)
-DEF_MVR(q4_kh, T_Q4_KH)
 FOR_EACH_QTYPE(DEF_MVQE)
 
 // v9: the one-token Q/K/V launch (mvr_rope_*) for a V of another type TV than Q and K (TQ),
@@ -1090,7 +1021,6 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
     }
 #define FOR_EACH_QKV_PAIR(X) X(q4_k, T_Q4_K, q6_k, T_Q6_K) X(q5_k, T_Q5_K, q6_k, T_Q6_K)
 FOR_EACH_QKV_PAIR(DEF_MVR_ROPE2)
-DEF_MVR_ROPE2(q4_kh, T_Q4_KH, q6_k, T_Q6_K)
 
 // v7: one-token product for wide rows (the down projection, 8192 columns) that quantizes its
 // f32 activation in the launch (px; or reads it quantized from aq/ad when px is null): block =
@@ -1368,7 +1298,6 @@ FOR_EACH_QTYPE(DEF_MVD)
                            prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops); \
     }
 FOR_EACH_QTYPE(DEF_MVR4)
-DEF_MVR4(q4_kh, T_Q4_KH)
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
@@ -1376,7 +1305,6 @@ DEF_MVR4(q4_kh, T_Q4_KH)
         mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
     }
 FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
-DEF_MVR4_ROPE2(q4_kh, T_Q4_KH, q6_k, T_Q6_K)
 
 // v10: mvq_<type>_1 (one token, a block of up to 128 threads per row: the down projection)
 // that first asks L2 for its row, before the PDL wait (no registers held over the wait,

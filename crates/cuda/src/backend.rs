@@ -1203,34 +1203,6 @@ impl CudaBackend {
             })
     }
 
-    /// Session 15: which one-token Q4_K `mvr` products read half-units ([`Gpu::q4h`]'s bits), dropping
-    /// captured graphs so later steps use the choice.
-    pub fn set_q4h(&mut self, bits: u8) {
-        self.gpu.q4h.set(bits);
-        self.graphs.clear();
-    }
-
-    /// Session 15: one-token Q4_K products take the super-block-per-lane kernels in the CPU's
-    /// order ([`Gpu::mvk`]), dropping captured graphs so later steps use the choice.
-    pub fn set_mvk(&mut self, on: bool) {
-        self.gpu.mvk.set(on);
-        self.graphs.clear();
-    }
-
-    /// Session 15: which one-token Q4_K / Q6_K products take the streamed kernels ([`Gpu::mvs`]'s bits),
-    /// dropping captured graphs so later steps use the choice.
-    pub fn set_mvs(&mut self, bits: u8) {
-        self.gpu.mvs.set(bits);
-        self.graphs.clear();
-    }
-
-    /// Session 15: one-token products of matrices over `bytes` skip their L2 prefetch
-    /// ([`Gpu::pf_max`]), dropping captured graphs so later steps use the choice.
-    pub fn set_pf_max(&mut self, bytes: usize) {
-        self.gpu.pf_max.set(bytes);
-        self.graphs.clear();
-    }
-
     /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on
     /// the f16 copies), dropping captured graphs so later steps use the choice.
     pub fn set_mmq(&mut self, on: bool) {

@@ -27,8 +27,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("mmf.cu", include_str!("../kernels/mmf.cu")),
     ("decode.cu", include_str!("../kernels/decode.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),
-    ("mvs.cu", include_str!("../kernels/mvs.cu")),
-    ("mvk.cu", include_str!("../kernels/mvk.cu")),
 ];
 
 /// The whole program: every kernel file, each preceded by a `#line` directive so NVRTC's error

@@ -323,48 +323,6 @@ pub struct Gpu {
     /// Tests only: with [`Gpu::wave`], size one-wave grids to at most this many blocks (0: what
     /// the GPU holds at once), so small products take several steps per warp.
     pub wave_cap: std::cell::Cell<usize>,
-    /// Session 15: one-token products of matrices over this many bytes do not ask L2 for
-    /// their weights before their wait (`CROSSOVER_CUDA_PF_MAX`, bytes; default: every size
-    /// asks, as before). The streaming-read probes (`cuda_bench --roofline`) measured the ask
-    /// slowing reads of 17-323 MB by 10-40 % and speeding those of 5-6 MB by ~10 %.
-    pub pf_max: std::cell::Cell<usize>,
-    /// Session 15: which one-token Q4_K / Q6_K products stream their weights through per-warp
-    /// shared-memory rings (`mvs_*`, mvs.cu; the bits of the kernels they replace). Bit 0
-    /// ([`MVS_SMALL`]): row-pair products of at most [`MVS_SMALL_BYTES`] (the output
-    /// projection: 3.58 -> 3.02 us on the H200); bit 1 ([`MVS_REST`]): the others (the head,
-    /// the wide down rows: slower there, 116 -> 136 and 8.2 -> 10.4 us). Default 0: the step got slower with MVS_SMALL and Q4H_GLU on (tg128 1.482-1.493 against 1.469-1.478 ms);
-    /// `CROSSOVER_CUDA_MVS` sets the bits (0 for none). docs/perf/cuda.md "Session 15".
-    pub mvs: std::cell::Cell<u8>,
-    /// Session 15: one-token Q4_K products take a super-block per lane in the CPU's order
-    /// (`mvk_*`, mvk.cu: `dot_q4_k_gemv`'s bits): on when `CROSSOVER_CUDA_MVK=1`.
-    pub mvk: std::cell::Cell<bool>,
-    /// Session 15: which one-token Q4_K `mvr` products read half-units (`mvr*_q4_kh`,
-    /// matvec_q.cu `T_Q4_KH`: each qs byte loaded once, one header load per super-block).
-    /// Bit 0 ([`Q4H_GLU`]): the gate/up SwiGLU product (12.50 -> 11.82 us on the H200); bit 1
-    /// ([`Q4H_REST`]): the plain and Q/K/V ones (slower there: their 64-register builds spill,
-    /// O 3.58 -> 4.27 us). Default 0 (see [`Gpu::mvs`]); `CROSSOVER_CUDA_Q4H` sets the bits.
-    pub q4h: std::cell::Cell<u8>,
-    /// Blocks per SM of a kernel at a dynamic shared-memory size: (kernel, bytes, blocks).
-    pub(crate) occ_smem: RefCell<Vec<(usize, u32, usize)>>,
-}
-
-/// [`Gpu::mvs`] bit: row-pair products of at most [`MVS_SMALL_BYTES`].
-pub const MVS_SMALL: u8 = 1;
-/// [`Gpu::mvs`] bit: every other product the streamed kernels take.
-pub const MVS_REST: u8 = 2;
-/// The largest matrix [`MVS_SMALL`] streams (the 3B model's output projection is 5.3 MB).
-pub const MVS_SMALL_BYTES: usize = 16 << 20;
-/// [`Gpu::q4h`] bit: the SwiGLU product.
-pub const Q4H_GLU: u8 = 1;
-/// [`Gpu::q4h`] bit: the plain and Q/K/V products.
-pub const Q4H_REST: u8 = 2;
-
-/// A small bit set from the environment (a number), or `default` when unset or not one.
-fn env_bits(name: &str, default: u8) -> u8 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse::<u8>().ok())
-        .unwrap_or(default)
 }
 
 /// A positive integer from the environment, or `default` when unset or not one.
@@ -541,11 +499,6 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
-            pf_max: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_PF_MAX", usize::MAX)),
-            mvs: std::cell::Cell::new(env_bits("CROSSOVER_CUDA_MVS", 0)),
-            mvk: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVK").as_deref() == Ok("1")),
-            q4h: std::cell::Cell::new(env_bits("CROSSOVER_CUDA_Q4H", 0)),
-            occ_smem: RefCell::new(Vec::new()),
             rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
             argmax_mb: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
@@ -890,69 +843,6 @@ impl Gpu {
         Ok(n)
     }
 
-    /// [`Gpu::blocks_per_sm`] for blocks of `threads` threads that take `smem` bytes of dynamic
-    /// shared memory (the kernel's limit raised first when over 48 KiB); 0 when none fits.
-    pub(crate) fn blocks_per_sm_smem(
-        &self,
-        id: usize,
-        threads: u32,
-        smem: u32,
-    ) -> Result<usize, CudaError> {
-        if let Some(&(_, _, n)) = self
-            .occ_smem
-            .borrow()
-            .iter()
-            .find(|e| e.0 == id && e.1 == smem)
-        {
-            return Ok(n);
-        }
-        let f = self
-            .funcs
-            .get(id)
-            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
-        self.raise_smem(id, smem)?;
-        let mut n: std::ffi::c_int = 0;
-        // SAFETY: a valid function handle of this context and a live out-pointer.
-        unsafe {
-            cudarc::driver::sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut n,
-                f.cu_function(),
-                threads as std::ffi::c_int,
-                smem as usize,
-            )
-        }
-        .result()
-        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-        let n = n.max(0) as usize;
-        self.occ_smem.borrow_mut().push((id, smem, n));
-        Ok(n)
-    }
-
-    /// Raise kernel `id`'s dynamic shared-memory limit to `smem` bytes when over 48 KiB.
-    fn raise_smem(&self, id: usize, smem: u32) -> Result<(), CudaError> {
-        if smem <= 48 * 1024 {
-            return Ok(());
-        }
-        let f = self
-            .funcs
-            .get(id)
-            .ok_or_else(|| CudaError::Arg(format!("no kernel number {id}")))?;
-        use cudarc::driver::sys;
-        // SAFETY: a valid function handle of this context; the attribute takes a byte count.
-        unsafe {
-            sys::cuFuncSetAttribute(
-                f.cu_function(),
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-        }
-        .result()
-        .map_err(drv(format!(
-            "shared memory limit of {}",
-            self.names.get(id).map_or("?", String::as_str)
-        )))
-    }
-
     /// The number of the kernel called `name` in [`all_kernel_names`].
     pub(crate) fn kernel_id(&self, name: &str) -> Result<usize, CudaError> {
         self.names
@@ -998,7 +888,19 @@ impl Gpu {
         {
             return Ok(());
         }
-        self.raise_smem(id, smem)?;
+        if smem > 48 * 1024 {
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle of this context; the attribute takes a byte count.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .result()
+            .map_err(drv(format!("shared memory limit of {name}")))?;
+        }
         // SAFETY: the argument list matches the kernel's C signature (each launch site in
         // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
         // size the kernel indexes, and the stream belongs to this context.

@@ -4,7 +4,6 @@
 use gguf::GgmlType;
 
 use crate::device::Gpu;
-use crate::device::{MVS_REST, MVS_SMALL, MVS_SMALL_BYTES, Q4H_GLU, Q4H_REST};
 use crate::error::CudaError;
 use crate::kargs;
 
@@ -239,23 +238,6 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvqp_{t}"));
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
-    for k in [
-        "mvr_q4_kh",
-        "mvr_swiglu_q4_kh",
-        "mvr_rope_q4_kh",
-        "mvr4_q4_kh",
-        "mvr_rope2_q4_kh_q6_k",
-        "mvr4_rope2_q4_kh_q6_k",
-    ] {
-        v.push(k.into());
-    }
-    v.push("mvk_q4_k".into());
-    v.push("mvk_swiglu_q4_k".into());
-    for (_, t) in MVS_TYPES {
-        for k in ["mvs", "mvs_swiglu", "mvs_row"] {
-            v.push(format!("{k}_{t}"));
-        }
-    }
     v
 }
 
@@ -807,15 +789,6 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        // Session 15: a super-block per lane in the CPU's order (Q4_K), or the streamed kernels.
-        if nt == 1 && self.mvk_fits(ty, cols, &[w]) {
-            return self.matvec_q_mvk(w, rows, cols, qs, ds, y, accumulate);
-        }
-        for wide in [false, true] {
-            if nt == 1 && self.mvs_fits(ty, rows, cols, &[w], !wide, wide) {
-                return self.matvec_q_mvs(ty, w, rows, cols, qs, ds, y, accumulate, wide);
-            }
-        }
         if nt == 1 && self.q6_half_fits(ty, cols) {
             return self.matvec_q6_half(w, rows, cols, qs, ds, y, accumulate);
         }
@@ -834,11 +807,7 @@ impl Gpu {
             nt as i32,
             accumulate as i32,
         );
-        if nt == 1
-            && self.pdl.get()
-            && self.mvq_pf.get()
-            && matrix_bytes(ty, rows, cols) <= self.pf_max.get()
-        {
+        if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
             let name = format!("mvqp_{}", QTYPES[qtype_index(ty)?].1);
             return self.launch_id(
@@ -1684,15 +1653,12 @@ impl Gpu {
             i32_of(rows[1], "rows")?,
             i32_of(rows[2], "rows")?,
         );
-        let wb = matrix_bytes(ty, rows[0] + rows[1], cols)
-            + matrix_bytes(tv.unwrap_or(ty), rows[2], cols);
-        let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags(wb));
+        let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
         if let Some(tv) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
-            let qk = name(ty).map(|n| if self.q4h_for(ty) { "q4_kh" } else { n });
-            let (Some(a), Some(b), ActIn::Quantized { .. }) = (qk, name(tv), &act) else {
+            let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), name(tv), &act) else {
                 return Err(CudaError::Arg(format!(
                     "mixed Q/K/V launch of {ty} and {tv}"
                 )));
@@ -1710,11 +1676,7 @@ impl Gpu {
                 kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
             );
         }
-        let id = if self.q4h_for(ty) {
-            self.kernel_id("mvr_rope_q4_kh")?
-        } else {
-            mvr_id(ty, false)? + 2
-        };
+        let id = mvr_id(ty, false)? + 2;
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
         self.launch_id(
             id,
@@ -1732,13 +1694,9 @@ impl Gpu {
     /// Bit 2 (v10, [`Gpu::wave`]): the launch's grid is sized to what is resident at once
     /// (`mvr_grid`); the block asks L2 for its first two steps only and each warp for
     /// its rows two steps ahead.
-    ///
-    /// `bytes`: the weight bytes the launch reads; over [`Gpu::pf_max`] bit 0 is left off.
-    fn mvr_flags(&self, bytes: usize) -> i32 {
+    fn mvr_flags(&self) -> i32 {
         let pdl = self.pdl.get();
-        (pdl && bytes <= self.pf_max.get()) as i32
-            | (((pdl && self.early_w.get()) as i32) << 1)
-            | ((self.wave.get() as i32) << 2)
+        pdl as i32 | (((pdl && self.early_w.get()) as i32) << 1) | ((self.wave.get() as i32) << 2)
     }
 
     /// Blocks and row pairs per warp of an `mvr` launch (kernel `id`) that needs `blocks`
@@ -1866,19 +1824,14 @@ impl Gpu {
             y[i] = yi;
         }
         let total: usize = segs.iter().map(|s| s.1).sum();
-        let (c, a, pf) = (
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-            self.mvr_flags(matrix_bytes(ty, total, cols)),
-        );
+        let (c, a, pf) = (i32_of(cols, "cols")?, accumulate as i32, self.mvr_flags());
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
-        let id = match (self.mvr_lb4.get(), self.q4h_for(ty)) {
-            (true, true) => self.kernel_id("mvr4_q4_kh")?,
-            (false, true) => self.kernel_id("mvr_q4_kh")?,
-            (true, false) => self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?,
-            (false, false) => mvr_id(ty, false)?,
+        let id = if self.mvr_lb4.get() {
+            self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
+        } else {
+            mvr_id(ty, false)?
         };
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
         self.launch_id(
@@ -1953,12 +1906,6 @@ impl Gpu {
                 )));
             }
         }
-        if nt == 1 && self.mvk_fits(ty, cols, &[wg, wu]) {
-            return self.matvec_q_swiglu_mvk(wg, wu, rows, cols, qs, ds, y, quant);
-        }
-        if nt == 1 && self.mvs_fits(ty, 0, cols, &[wg, wu], false, false) {
-            return self.matvec_q_swiglu_mvs(ty, wg, wu, rows, cols, qs, ds, y, quant);
-        }
         if nt == 1 && self.mvr_fits(cols) {
             let act = ActIn::Quantized { qs, ds };
             return self.mvr_swiglu(ty, wg, wu, rows, cols, act, y, quant);
@@ -2007,18 +1954,14 @@ impl Gpu {
         let (r, c, pf) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
-            self.mvr_flags(2 * matrix_bytes(ty, rows, cols)),
+            self.mvr_flags(),
         );
         let (qf, qc, qq, qd) = match quant {
             Some((f, c, q, d)) => (f as i32, c, q, d),
             None => (0, 0, 0, 0),
         };
         let (qs, ds, px, pw, eps) = act.args();
-        let id = if self.q4h_glu(ty) {
-            self.kernel_id("mvr_swiglu_q4_kh")?
-        } else {
-            mvr_id(ty, true)?
-        };
+        let id = mvr_id(ty, true)?;
         let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(MVR_WARPS), &act)?;
         self.launch_id(
             id,
@@ -2660,347 +2603,6 @@ impl Gpu {
         )
     }
 
-    /// Whether `mvr` products of a `ty` matrix take the half-unit Q4_K kernels ([`Gpu::q4h`]).
-    fn q4h_for(&self, ty: GgmlType) -> bool {
-        self.q4h.get() & Q4H_REST != 0 && ty == GgmlType::Q4K
-    }
-
-    /// [`Gpu::q4h_for`] for the SwiGLU product.
-    fn q4h_glu(&self, ty: GgmlType) -> bool {
-        self.q4h.get() & Q4H_GLU != 0 && ty == GgmlType::Q4K
-    }
-
-    /// Whether one-token products of a `ty` matrix with `cols` columns at `w` take the
-    /// super-block-per-lane kernels (mvk.cu): [`Gpu::mvk`] on, Q4_K, 16-byte aligned rows.
-    pub fn mvk_fits(&self, ty: GgmlType, cols: usize, w: &[u64]) -> bool {
-        self.mvk.get()
-            && ty == GgmlType::Q4K
-            && cols.is_multiple_of(256)
-            && Self::mvk_warp_smem(1, cols) <= MVS_SMEM_MAX
-            && w.iter().all(|p| p % 16 == 0)
-    }
-
-    /// Row pairs per warp tile of an mvk launch over `pairs` pairs of rows `cols` wide: whole
-    /// warps of super-block tasks (32 / gcd(super-blocks, 32) pairs), halved while the tiles
-    /// would give fewer than 4 warps per SM. A power of two, so a tile stays inside one group of
-    /// 256 outputs (the SwiGLU form's fused quantization).
-    fn mvk_pairs(&self, pairs: usize, cols: usize) -> usize {
-        let sb = (cols / 256).max(1);
-        // The largest power of two dividing the super-block count, up to 32.
-        let mut g = 1usize;
-        while g < 32 && sb.is_multiple_of(2 * g) {
-            g *= 2;
-        }
-        let mut p = 32 / g;
-        while p > 1
-            && (pairs.div_ceil(p) < 4 * self.sms as usize
-                || 4 * Self::mvk_warp_smem(p, cols) > MVS_SMEM_MAX)
-        {
-            p /= 2;
-        }
-        p
-    }
-
-    /// Shared memory of one mvk warp with `p` row pairs per tile of rows `cols` wide: two
-    /// stages of `p` pairs (mvk.cu's padded layout) and the tile's 16-byte task entries.
-    fn mvk_warp_smem(p: usize, cols: usize) -> usize {
-        let (sb, rb) = (cols / 256, cols / 256 * 144);
-        2 * p * (2 * rb + 16) + p * 2 * sb * 16
-    }
-
-    /// Launch mvk kernel `name` over `pairs` row pairs of `cols` columns; `launch` gets (pairs
-    /// per tile, grid, block, shared memory bytes).
-    #[allow(clippy::type_complexity)]
-    fn mvk_run(
-        &self,
-        name: &str,
-        pairs: usize,
-        cols: usize,
-        launch: &mut dyn FnMut(
-            &Gpu,
-            i32,
-            (u32, u32, u32),
-            (u32, u32, u32),
-            u32,
-        ) -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        if pairs == 0 {
-            return Ok(());
-        }
-        let p = self.mvk_pairs(pairs, cols);
-        let tiles = pairs.div_ceil(p);
-        let id = self.kernel_id(name)?;
-        let per_warp = Self::mvk_warp_smem(p, cols);
-        let nw = (MVS_SMEM_MAX / per_warp).clamp(1, 8);
-        let smem = u32_of(nw * per_warp, "shared memory")?;
-        let threads = 32 * nw as u32;
-        let per_sm = self.blocks_per_sm_smem(id, threads, smem)?.max(1);
-        let blocks = (per_sm * self.sms as usize).min(tiles.div_ceil(nw)).max(1);
-        launch(
-            self,
-            i32_of(p, "pairs per tile")?,
-            (u32_of(blocks, "blocks")?, 1, 1),
-            (threads, 1, 1),
-            smem,
-        )
-    }
-
-    /// One token's `y (+)= W x` for a Q4_K matrix, a super-block per lane (mvk.cu): the CPU's
-    /// `dot_q4_k_gemv` bits per output, where [`Gpu::mvk_fits`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_mvk(
-        &self,
-        w: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        check_cols(GgmlType::Q4K, cols)?;
-        if !self.mvk_fits(GgmlType::Q4K, cols, &[w]) {
-            return Err(CudaError::Arg(format!("mvk product of {rows} x {cols}")));
-        }
-        let (rr, c, a) = (
-            i32_of(rows, "rows")?,
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-        );
-        self.mvk_run(
-            "mvk_q4_k",
-            rows.div_ceil(2),
-            cols,
-            &mut |g, p, grid, block, smem| {
-                g.launch_id_smem(
-                    g.kernel_id("mvk_q4_k")?,
-                    grid,
-                    block,
-                    smem,
-                    kargs![w, rr, c, qs, ds, y, a, p],
-                )
-            },
-        )
-    }
-
-    /// One token's SwiGLU product of Q4_K gate and up matrices, a super-block per lane
-    /// (mvk.cu), with the fused quantization of [`Gpu::matvec_q_swiglu_quant`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_swiglu_mvk(
-        &self,
-        wg: u64,
-        wu: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        quant: Option<(ActFormat, u64, u64, u64)>,
-    ) -> Result<(), CudaError> {
-        check_cols(GgmlType::Q4K, cols)?;
-        if !self.mvk_fits(GgmlType::Q4K, cols, &[wg, wu]) {
-            return Err(CudaError::Arg(format!(
-                "mvk SwiGLU product of {rows} x {cols}"
-            )));
-        }
-        if let Some((f, ..)) = quant {
-            if !rows.is_multiple_of(f.block()) {
-                return Err(CudaError::Arg(format!(
-                    "fused quantization of a SwiGLU product: {rows} rows ({f:?})"
-                )));
-            }
-        }
-        let (qf, qc, qq, qd) = match quant {
-            Some((f, c, q, d)) => (f as i32, c, q, d),
-            None => (0, 0, 0, 0),
-        };
-        let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
-        self.mvk_run(
-            "mvk_swiglu_q4_k",
-            rows,
-            cols,
-            &mut |g, p, grid, block, smem| {
-                g.launch_id_smem(
-                    g.kernel_id("mvk_swiglu_q4_k")?,
-                    grid,
-                    block,
-                    smem,
-                    kargs![wg, wu, r, c, qs, ds, y, p, qf, qc, qq, qd],
-                )
-            },
-        )
-    }
-
-    /// Whether one-token products of a `ty` matrix of `rows` x `cols` at `w` take the
-    /// streamed kernels (mvs.cu): [`Gpu::mvs`] on, a Q4_K or Q6_K matrix, its rows (`pair`:
-    /// its row pairs) 16-byte multiples from a 16-byte aligned start, and (`wide`: the
-    /// block-per-row order of 128 threads) rows that `mvq_threads` gives 128 threads, else rows
-    /// the `mvr` kernels take.
-    ///
-    /// `rows`: the matrix's rows, for [`Gpu::mvs`]'s size bit (0: any size).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mvs_fits(
-        &self,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        w: &[u64],
-        pair: bool,
-        wide: bool,
-    ) -> bool {
-        let bits = self.mvs.get();
-        let small = pair && !wide && rows > 0 && matrix_bytes(ty, rows, cols) <= MVS_SMALL_BYTES;
-        let on = if small {
-            bits & MVS_SMALL != 0
-        } else {
-            bits & MVS_REST != 0
-        };
-        if !on || !MVS_TYPES.iter().any(|t| t.0 == ty) || !cols.is_multiple_of(256) {
-            return false;
-        }
-        let rb = matrix_bytes(ty, 1, cols);
-        let unit = if pair { 2 * rb } else { rb };
-        let shape = if wide {
-            mvq_threads(cols) == MVS_ROW_B
-        } else {
-            self.mvr_fits(cols)
-        };
-        shape
-            && unit.is_multiple_of(16)
-            && MVS_D * unit.div_ceil(16) * 16 <= MVS_SMEM_MAX
-            && w.iter().all(|p| p % 16 == 0)
-    }
-
-    /// One token's `y (+)= W x` (see [`Gpu::matvec_q`]) with the streamed kernels: row pairs
-    /// in `mvr`'s order (`wide` false) or rows in the 128-thread block-per-row order (`wide`),
-    /// where [`Gpu::mvs_fits`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_mvs(
-        &self,
-        ty: GgmlType,
-        w: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        accumulate: bool,
-        wide: bool,
-    ) -> Result<(), CudaError> {
-        check_cols(ty, cols)?;
-        if !self.mvs_fits(ty, rows, cols, &[w], !wide, wide) {
-            return Err(CudaError::Arg(format!(
-                "streamed product of a {ty} matrix of {rows} x {cols}"
-            )));
-        }
-        let t = MVS_TYPES.iter().find(|t| t.0 == ty).map_or("", |t| t.1);
-        let rb = matrix_bytes(ty, 1, cols);
-        let (name, items, slot) = if wide {
-            (format!("mvs_row_{t}"), rows, rb)
-        } else {
-            (format!("mvs_{t}"), rows.div_ceil(2), 2 * rb)
-        };
-        let (rr, c, a) = (
-            i32_of(rows, "rows")?,
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-        );
-        self.mvs_run(&name, items, slot, &mut |g, slot, grid, block, smem| {
-            g.launch_id_smem(
-                g.kernel_id(&name)?,
-                grid,
-                block,
-                smem,
-                kargs![w, rr, c, qs, ds, y, a, slot],
-            )
-        })
-    }
-
-    /// One token's SwiGLU product with the streamed kernel (see
-    /// [`Gpu::matvec_q_swiglu_quant`]), where [`Gpu::mvs_fits`] both matrices.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_swiglu_mvs(
-        &self,
-        ty: GgmlType,
-        wg: u64,
-        wu: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        quant: Option<(ActFormat, u64, u64, u64)>,
-    ) -> Result<(), CudaError> {
-        check_cols(ty, cols)?;
-        if !self.mvs_fits(ty, 0, cols, &[wg, wu], false, false) {
-            return Err(CudaError::Arg(format!(
-                "streamed SwiGLU product of {ty} matrices of {rows} x {cols}"
-            )));
-        }
-        if let Some((f, ..)) = quant {
-            if !rows.is_multiple_of(f.block()) {
-                return Err(CudaError::Arg(format!(
-                    "fused quantization of a SwiGLU product: {rows} rows ({f:?})"
-                )));
-            }
-        }
-        let t = MVS_TYPES.iter().find(|t| t.0 == ty).map_or("", |t| t.1);
-        let name = format!("mvs_swiglu_{t}");
-        let (qf, qc, qq, qd) = match quant {
-            Some((f, c, q, d)) => (f as i32, c, q, d),
-            None => (0, 0, 0, 0),
-        };
-        let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
-        let slot = 2 * matrix_bytes(ty, 1, cols);
-        self.mvs_run(&name, rows, slot, &mut |g, slot, grid, block, smem| {
-            g.launch_id_smem(
-                g.kernel_id(&name)?,
-                grid,
-                block,
-                smem,
-                kargs![wg, wu, r, c, qs, ds, y, slot, qf, qc, qq, qd],
-            )
-        })
-    }
-
-    /// The grid of a streamed product (mvs.cu) over `items` work items of `slot` bytes:
-    /// blocks of up to 8 warps (fewer where 8 rings of [`MVS_D`] slots do not fit), as many as
-    /// are resident at once and have work; `launch` gets (slot bytes, grid, block, shared
-    /// memory bytes).
-    #[allow(clippy::type_complexity)]
-    fn mvs_run(
-        &self,
-        name: &str,
-        items: usize,
-        slot: usize,
-        launch: &mut dyn FnMut(
-            &Gpu,
-            i32,
-            (u32, u32, u32),
-            (u32, u32, u32),
-            u32,
-        ) -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        if items == 0 {
-            return Ok(());
-        }
-        let slot = slot.div_ceil(16) * 16;
-        let nw = (MVS_SMEM_MAX / (MVS_D * slot)).clamp(1, 8);
-        let smem = nw * MVS_D * slot;
-        let id = self.kernel_id(name)?;
-        let threads = 32 * nw as u32;
-        let smem = u32_of(smem, "shared memory")?;
-        let per_sm = self.blocks_per_sm_smem(id, threads, smem)?.max(1);
-        let blocks = (per_sm * self.sms as usize).min(items.div_ceil(nw)).max(1);
-        launch(
-            self,
-            i32_of(slot, "slot bytes")?,
-            (u32_of(blocks, "blocks")?, 1, 1),
-            (threads, 1, 1),
-            smem,
-        )
-    }
-
     /// Streaming-read probe (probe.cu, session 15): read `bytes` (a multiple of 16) at `p` with
     /// probe `name` ([`PROBES`]) over the blocks resident at once, and write the XOR of every
     /// 32-bit word each block read to `out[block]` (returns the block count, so the caller knows
@@ -3037,15 +2639,6 @@ impl Gpu {
         Ok(blocks)
     }
 }
-
-/// Weight types of the streamed one-token products (mvs.cu, [`Gpu::mvs`]).
-pub const MVS_TYPES: [(GgmlType, &str); 2] = [(GgmlType::Q4K, "q4_k"), (GgmlType::Q6K, "q6_k")];
-/// mvs.cu's ring slots per warp (MVS_D) and the block width whose order `mvs_row` keeps
-/// (MVS_ROW_B).
-const MVS_D: usize = 3;
-const MVS_ROW_B: u32 = 128;
-/// Shared memory a block may take (227 KiB on sm_90).
-const MVS_SMEM_MAX: usize = 227 * 1024;
 
 /// The streaming-read probes of probe.cu ([`Gpu::probe_read`]).
 pub const PROBES: &[&str] = &["probe_ld1", "probe_ld4", "probe_ld8", "probe_cp"];

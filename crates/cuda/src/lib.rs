@@ -11,9 +11,7 @@ pub mod error;
 pub mod kernels;
 pub mod lt;
 
-pub use device::{
-    available, DevBuf, Gpu, SideCfg, MVS_REST, MVS_SMALL, MVS_SMALL_BYTES, Q4H_GLU, Q4H_REST,
-};
+pub use device::{available, DevBuf, Gpu, SideCfg};
 pub use error::CudaError;
 pub use lt::{GemmShape, GemmTuning};
 pub mod backend;
