@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -590,6 +590,23 @@ fn main() {
             }
         }
         b.set_decode_v11(d0.0, d0.1);
+    }
+    // --ab-ss (session 16): one-token RMSNorms from the products' partial sums of squares
+    // (on) or from the row (off), alternating, in one process.
+    if args.iter().any(|a| a == "--ab-ss") {
+        let d0 = b.rms_ss();
+        for on in [d0, false, true, false, true, false, true, d0] {
+            b.set_rms_ss(on);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b rms_ss={on}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_rms_ss(d0);
     }
     // --side-cfgs (session 11): the side stream's launch forms the --ab-side runs try
     // (SideCfg::parse, `;` between them); default the one in use.

@@ -10,6 +10,16 @@ typedef unsigned long long u64;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Session 16: the f64 partial sums of squares of a one-token residual row that the products
+// writing the row add into and the next RMSNorm reads (rms_norm's `ss`). A power of two.
+#define RMS_SLOTS 32
+
+// Add v * v (exact in f64) of the row element at `row` into its slot (no return value: a
+// reduction, so the writer does not wait for it).
+__device__ __forceinline__ void ss_add(double* ss, int row, float v) {
+    atomicAdd(ss + (row & (RMS_SLOTS - 1)), (double)v * (double)v);
+}
+
 // Programmatic dependent launch (sm_90): with the launch attribute set (device.rs), a kernel may
 // be started while the one before it in the stream is still running. Every kernel therefore
 // waits for its predecessor's completion (and memory) before touching anything, then lets its

@@ -477,7 +477,8 @@ __device__ __forceinline__ float unit_dot(const int* q, const typename QI<T>::P&
 // warps at once (more loads in flight than one warp per row gives), then a block reduction.
 template <int T, int NT, bool GLU>
 __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8* aq,
-                         const float2* ad, int nt, float* y, int accumulate) {
+                         const float2* ad, int nt, float* y, int accumulate,
+                         double* ss = nullptr) {
     __shared__ float sh[2][4][NT];
     int row = blockIdx.x;
     if (row >= rows) return;
@@ -525,8 +526,14 @@ __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8
             su += sh[1][k][t];
         }
         float* o = y + (long long)t * rows + row;
-        if (GLU) *o = ggml_swiglu(s, su);
-        else *o = accumulate ? *o + s : s;
+        if (GLU) {
+            *o = ggml_swiglu(s, su);
+        } else {
+            float v = accumulate ? *o + s : s;
+            *o = v;
+            // Session 16: the new row's squares for the next RMSNorm (one token only).
+            if (ss) ss_add(ss, row, v);
+        }
     }
 }
 
@@ -668,7 +675,7 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
                                          float* y0, float* y1, float* y2, int accumulate,
                                          int qfmt, u32* qcnt, i8* qso, float2* dso,
                                          const RopeArgs* rp, const MvrPre<T>& pre,
-                                         bool use_pre) {
+                                         bool use_pre, double* ss = nullptr) {
     int lane = threadIdx.x & 31;
     const u8* wr[2];
     bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
@@ -746,7 +753,10 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
         int g = row + s;
         if (s == 1 && !second) break;
         float* y = g < r0 ? y0 + g : g < r0 + r1 ? y1 + (g - r0) : y2 + (g - r0 - r1);
-        *y = accumulate ? *y + acc[s] : acc[s];
+        float v = accumulate ? *y + acc[s] : acc[s];
+        *y = v;
+        // Session 16: the new row's squares for the next RMSNorm (one matrix: y0 is the row).
+        if (ss) ss_add(ss, g, v);
     }
 }
 
@@ -782,7 +792,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          float* y1, float* y2, int accumulate, int prefetch, int qfmt,
                          u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp,
                          const float* __restrict__ px, const float* __restrict__ pw, float eps,
-                         int loops) {
+                         int loops, double* ss = nullptr) {
     __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
     __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
     __shared__ double shd[32];
@@ -841,7 +851,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
         if (ahead && k + 2 < loops) mvr_prefetch_rows<T, GLU>(row + 2 * nw * per_warp, w0, w1, w2,
                                                                r0, r1, total, rb);
         mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
-                         accumulate, qfmt, qcnt, qso, dso, rp, pre, early && k == 0);
+                         accumulate, qfmt, qcnt, qso, dso, rp, pre, early && k == 0, ss);
     }
 }
 
@@ -849,9 +859,9 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void __launch_bounds__(256) mvr_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
-        int prefetch, const float* px, const float* pw, float eps, int loops) { \
+        int prefetch, const float* px, const float* pw, float eps, int loops, double* ss) { \
         mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
-                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops); \
+                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
     } \
     extern "C" __global__ void __launch_bounds__(256) mvr_rope_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
@@ -1293,9 +1303,9 @@ FOR_EACH_QTYPE(DEF_MVD)
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
-        int prefetch, const float* px, const float* pw, float eps, int loops) { \
+        int prefetch, const float* px, const float* pw, float eps, int loops, double* ss) { \
         mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
-                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops); \
+                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVR4)
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
@@ -1312,11 +1322,11 @@ FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
 #define DEF_MVQP(name, T) \
     extern "C" __global__ void __launch_bounds__(128) mvqp_##name( \
         const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
-        int accumulate) { \
+        int accumulate, double* ss) { \
         if ((int)blockIdx.x < rows) \
             prefetch_l2(w + (long long)blockIdx.x * ((cols / Q<T>::BE) * Q<T>::BB), \
                         (long long)(cols / Q<T>::BE) * Q<T>::BB); \
         PDL_ENTRY(); \
-        mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate); \
+        mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVQP)

@@ -9,8 +9,17 @@
 // f16, the GEMM path's operand: f16(d * q) of that quantization when fmt != 0 (what
 // quantize_act's f16 output holds), else plain f16. The arithmetic is cpu::ops::rms_norm's: the
 // sum of squares in f64, mean rounded to f32, scale = 1 / sqrt(mean + eps) correctly rounded.
+//
+// Session 16 (`ss` non-null; one row, `rows` null): the row's sum of squares is not taken here
+// but read from the RMS_SLOTS f64 partial sums that the products which last wrote x added it
+// into (mvr_impl / mvq_impl with their `ss`); each warp sums the slots in one fixed butterfly,
+// so no block barrier. Every square is exact in f64 and their sum nearly always is too, so the
+// scale is the whole-row sum's (tested bit for bit). `ssz` (may be null): RMS_SLOTS doubles
+// that block (0, 0) zeroes for the next product to add into (the step's chain orders it: that
+// product runs after this kernel has finished, and the set's last reader before it).
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
-                                    float* out, u16* out_h, int fmt, i8* qs, float2* ds) {
+                                    float* out, u16* out_h, int fmt, i8* qs, float2* ds,
+                                    const double* ss, double* ssz) {
     // v9: the block's first chunk of the norm weight (a constant) is loaded before the wait, so
     // its round trip overlaps the kernel before.
     int c1 = blockIdx.y * blockDim.x + threadIdx.x;
@@ -22,7 +31,17 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     long long i = blockIdx.x;
     long long r = rows ? rows[i] : i;
     const float* xr = x + r * n;
-    float scale = rms_scale(xr, n, eps, sh);
+    float scale;
+    if (ss) {
+        double v = ss[threadIdx.x & (RMS_SLOTS - 1)];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        float mean = (float)(v / (double)n);
+        scale = 1.0f / sqrtf(mean + eps);
+    } else {
+        scale = rms_scale(xr, n, eps, sh);
+    }
+    if (ssz && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < RMS_SLOTS) ssz[threadIdx.x] = 0.0;
     for (int cb = blockIdx.y; cb * 256 < n; cb += gridDim.y) {
         int c = cb * blockDim.x + threadIdx.x;
         bool valid = c < n;

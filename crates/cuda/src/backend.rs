@@ -119,6 +119,10 @@ struct Layer {
     gu16: Option<DevBuf>,
 }
 
+/// The slot sets of [`Scratch::ss`].
+const SS_ATTN: usize = 0;
+const SS_FFN: usize = 1;
+
 struct Scratch {
     x: DevBuf,
     xn: DevBuf,
@@ -137,6 +141,10 @@ struct Scratch {
     /// Zeroed per-(token, KV head) counters of the split attention that merges its own slices
     /// (the kernel leaves them zeroed).
     acnt: DevBuf,
+    /// Session 16: two sets of [`kernels::RMS_SLOTS`] f64 partial sums of squares of the
+    /// one-token residual row: [`SS_ATTN`] filled by the down projection for the next attention
+    /// norm, [`SS_FFN`] by the output projection for the FFN norm; each norm zeroes the other.
+    ss: DevBuf,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
@@ -298,6 +306,10 @@ pub struct CudaBackend {
     /// That attention issues its first tiles' copies before the Q/K/V kernel ends
     /// ([`Gpu::attn_one`]; else [`Gpu::attn_batch`]): off with `CROSSOVER_CUDA_ATTN_EARLY=0`.
     one_early: bool,
+    /// One-token steps take each RMSNorm's sum of squares from partial sums the products that
+    /// wrote the row added up (session 16, [`Gpu::rms_norm_ss`]): on unless
+    /// `CROSSOVER_CUDA_RMS_SS=0`.
+    rms_ss: bool,
     /// Batched steps (9..64 tokens on cuBLAS) multiply Q/K/V and gate/up as one GEMM each on
     /// the fused copies (v10): on unless `CROSSOVER_CUDA_FUSE_GEMM=0`.
     fuse_gemm: bool,
@@ -559,6 +571,7 @@ impl CudaBackend {
             ad2: gpu.alloc(kernels::act_bytes(1, widest).1)?,
             qcnt: gpu.alloc_zeroed(n * widest.div_ceil(256) * 4)?,
             acnt: gpu.alloc_zeroed(n * cfg.n_head_kv * 4)?,
+            ss: gpu.alloc_zeroed(2 * kernels::RMS_SLOTS * 8)?,
             q: gpu.alloc(n * qd * f4)?,
             k: gpu.alloc(n * kvd * f4)?,
             v: gpu.alloc(n * kvd * f4)?,
@@ -726,6 +739,7 @@ impl CudaBackend {
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() == Ok("1"),
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
+            rms_ss: std::env::var("CROSSOVER_CUDA_RMS_SS").as_deref() != Ok("0"),
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
             side_l2: std::env::var("CROSSOVER_CUDA_SIDE_L2")
@@ -1159,6 +1173,18 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 16's one-token choice ([`CudaBackend::rms_ss`]): RMSNorm from the products'
+    /// partial sums of squares; drops captured graphs so later steps use the choice.
+    pub fn set_rms_ss(&mut self, on: bool) {
+        self.rms_ss = on;
+        self.graphs.clear();
+    }
+
+    /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
+    pub fn rms_ss(&self) -> bool {
+        self.rms_ss
+    }
+
     /// v11's one-token choices ([`CudaBackend::set_decode_v11`]'s arguments).
     pub fn decode_v11(&self) -> (bool, bool) {
         (self.gpu.rms1.get(), self.gpu.argmax_mb.get())
@@ -1487,8 +1513,32 @@ impl CudaBackend {
         stats: &mut StepStats,
         acts: &mut Acts,
     ) -> Result<(), CudaError> {
+        Self::linear_ss(gpu, opts, s, m, x, n, y, acc, stats, acts, 0).map(|_| ())
+    }
+
+    /// [`Self::linear`]; for one token on the integer matrix-vector kernels, also adds the
+    /// outputs' squares into the slot set `ss` ([`Gpu::matvec_q_ss`]; 0: none). Returns whether
+    /// it did.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_ss(
+        gpu: &Gpu,
+        opts: &CudaOptions,
+        s: &Scratch,
+        m: &Mat,
+        x: u64,
+        n: usize,
+        y: u64,
+        acc: bool,
+        stats: &mut StepStats,
+        acts: &mut Acts,
+        ss: u64,
+    ) -> Result<bool, CudaError> {
         if let Some(h) = &m.host {
-            return s.host.borrow_mut().linear(gpu, h, x, n, y, acc);
+            return s
+                .host
+                .borrow_mut()
+                .linear(gpu, h, x, n, y, acc)
+                .map(|_| false);
         }
         let name = |e: CudaError| match e {
             CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", m.name)),
@@ -1518,6 +1568,7 @@ impl CudaBackend {
                     y,
                     acc,
                 )
+                .map(|_| false)
                 .map_err(name);
         }
         // Batched decode (9..64 tokens), Q4_K (session 10): tensor-core products on the
@@ -1549,6 +1600,7 @@ impl CudaBackend {
                     s.mmf_ws.ptr(),
                     s.mmf_cnt.ptr(),
                 )
+                .map(|_| false)
                 .map_err(name);
         }
         // Batched decode (9..64 tokens): f16 tensor-core products reading the quantized weights
@@ -1600,18 +1652,21 @@ impl CudaBackend {
                             s.mmf_ws.ptr(),
                             s.mmf_cnt.ptr(),
                         )
+                        .map(|_| false)
                         .map_err(name);
                 }
                 stats.gemm_calls += 1;
-                return gpu.gemm_f16(
-                    w,
-                    s.xh.ptr(),
-                    y,
-                    m.rows,
-                    n,
-                    m.cols,
-                    if acc { 1.0 } else { 0.0 },
-                );
+                return gpu
+                    .gemm_f16(
+                        w,
+                        s.xh.ptr(),
+                        y,
+                        m.rows,
+                        n,
+                        m.cols,
+                        if acc { 1.0 } else { 0.0 },
+                    )
+                    .map(|_| false);
             }
         }
         let fmt = kernels::act_format(m.ty);
@@ -1623,13 +1678,14 @@ impl CudaBackend {
             }
         }
         let mut t0 = 0;
+        let mut wrote = false;
         while t0 < n {
             let nt = (n - t0).min(MV_MAX_NT);
             let yt = y + (t0 * m.rows * 4) as u64;
-            match fmt {
+            wrote = match fmt {
                 Some(_) => {
                     let (qo, dof) = kernels::act_bytes(t0, m.cols);
-                    gpu.matvec_q(
+                    gpu.matvec_q_ss(
                         m.ty,
                         m.q.ptr(),
                         m.rows,
@@ -1639,23 +1695,26 @@ impl CudaBackend {
                         nt,
                         yt,
                         acc,
+                        if n == 1 { ss } else { 0 },
                     )
                 }
-                None => gpu.matvec(
-                    m.ty,
-                    m.q.ptr(),
-                    m.rows,
-                    m.cols,
-                    x + (t0 * m.cols * 4) as u64,
-                    nt,
-                    yt,
-                    acc,
-                ),
+                None => gpu
+                    .matvec(
+                        m.ty,
+                        m.q.ptr(),
+                        m.rows,
+                        m.cols,
+                        x + (t0 * m.cols * 4) as u64,
+                        nt,
+                        yt,
+                        acc,
+                    )
+                    .map(|_| false),
             }
             .map_err(name)?;
             t0 += nt;
         }
-        Ok(())
+        Ok(wrote)
     }
 
     /// Make `xh` the f16 GEMM operand of `n` rows of `x` (`cols` wide) in `fmt` (see
@@ -1798,6 +1857,8 @@ impl CudaBackend {
 
     /// RMSNorm of the step's `n` rows of `x` (see [`Gpu::rms_norm`]): prompt-sized steps that
     /// want the f16 GEMM operand take the warp-quantizing kernel ([`Gpu::rms_norm_w`]).
+    /// `ss` = (filled, to zero) slot sets of [`Scratch::ss`] for one row (0: none): returns
+    /// whether the launch took them ([`Gpu::rms_norm_ss`]), i.e. zeroed the second.
     #[allow(clippy::too_many_arguments)]
     fn norm_rows(
         gpu: &Gpu,
@@ -1810,24 +1871,34 @@ impl CudaBackend {
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
         raw: bool,
-    ) -> Result<(), CudaError> {
+        ss: (u64, u64),
+    ) -> Result<bool, CudaError> {
         if raw {
             // norm_outputs chose the raw operand: the quantization is there.
             let (f, _, ds) = quant.ok_or_else(|| {
                 CudaError::Arg("raw RMSNorm operand without a quantization".into())
             })?;
-            return gpu.rms_norm_w_raw(x, w, e, eps, n, out, f, out_h, ds);
+            return gpu
+                .rms_norm_w_raw(x, w, e, eps, n, out, f, out_h, ds)
+                .map(|_| false);
         }
         // v11: one row, a warp per 256-element group (the same bits).
         if n == 1 && gpu.rms1.get() && Gpu::rms1_fits(e) {
-            return gpu.rms_norm1(x, w, e, eps, out, out_h, quant);
+            return gpu
+                .rms_norm1(x, w, e, eps, out, out_h, quant)
+                .map(|_| false);
         }
         let blk = quant.map_or(32, |q| q.0.block().max(32));
         let wide = (out_h != 0 && n >= 32) || (quant.is_some() && n > MV_MAX_NT);
         if gpu.warp_quant.get() && wide && e.is_multiple_of(blk) {
             gpu.rms_norm_w(x, w, e, eps, n, out, out_h, quant)
+                .map(|_| false)
+        } else if n == 1 && ss.1 != 0 {
+            gpu.rms_norm_ss(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1)
+                .map(|_| true)
         } else {
             gpu.rms_norm(x, 0, w, e, eps, n, out, out_h, quant)
+                .map(|_| false)
         }
     }
 
@@ -1886,6 +1957,18 @@ impl CudaBackend {
             && self.meta.ids.len() == n;
         // One token: the products normalize and quantize their own activations (v7).
         let prep = n == 1 && gpu.fuse_prep.get() && matvec_path && tr.is_none();
+        // Session 16, one token: the products that write x add up its squares for the next
+        // RMSNorm. `ss_full` is the slot set holding x's whole sum (0: none, the norm takes it
+        // from the row), `ss_clear` the set the last norm zeroed for the next product.
+        let use_ss = n == 1 && self.rms_ss && matvec_path && tr.is_none() && !prep;
+        let ss_set = |k: usize| {
+            if use_ss {
+                s.ss.at(k * kernels::RMS_SLOTS * 8)
+            } else {
+                0
+            }
+        };
+        let mut ss_full = 0u64;
         // Batched steps on cuBLAS: Q/K/V and gate/up as one GEMM each on the fused copies (v10).
         let wide_gemm = self.fuse_gemm
             && tr.is_none()
@@ -1924,10 +2007,13 @@ impl CudaBackend {
                 && qf.is_some();
             // ... with the RMSNorm and quantization inside that launch too.
             let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
+            let ss_in = std::mem::take(&mut ss_full);
+            let mut ss_clear = 0u64;
             if !prep_qkv {
                 let raw = !int_path && mmk_for(gpu, &l.wq, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, raw, s.xn.ptr(), &mut qc);
-                Self::norm_rows(
+                let zero = ss_set(SS_FFN);
+                let took = Self::norm_rows(
                     gpu,
                     s.x.ptr(),
                     l.attn_norm.ptr(),
@@ -1938,7 +2024,11 @@ impl CudaBackend {
                     nh16,
                     nq,
                     raw,
+                    (ss_in, zero),
                 )?;
+                if took {
+                    ss_clear = zero;
+                }
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
             let fused_rope = rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
@@ -2339,7 +2429,7 @@ impl CudaBackend {
                     o => o,
                 })?;
             } else {
-                Self::linear(
+                let wrote = Self::linear_ss(
                     gpu,
                     o,
                     s,
@@ -2350,8 +2440,13 @@ impl CudaBackend {
                     true,
                     st,
                     &mut qc,
+                    std::mem::take(&mut ss_clear),
                 )?;
+                if wrote {
+                    ss_full = s.ss.at(SS_FFN * kernels::RMS_SLOTS * 8);
+                }
             }
+            ss_clear = 0;
             if side_one {
                 gpu.side_prefetch(&[qr(&l.down)])?;
             }
@@ -2368,10 +2463,12 @@ impl CudaBackend {
                 && l.gate.ty == l.up.ty
                 && gf.is_some()
                 && gpu.mvr_prep_fits(l.gate.cols);
+            let ss_in = std::mem::take(&mut ss_full);
             if !prep_ffn {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, raw, s.xn.ptr(), &mut qc);
-                Self::norm_rows(
+                let zero = ss_set(SS_ATTN);
+                let took = Self::norm_rows(
                     gpu,
                     s.x.ptr(),
                     l.ffn_norm.ptr(),
@@ -2382,7 +2479,11 @@ impl CudaBackend {
                     nh16,
                     nq,
                     raw,
+                    (ss_in, zero),
                 )?;
+                if took {
+                    ss_clear = zero;
+                }
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
             // One token: gate, up, SwiGLU and the down projection's activation quantization in
@@ -2429,21 +2530,26 @@ impl CudaBackend {
                     s.g.ptr(),
                     Some((f, s.qcnt.ptr(), s.aq2.ptr(), s.ad2.ptr())),
                 )?;
-                gpu.matvec_q(
-                    l.down.ty,
-                    l.down.q.ptr(),
-                    l.down.rows,
-                    l.down.cols,
-                    s.aq2.ptr(),
-                    s.ad2.ptr(),
-                    1,
-                    s.x.ptr(),
-                    true,
-                )
-                .map_err(|e| match e {
-                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
-                    o => o,
-                })?;
+                let wrote = gpu
+                    .matvec_q_ss(
+                        l.down.ty,
+                        l.down.q.ptr(),
+                        l.down.rows,
+                        l.down.cols,
+                        s.aq2.ptr(),
+                        s.ad2.ptr(),
+                        1,
+                        s.x.ptr(),
+                        true,
+                        std::mem::take(&mut ss_clear),
+                    )
+                    .map_err(|e| match e {
+                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                        o => o,
+                    })?;
+                if wrote {
+                    ss_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
+                }
                 qc = Acts::default();
                 continue;
             }
@@ -2595,6 +2701,8 @@ impl CudaBackend {
             }
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
+            // x was written by a product that took no slots.
+            ss_full = 0;
             Self::trace_point(gpu, tr, s, &mut qc, ("l_out", li, 0), &s.x, n, e)?;
         }
         if n_out == 0 {
@@ -2603,17 +2711,34 @@ impl CudaBackend {
         let out = self.output.as_ref().unwrap_or(&self.embd);
         let out_path = n_out <= o.gemm_min_tokens || !gpu.has_blas() || mmq_tokens(gpu, n_out);
         let (nh16, nq) = Self::norm_outputs(s, out, out_path, false, s.hn.ptr(), &mut qc);
-        gpu.rms_norm(
-            s.x.ptr(),
-            s.out_rows.ptr(),
-            self.output_norm.ptr(),
-            e,
-            cfg.rms_norm_eps,
-            n_out,
-            s.hn.ptr(),
-            nh16,
-            nq,
-        )?;
+        if ss_full != 0 && n == 1 && n_out == 1 {
+            // One token: its only row is row 0 of x.
+            gpu.rms_norm_ss(
+                s.x.ptr(),
+                0,
+                self.output_norm.ptr(),
+                e,
+                cfg.rms_norm_eps,
+                1,
+                s.hn.ptr(),
+                nh16,
+                nq,
+                ss_full,
+                0,
+            )?;
+        } else {
+            gpu.rms_norm(
+                s.x.ptr(),
+                s.out_rows.ptr(),
+                self.output_norm.ptr(),
+                e,
+                cfg.rms_norm_eps,
+                n_out,
+                s.hn.ptr(),
+                nh16,
+                nq,
+            )?;
+        }
         Self::linear(
             gpu,
             o,

@@ -691,6 +691,35 @@ impl Gpu {
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
     ) -> Result<(), CudaError> {
+        self.rms_norm_ss(x, rows, w, n, eps, n_rows, out, out_h, quant, 0, 0)
+    }
+
+    /// [`Gpu::rms_norm`] of one row (`rows` = 0, `n_rows` = 1) whose sum of squares is read from
+    /// the [`RMS_SLOTS`] f64 partial sums at `ss` (session 16: added by the products that
+    /// wrote `x`, [`Gpu::matvec_q_ss`]) instead of being taken from the row; `ss` = 0 takes it
+    /// from the row. `ssz` (may be 0): [`RMS_SLOTS`] doubles the launch zeroes for the next
+    /// product to add into. The same bits as [`Gpu::rms_norm`] whenever the f64 sums are exact
+    /// (every square is; their sum of a 3072-wide row nearly always).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_ss(
+        &self,
+        x: u64,
+        rows: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+        ss: u64,
+        ssz: u64,
+    ) -> Result<(), CudaError> {
+        if (ss != 0 || ssz != 0) && (rows != 0 || n_rows != 1) {
+            return Err(CudaError::Arg(format!(
+                "RMSNorm from partial sums of squares takes one row ({n_rows} given)"
+            )));
+        }
         let nn = i32_of(n, "width")?;
         let (fmt, qs, ds) = match quant {
             Some((f, q, d)) => {
@@ -714,7 +743,7 @@ impl Gpu {
             op(K_RMS_NORM),
             (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),
             (256, 1, 1),
-            kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds],
+            kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds, ss, ssz],
         )
     }
 
@@ -788,18 +817,51 @@ impl Gpu {
         y: u64,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        self.matvec_q_ss(ty, w, rows, cols, qs, ds, nt, y, accumulate, 0)
+            .map(|_| ())
+    }
+
+    /// [`Gpu::matvec_q`] that, for one token (`nt` = 1) on the kernels that take it (`mvr*`
+    /// and `mvqp_*`), also adds the squares of the `rows` outputs it writes into the
+    /// [`RMS_SLOTS`] f64 partial sums at `ss` (session 16: the sum of squares of the residual
+    /// row for [`Gpu::rms_norm_ss`]; the slots must hold zeros or earlier partial sums of the
+    /// same row). Returns whether it did (false: `ss` was 0 or the chosen kernel does not take
+    /// it, and the slots are untouched).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_ss(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<bool, CudaError> {
         check_cols(ty, cols)?;
         if nt == 1 && self.q6_half_fits(ty, cols) {
-            return self.matvec_q6_half(w, rows, cols, qs, ds, y, accumulate);
+            return self
+                .matvec_q6_half(w, rows, cols, qs, ds, y, accumulate)
+                .map(|_| false);
         }
         if nt == 1 && self.mvr_fits(cols) {
-            return self.matvec_q_multi(ty, &[(w, rows, y)], cols, qs, ds, accumulate);
+            let act = ActIn::Quantized { qs, ds };
+            return self
+                .mvr_multi_ss(ty, &[(w, rows, y)], cols, act, accumulate, ss)
+                .map(|_| ss != 0);
         }
         if nt == 1 && self.warp_rows.get() {
-            return self.matvec_q_warp(ty, w, rows, cols, qs, ds, y, accumulate);
+            return self
+                .matvec_q_warp(ty, w, rows, cols, qs, ds, y, accumulate)
+                .map(|_| false);
         }
         if nt == 1 && self.pdl.get() && self.early_w.get() {
-            return self.matvec_q_early(ty, w, rows, cols, qs, ds, y, accumulate);
+            return self
+                .matvec_q_early(ty, w, rows, cols, qs, ds, y, accumulate)
+                .map(|_| false);
         }
         let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
@@ -810,12 +872,14 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
             let name = format!("mvqp_{}", QTYPES[qtype_index(ty)?].1);
-            return self.launch_id(
-                self.kernel_id(&name)?,
-                (u32_of(rows, "rows")?, 1, 1),
-                (mvq_threads(cols), 1, 1),
-                kargs![w, rr, c, qs, ds, y, a],
-            );
+            return self
+                .launch_id(
+                    self.kernel_id(&name)?,
+                    (u32_of(rows, "rows")?, 1, 1),
+                    (mvq_threads(cols), 1, 1),
+                    kargs![w, rr, c, qs, ds, y, a, ss],
+                )
+                .map(|_| ss != 0);
         }
         let k = mvq_id(ty, false, nt)?;
         self.launch_id(
@@ -824,6 +888,7 @@ impl Gpu {
             (mvq_threads(cols), 1, 1),
             kargs![w, rr, c, qs, ds, n, y, a],
         )
+        .map(|_| false)
     }
 
     /// One token's `y (+)= W x` with one warp per row (`mvd_*`, v10: the down projection's
@@ -1807,7 +1872,27 @@ impl Gpu {
         act: ActIn,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        self.mvr_multi_ss(ty, segs, cols, act, accumulate, 0)
+    }
+
+    /// [`Gpu::mvr_multi`]; `ss` != 0 (one matrix only) adds the outputs' squares into the
+    /// [`RMS_SLOTS`] partial sums there ([`Gpu::matvec_q_ss`]).
+    fn mvr_multi_ss(
+        &self,
+        ty: GgmlType,
+        segs: &[(u64, usize, u64)],
+        cols: usize,
+        act: ActIn,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        if ss != 0 && segs.len() != 1 {
+            return Err(CudaError::Arg(format!(
+                "sums of squares from {} matrices in one launch (one row takes one)",
+                segs.len()
+            )));
+        }
         check_prep(&act, cols)?;
         if segs.is_empty() || segs.len() > 3 {
             return Err(CudaError::Arg(format!(
@@ -1838,7 +1923,7 @@ impl Gpu {
             id,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * MVR_WARPS as u32, 1, 1),
-            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf, px, pw, eps, loops],
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf, px, pw, eps, loops, ss],
         )
     }
 
@@ -2640,12 +2725,24 @@ impl Gpu {
     }
 }
 
+/// The f64 partial sums of squares of a one-token residual row (session 16: written by
+/// [`Gpu::matvec_q_ss`], read by [`Gpu::rms_norm_ss`]); `RMS_SLOTS` in common.cu.
+pub const RMS_SLOTS: usize = 32;
+
 /// The streaming-read probes of probe.cu ([`Gpu::probe_read`]).
 pub const PROBES: &[&str] = &["probe_ld1", "probe_ld4", "probe_ld8", "probe_cp"];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slot count the kernels are compiled with is the one the host allocates.
+    #[test]
+    fn rms_slots_match_the_kernel_source() {
+        let want = format!("#define RMS_SLOTS {RMS_SLOTS}\n");
+        assert!(crate::compile::program_source().contains(&want));
+        assert!(RMS_SLOTS.is_power_of_two() && RMS_SLOTS <= 32);
+    }
 
     /// The layouts the split-K product kernels rely on (mmf.cu): whole super-blocks per slice
     /// and per chunk, no empty slice, every row and token covered, and the blocks per SM the

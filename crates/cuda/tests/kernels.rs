@@ -3622,3 +3622,151 @@ fn read_probes_read_every_word_once() {
         .probe_read("probe_ld4", buf.ptr(), 40, buf.ptr(), false)
         .is_err());
 }
+
+/// Session 16: a one-token product that writes the residual row (accumulating, as the output
+/// and down projections do) adds the row's new squares into the RMSNorm slots, and the norm
+/// taken from those slots (`rms_norm_ss`) equals the norm that sums the row itself, bit for bit:
+/// the normalized row, its f16 operand and its quantization. The launch also zeroes the next
+/// slot set. Both one-token product families (`mvr` up to 4096 columns, `mvqp` past it), the
+/// 3B file's types and widths and the SmolLM2 file's.
+#[test]
+fn rms_norm_from_product_partial_sums_equals_the_row_sum() {
+    let Some(g) = gpu_or_skip("rms_ss") else {
+        return;
+    };
+    let mut r = rng("rms_ss");
+    let slots = cuda::kernels::RMS_SLOTS;
+    let cases = [
+        (GgmlType::Q4K, 3072usize, 3072usize),
+        (GgmlType::Q4K, 3072, 8192),
+        (GgmlType::Q6K, 3072, 8192),
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q4_1, 576, 1536),
+    ];
+    for &(ty, e, cols) in &cases {
+        let what = format!("{ty} {e}x{cols}");
+        let fmt = act_format(ty).unwrap();
+        let (q, _) = quantized(ty, &randn(&mut r, e * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+        let a = randn(&mut r, cols, 1.0);
+        let ab = g.upload(&a).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(ab.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+            .unwrap();
+        let mut x0 = randn(&mut r, e, 2.0);
+        for _ in 0..3 {
+            let i = r.gen_range(0..e);
+            x0[i] *= 40.0;
+        }
+        let xb = g.upload(&x0).unwrap();
+        let mut init = vec![0f64; slots];
+        init.extend(std::iter::repeat_n(123.5f64, slots));
+        let ss = g.upload(&init).unwrap();
+        let wrote = g
+            .matvec_q_ss(
+                ty,
+                w.ptr(),
+                e,
+                cols,
+                qb.ptr(),
+                db.ptr(),
+                1,
+                xb.ptr(),
+                true,
+                ss.ptr(),
+            )
+            .unwrap();
+        let expect = g.mvr_fits(cols) || g.pdl.get();
+        assert_eq!(wrote, expect, "{what}: which kernels take the slots");
+        if !wrote {
+            eprintln!("SKIPPED rms_ss {what}: no kernel here adds up squares");
+            continue;
+        }
+        let x1: Vec<f32> = g.download(&xb, e).unwrap();
+        assert!(x1.iter().all(|v| v.is_finite()), "{what}: product output");
+        let sums: Vec<f64> = g.download(&ss, slots).unwrap();
+        let want: f64 = x1.iter().map(|&v| v as f64 * v as f64).sum();
+        let got: f64 = sums.iter().sum();
+        assert!(
+            (got - want).abs() <= 1e-12 * want,
+            "{what}: slots sum to {got}, the row's squares to {want}"
+        );
+        // A product's output that moved from x0 (the product really ran).
+        assert!(
+            x1.iter().zip(&x0).any(|(a, b)| a != b),
+            "{what}: row unchanged"
+        );
+        let nw = g.upload(&randn(&mut r, e, 1.0)).unwrap();
+        for quant in [None, Some(fmt)] {
+            let mut outs = Vec::new();
+            for from_slots in [false, true] {
+                let out = poisoned(&g, e);
+                let oh = g.upload(&vec![0xffffu16; e]).unwrap();
+                let (oq, od) = act_bufs(&g, 1, e);
+                let qa = quant.map(|f| (f, oq.ptr(), od.ptr()));
+                if from_slots {
+                    g.rms_norm_ss(
+                        xb.ptr(),
+                        0,
+                        nw.ptr(),
+                        e,
+                        1e-5,
+                        1,
+                        out.ptr(),
+                        oh.ptr(),
+                        qa,
+                        ss.ptr(),
+                        ss.at(slots * 8),
+                    )
+                    .unwrap();
+                } else {
+                    g.rms_norm(xb.ptr(), 0, nw.ptr(), e, 1e-5, 1, out.ptr(), oh.ptr(), qa)
+                        .unwrap();
+                }
+                let o: Vec<u32> = g.download(&out, e).unwrap();
+                let h: Vec<u16> = g.download(&oh, e).unwrap();
+                let (qd, dd): (Vec<i8>, Vec<u32>) = if quant.is_some() {
+                    let (qn, dn) = act_bytes(1, e);
+                    (
+                        g.download(&oq, qn).unwrap(),
+                        g.download(&od, dn / 4).unwrap(),
+                    )
+                } else {
+                    (Vec::new(), Vec::new())
+                };
+                outs.push((o, h, qd, dd));
+            }
+            let (p, s) = (&outs[0], &outs[1]);
+            assert_eq!(p.0, s.0, "{what} {quant:?}: normalized row");
+            assert_eq!(p.1, s.1, "{what} {quant:?}: f16 operand");
+            assert_eq!(p.2, s.2, "{what} {quant:?}: int8 values");
+            assert_eq!(p.3, s.3, "{what} {quant:?}: scales");
+        }
+        let after: Vec<f64> = g.download(&ss, 2 * slots).unwrap();
+        assert!(
+            after[slots..].iter().all(|&v| v == 0.0),
+            "{what}: the next slot set was not zeroed"
+        );
+        assert_eq!(&after[..slots], &sums[..], "{what}: the read set changed");
+    }
+    // One row only: several rows have no single slot set.
+    let b = g.upload(&[1f32; 512]).unwrap();
+    let wn = g.upload(&[1f32; 256]).unwrap();
+    let o = poisoned(&g, 512);
+    let ss = g.upload(&vec![0f64; slots]).unwrap();
+    assert!(g
+        .rms_norm_ss(
+            b.ptr(),
+            0,
+            wn.ptr(),
+            256,
+            1e-5,
+            2,
+            o.ptr(),
+            0,
+            None,
+            ss.ptr(),
+            0
+        )
+        .is_err());
+}

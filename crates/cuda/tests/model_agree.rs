@@ -450,3 +450,67 @@ fn side_prefetch_leaves_logits_unchanged() {
         );
     }
 }
+
+/// Session 16: one-token RMSNorms that take their sums of squares from the products that wrote
+/// the residual row (the default) give the logits of norms that sum the row themselves. The
+/// same prompts and tokens run three times on one backend (from partial sums, from the rows,
+/// from partial sums again), one sequence alone and `p` together, every decode step from a
+/// graph; the two forms must differ by no more than two runs of the same form do (zero where
+/// the products are deterministic: the f64 sums are exact but for rare last-bit roundings).
+#[test]
+fn rms_norm_from_partial_sums_leaves_logits_unchanged() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED rms_norm_from_partial_sums_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(17, |d| d.as_nanos() as u64);
+    eprintln!("seed {seed}");
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (p, steps, plen) = (4usize, 12usize, 8usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
+            gpu.set_rms_ss(on);
+            decode_rows(
+                gpu,
+                &prompts,
+                &toks,
+                (p, steps, plen),
+                &format!("rms_ss {on}"),
+            )
+        };
+        let ss = run(&mut gpu, true);
+        let rows = run(&mut gpu, false);
+        let again = run(&mut gpu, true);
+        let diff = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+            a.iter()
+                .zip(b)
+                .flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs()))
+                .fold(0.0f32, f32::max)
+        };
+        let (d_form, d_same) = (diff(&ss, &rows), diff(&ss, &again));
+        let exact = ss
+            .iter()
+            .zip(&rows)
+            .filter(|(a, b)| {
+                a.iter()
+                    .zip(b.iter())
+                    .all(|(u, v)| u.to_bits() == v.to_bits())
+            })
+            .count();
+        eprintln!(
+            "{}: {} rows, {exact} bit for bit; largest difference between the forms {d_form:e}, \
+             between runs of one form {d_same:e}",
+            path.display(),
+            ss.len()
+        );
+        assert_eq!(ss.len(), steps * (1 + p));
+        assert!(ss.iter().flatten().all(|v| v.is_finite()));
+        assert!(
+            d_form <= d_same,
+            "RMSNorm from partial sums changed the logits by {d_form:e} (runs differ by {d_same:e})"
+        );
+    }
+}
