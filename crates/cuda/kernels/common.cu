@@ -11,8 +11,10 @@ typedef unsigned long long u64;
 #define NEG_INF __int_as_float(0xff800000)
 
 // Session 16: the f64 partial sums of squares of a one-token residual row that the products
-// writing the row add into and the next RMSNorm reads (rms_norm's `ss`). A power of two.
-#define RMS_SLOTS 32
+// writing the row add into and the next RMSNorm reads (rms_norm's `ss`). A power of two, a
+// multiple of 32 and at most 256 (rms_norm's block zeroes a set): 128 keeps the atomic adds of
+// one launch (up to 3072, one per row) at ~24 per slot.
+#define RMS_SLOTS 128
 
 // Add v * v (exact in f64) of the row element at `row` into its slot (no return value: a
 // reduction, so the writer does not wait for it).

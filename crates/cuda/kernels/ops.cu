@@ -12,8 +12,8 @@
 //
 // Session 16 (`ss` non-null; one row, `rows` null): the row's sum of squares is not taken here
 // but read from the RMS_SLOTS f64 partial sums that the products which last wrote x added it
-// into (mvr_impl / mvq_impl with their `ss`); each warp sums the slots in one fixed butterfly,
-// so no block barrier. Every square is exact in f64 and their sum nearly always is too, so the
+// into (mvr_impl / mvq_impl with their `ss`); each warp sums the slots in one fixed order (four
+// per lane, then a butterfly), so no block barrier, the block's first element loaded with them. Every square is exact in f64 and their sum nearly always is too, so the
 // scale is the whole-row sum's (tested bit for bit). `ssz` (may be null): RMS_SLOTS doubles
 // that block (0, 0) zeroes for the next product to add into (the step's chain orders it: that
 // product runs after this kernel has finished, and the set's last reader before it).
@@ -32,8 +32,17 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     long long r = rows ? rows[i] : i;
     const float* xr = x + r * n;
     float scale;
+    // The block's first element, loaded with the slots (one round trip for both).
+    float x1 = 0.0f;
     if (ss) {
-        double v = ss[threadIdx.x & (RMS_SLOTS - 1)];
+        int lane = threadIdx.x & 31;
+        double p[RMS_SLOTS / 32];
+#pragma unroll
+        for (int k = 0; k < RMS_SLOTS / 32; k++) p[k] = ss[lane + 32 * k];
+        if (c1 < n) x1 = xr[c1];
+        double v = p[0];
+#pragma unroll
+        for (int k = 1; k < RMS_SLOTS / 32; k++) v += p[k];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         float mean = (float)(v / (double)n);
@@ -46,7 +55,8 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
         int c = cb * blockDim.x + threadIdx.x;
         bool valid = c < n;
         float wc = cb == (int)blockIdx.y ? w1 : valid ? w[c] : 0.0f;
-        float o = valid ? __fmul_rn(__fmul_rn(xr[c], scale), wc) : 0.0f;
+        float xc = ss && cb == (int)blockIdx.y ? x1 : valid ? xr[c] : 0.0f;
+        float o = valid ? __fmul_rn(__fmul_rn(xc, scale), wc) : 0.0f;
         if (valid) {
             if (out) out[i * n + c] = o;
             if (out_h && !fmt) out_h[i * n + c] = f2h(o);
