@@ -2741,7 +2741,7 @@ mod tests {
     fn rms_slots_match_the_kernel_source() {
         let want = format!("#define RMS_SLOTS {RMS_SLOTS}\n");
         assert!(crate::compile::program_source().contains(&want));
-        assert!(RMS_SLOTS.is_power_of_two() && RMS_SLOTS % 32 == 0 && RMS_SLOTS <= 256);
+        assert!(RMS_SLOTS.is_power_of_two() && RMS_SLOTS.is_multiple_of(32) && RMS_SLOTS <= 256);
     }
 
     /// The layouts the split-K product kernels rely on (mmf.cu): whole super-blocks per slice
