@@ -593,36 +593,35 @@ fn main() {
     }
     // --ab-ss (session 16): one-token RMSNorms from the products' partial sums of squares
     // (on) or from the row (off), alternating, in one process.
-    // With each, the merge that quantizes the output projection's activation (v9's merge_q).
+    // With each, the half-unit Q4_K SwiGLU product (mvh) on and off.
     if args.iter().any(|a| a == "--ab-ss") {
-        let (d0, v9) = (b.rms_ss(), b.decode_v9());
+        let (d0, h0) = (b.rms_ss(), b.gpu().mvh.get());
         let combos = [
-            (d0, v9.0),
+            (d0, h0),
             (false, false),
-            (true, false),
             (false, true),
+            (true, false),
             (true, true),
             (false, false),
-            (true, false),
             (false, true),
+            (true, false),
             (true, true),
-            (d0, v9.0),
+            (d0, h0),
         ];
-        for (on, mq) in combos {
+        for (on, mvh) in combos {
             b.set_rms_ss(on);
-            b.set_decode_v9(mq, v9.1, v9.2);
+            b.set_mvh(mvh);
             for d in [0usize, depth] {
                 let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
                 println!(
-                    "a/b rms_ss={on} merge_q={mq}: tg128 @ depth {d}: {:.3} ms/token \
-                     ({:.0} tok/s)",
+                    "a/b rms_ss={on} mvh={mvh}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
             }
         }
         b.set_rms_ss(d0);
-        b.set_decode_v9(v9.0, v9.1, v9.2);
+        b.set_mvh(h0);
     }
     // --side-cfgs (session 11): the side stream's launch forms the --ab-side runs try
     // (SideCfg::parse, `;` between them); default the one in use.

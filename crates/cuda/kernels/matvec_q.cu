@@ -25,6 +25,18 @@
 // f16), not f16(d * q): the operand of the K-quant tensor-core products (mmk, mmf.cu), which
 // apply d from `ds` per super-block.
 #define ACT_RAW 256
+// Or'ed into ACT_Q8_K by rms_norm (session 16): the int8 values of each super-block stored with
+// its even sub-blocks first, then its odd ones (k_perm), the layout the half-unit Q4_K SwiGLU
+// product (mvh_swiglu_q4_k) reads with contiguous 16-byte loads. The scales and sums (`ds`)
+// keep their order.
+#define ACT_PERM 512
+
+// Where element c of a row goes in the ACT_PERM layout: sub-block j of super-block s moves to
+// slot (j & 1) * 4 + j / 2.
+__device__ __forceinline__ int k_perm(int c) {
+    int j = (c >> 5) & 7;
+    return (c & ~255) + ((j & 1) << 7) + ((j >> 1) << 5) + (c & 31);
+}
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
@@ -88,7 +100,7 @@ __device__ __forceinline__ void quant_act_elem(float v, bool valid, int c, int f
     for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     int s_hi = __shfl_sync(0xffffffffu, s, 16);
     if (valid && qs) {
-        qs[c] = (i8)q;
+        qs[(fmt & ACT_PERM) ? k_perm(c) : c] = (i8)q;
         if (lane == 0) ds[c / 32] = make_float2(d, __int_as_float((s & 0xffff) | (s_hi << 16)));
     }
     if (valid && xh) xh[c] = f2h(d * (float)q);
@@ -1320,6 +1332,129 @@ FOR_EACH_QTYPE(DEF_MVD)
                            prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVR4)
+
+// Session 16: one token's SwiGLU of the Q4_K gate and up products with half-unit lanes, the
+// grid and epilogue of mvr_swiglu_q4_k (a warp per output row; the down projection's
+// activation quantized as its groups complete). Lane l of a warp takes, in super-block
+// 4 i + l / 8 of both rows, qs bytes [32 c + 16 h, + 16) with c = (l & 7) / 2, h = l & 1: 16
+// elements of sub-block 2c (low nibbles) and 16 of sub-block 2c + 1 (high), so the warp's 16-byte
+// weight loads cover 128 contiguous bytes per super-block and every byte is loaded once (the
+// unit-per-lane kernels load each 32-byte run twice, for the low and the high nibbles). The
+// activation is in the ACT_PERM layout, so the two 16-byte activation loads of the warp are
+// contiguous as well; the super-block header is one 16-byte load (k4_header). The integer
+// sums of the two halves of a sub-block are added across the lane pair (exact), and lane h
+// then scales sub-block 2c + h exactly as QI<T_Q4_K>::combine scales a unit: the same value
+// per sub-block as mvr_swiglu_q4_k, added in another order.
+__device__ __forceinline__ float mvh_sub(const uint4& w, const uint4& hd, int4 alo, int4 ahi,
+                                         float4 a2, int c, int h) {
+    u32 wv[4] = {w.x, w.y, w.z, w.w};
+    int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
+    int sl = 0, sh = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sl = dp4a((int)(wv[i] & 0x0f0f0f0fu), al[i], sl);
+        sh = dp4a((int)((wv[i] >> 4) & 0x0f0f0f0fu), ah[i], sh);
+    }
+    sl += __shfl_xor_sync(0xffffffffu, sl, 1);
+    sh += __shfl_xor_sync(0xffffffffu, sh, 1);
+    // Lane h scales sub-block j = 2c + h with its whole-sub-block sum.
+    int j = 2 * c + h;
+    float d, dmin;
+    int sc, m;
+    k4_header((const u8*)&hd, j, &d, &dmin, &sc, &m);
+    float2 a = h ? make_float2(a2.z, a2.w) : make_float2(a2.x, a2.y);
+    int b0, b1;
+    act_bsums(a, &b0, &b1);
+    int s32 = h ? sh : sl;
+    return (d * a.x) * (float)(sc * s32) - (dmin * a.x) * (float)(m * (b0 + b1));
+}
+
+extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
+    const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, int cols,
+    const i8* __restrict__ aq, const float2* __restrict__ ad, float* y, int prefetch, int qfmt,
+    u32* qcnt, i8* qso, float2* dso) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp;
+    int sbs = cols / 256;
+    long long rb = (long long)sbs * 144;
+    if ((prefetch & 1) && blockIdx.x * nw < rows) {
+        int last = min((int)(blockIdx.x + 1) * nw, rows);
+        long long first = (long long)blockIdx.x * nw;
+        prefetch_l2(wg + first * rb, (last - first) * rb);
+        prefetch_l2(wu + first * rb, (last - first) * rb);
+    }
+    pdl_wait();
+    pdl_launch();
+    if (row >= rows) return;
+    const u8* g0 = wg + (long long)row * rb;
+    const u8* u0 = wu + (long long)row * rb;
+    int c = (lane & 7) >> 1, h = lane & 1;
+    int qoff = 16 + 32 * c + 16 * h;
+    float accg = 0.0f, accu = 0.0f;
+    int slot = lane >> 3;
+    const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+    // Two steps (8 super-blocks) of loads in flight before the first dot. The loop and the
+    // shuffles in mvh_sub are warp-uniform; a lane past the row's end adds nothing.
+    for (int b = 0; b < sbs; b += 8) {
+        int s0 = b + slot, s1 = b + 4 + slot;
+        bool v0 = s0 < sbs, v1 = s1 < sbs, two = b + 4 < sbs;
+        uint4 wg0 = z4, hg0 = z4, wu0 = z4, hu0 = z4, wg1 = z4, hg1 = z4, wu1 = z4, hu1 = z4;
+        if (v0) {
+            const u8* gb = g0 + (long long)s0 * 144;
+            const u8* ub = u0 + (long long)s0 * 144;
+            wg0 = *(const uint4*)(gb + qoff);
+            hg0 = *(const uint4*)gb;
+            wu0 = *(const uint4*)(ub + qoff);
+            hu0 = *(const uint4*)ub;
+        }
+        if (v1) {
+            const u8* gb = g0 + (long long)s1 * 144;
+            const u8* ub = u0 + (long long)s1 * 144;
+            wg1 = *(const uint4*)(gb + qoff);
+            hg1 = *(const uint4*)gb;
+            wu1 = *(const uint4*)(ub + qoff);
+            hu1 = *(const uint4*)ub;
+        }
+        int4 alo = make_int4(0, 0, 0, 0), ahi = alo;
+        float4 dd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (v0) {
+            const i8* a = aq + 256 * s0 + 32 * c + 16 * h;
+            alo = *(const int4*)a;
+            ahi = *(const int4*)(a + 128);
+            dd = *(const float4*)(ad + 8 * s0 + 2 * c);
+        }
+        float pg = mvh_sub(wg0, hg0, alo, ahi, dd, c, h);
+        float pu = mvh_sub(wu0, hu0, alo, ahi, dd, c, h);
+        if (v0) {
+            accg += pg;
+            accu += pu;
+        }
+        if (two) {
+            alo = make_int4(0, 0, 0, 0);
+            ahi = alo;
+            dd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (v1) {
+                const i8* a = aq + 256 * s1 + 32 * c + 16 * h;
+                alo = *(const int4*)a;
+                ahi = *(const int4*)(a + 128);
+                dd = *(const float4*)(ad + 8 * s1 + 2 * c);
+            }
+            pg = mvh_sub(wg1, hg1, alo, ahi, dd, c, h);
+            pu = mvh_sub(wu1, hu1, alo, ahi, dd, c, h);
+            if (v1) {
+                accg += pg;
+                accu += pu;
+            }
+        }
+    }
+    accg = warp_sum(accg);
+    accu = warp_sum(accu);
+    if (lane == 0) y[row] = ggml_swiglu(accg, accu);
+    if (qfmt) {
+        int g = row >> 8;
+        quant_arrive(y, rows, g, min(256, rows - g * 256), 1, qfmt, qcnt + g, qso, dso);
+    }
+}
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \

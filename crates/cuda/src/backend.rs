@@ -1180,6 +1180,13 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 16's half-unit one-token Q4_K SwiGLU product ([`Gpu::mvh`]); drops captured
+    /// graphs so later steps use the choice.
+    pub fn set_mvh(&mut self, on: bool) {
+        self.gpu.mvh.set(on);
+        self.graphs.clear();
+    }
+
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss
@@ -1872,6 +1879,7 @@ impl CudaBackend {
         quant: Option<(ActFormat, u64, u64)>,
         raw: bool,
         ss: (u64, u64),
+        perm: bool,
     ) -> Result<bool, CudaError> {
         if raw {
             // norm_outputs chose the raw operand: the quantization is there.
@@ -1893,8 +1901,8 @@ impl CudaBackend {
         if gpu.warp_quant.get() && wide && e.is_multiple_of(blk) {
             gpu.rms_norm_w(x, w, e, eps, n, out, out_h, quant)
                 .map(|_| false)
-        } else if n == 1 && ss.1 != 0 {
-            gpu.rms_norm_ss(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1)
+        } else if n == 1 && (ss.1 != 0 || perm) {
+            gpu.rms_norm_ssp(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1, perm)
                 .map(|_| true)
         } else {
             gpu.rms_norm(x, 0, w, e, eps, n, out, out_h, quant)
@@ -2025,6 +2033,7 @@ impl CudaBackend {
                     nq,
                     raw,
                     (ss_in, zero),
+                    false,
                 )?;
                 if took {
                     ss_clear = zero;
@@ -2464,6 +2473,36 @@ impl CudaBackend {
                 && gf.is_some()
                 && gpu.mvr_prep_fits(l.gate.cols);
             let ss_in = std::mem::take(&mut ss_full);
+            // One token: gate, up, SwiGLU and the down projection's activation quantization in
+            // one launch, then the down product from the second activation buffers (`df`:
+            // the format of that activation; the norm below must have quantized x for gate).
+            let no_trace = tr.is_none();
+            let df_ok = |qc: &Acts| {
+                kernels::act_format(l.down.ty).filter(|f| {
+                    n == 1
+                        && gpu.fuse.get()
+                        && gpu.fuse_quant.get()
+                        && matvec_path
+                        && no_trace
+                        && gpu.mvr_fits(l.gate.cols)
+                        && l.gate.host.is_none()
+                        && l.up.host.is_none()
+                        && l.down.host.is_none()
+                        && l.gate.ty == l.up.ty
+                        && gf.is_some()
+                        && qc.q == gf.map(|g| (s.xn.ptr(), g))
+                        && ff.is_multiple_of(f.block())
+                })
+            };
+            // Session 16: for the half-unit Q4_K product the norm stores the permuted layout.
+            let perm_ffn = !prep_ffn
+                && gpu.mvh_fits(l.gate.ty, l.gate.cols)
+                && df_ok(&Acts {
+                    q: gf.map(|g| (s.xn.ptr(), g)),
+                    ..Acts::default()
+                })
+                .is_some();
+            let mut perm_used = false;
             if !prep_ffn {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, raw, s.xn.ptr(), &mut qc);
@@ -2480,29 +2519,20 @@ impl CudaBackend {
                     nq,
                     raw,
                     (ss_in, zero),
+                    perm_ffn,
                 )?;
                 if took {
                     ss_clear = zero;
+                    perm_used = perm_ffn;
                 }
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
-            // One token: gate, up, SwiGLU and the down projection's activation quantization in
-            // one launch, then the down product from the second activation buffers.
-            let df = kernels::act_format(l.down.ty).filter(|f| {
-                n == 1
-                    && gpu.fuse.get()
-                    && gpu.fuse_quant.get()
-                    && matvec_path
-                    && tr.is_none()
-                    && gpu.mvr_fits(l.gate.cols)
-                    && l.gate.host.is_none()
-                    && l.up.host.is_none()
-                    && l.down.host.is_none()
-                    && l.gate.ty == l.up.ty
-                    && gf.is_some()
-                    && qc.q == gf.map(|g| (s.xn.ptr(), g))
-                    && ff.is_multiple_of(f.block())
-            });
+            let df = df_ok(&qc);
+            if perm_used && df.is_none() {
+                return Err(CudaError::Arg(format!(
+                    "layer {li}: permuted FFN activation without the fused SwiGLU product"
+                )));
+            }
             // v10: gate and up as one GEMM on the fused copy (batched cuBLAS steps).
             let gu_w = l.gu16.as_ref().filter(|_| {
                 let df = kernels::act_format(l.down.ty);
@@ -2518,18 +2548,32 @@ impl CudaBackend {
             });
             let mut down_x = s.g.ptr();
             if let Some(f) = df {
-                gpu.matvec_q_swiglu_quant(
-                    l.gate.ty,
-                    l.gate.q.ptr(),
-                    l.up.q.ptr(),
-                    ff,
-                    l.gate.cols,
-                    s.aq.ptr(),
-                    s.ad.ptr(),
-                    1,
-                    s.g.ptr(),
-                    Some((f, s.qcnt.ptr(), s.aq2.ptr(), s.ad2.ptr())),
-                )?;
+                let dq = Some((f, s.qcnt.ptr(), s.aq2.ptr(), s.ad2.ptr()));
+                if perm_used {
+                    gpu.matvec_q_swiglu_half(
+                        l.gate.q.ptr(),
+                        l.up.q.ptr(),
+                        ff,
+                        l.gate.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        s.g.ptr(),
+                        dq,
+                    )?;
+                } else {
+                    gpu.matvec_q_swiglu_quant(
+                        l.gate.ty,
+                        l.gate.q.ptr(),
+                        l.up.q.ptr(),
+                        ff,
+                        l.gate.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        1,
+                        s.g.ptr(),
+                        dq,
+                    )?;
+                }
                 let wrote = gpu
                     .matvec_q_ss(
                         l.down.ty,

@@ -295,6 +295,9 @@ pub struct Gpu {
     /// unless `CROSSOVER_CUDA_MVR4=0` (on the H200 the head 130.6 -> 116.2 us, O 3.19 -> 3.58
     /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
     pub mvr_lb4: std::cell::Cell<bool>,
+    /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
+    /// (`mvh_swiglu_q4_k`, session 16): on unless `CROSSOVER_CUDA_MVH=0`.
+    pub mvh: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -493,6 +496,7 @@ impl Gpu {
             warp_rows: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
             ),
+            mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() != Ok("0")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),

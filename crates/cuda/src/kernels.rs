@@ -238,6 +238,7 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvqp_{t}"));
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
+    v.push("mvh_swiglu_q4_k".into());
     v
 }
 
@@ -715,10 +716,39 @@ impl Gpu {
         ss: u64,
         ssz: u64,
     ) -> Result<(), CudaError> {
+        self.rms_norm_ssp(
+            x, rows, w, n, eps, n_rows, out, out_h, quant, ss, ssz, false,
+        )
+    }
+
+    /// [`Gpu::rms_norm_ss`]; `perm` stores the Q8_K int8 values in the permuted layout the
+    /// half-unit SwiGLU product reads ([`Gpu::matvec_q_swiglu_half`]; `ACT_PERM` in
+    /// matvec_q.cu; Q8_K only, no f16 operand).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_ssp(
+        &self,
+        x: u64,
+        rows: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        n_rows: usize,
+        out: u64,
+        out_h: u64,
+        quant: Option<(ActFormat, u64, u64)>,
+        ss: u64,
+        ssz: u64,
+        perm: bool,
+    ) -> Result<(), CudaError> {
         if (ss != 0 || ssz != 0) && (rows != 0 || n_rows != 1) {
             return Err(CudaError::Arg(format!(
                 "RMSNorm from partial sums of squares takes one row ({n_rows} given)"
             )));
+        }
+        if perm && (out_h != 0 || !matches!(quant, Some((ActFormat::Q8K, ..)))) {
+            return Err(CudaError::Arg(
+                "permuted activation layout: Q8_K values only, no f16 operand".into(),
+            ));
         }
         let nn = i32_of(n, "width")?;
         let (fmt, qs, ds) = match quant {
@@ -739,11 +769,12 @@ impl Gpu {
         let chunks = (8 * self.sms as usize)
             .div_ceil(n_rows.max(1))
             .clamp(1, n.div_ceil(256));
+        let fq = fmt | ((perm as i32) << 9);
         self.launch_id(
             op(K_RMS_NORM),
             (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),
             (256, 1, 1),
-            kargs![x, rows, w, nn, eps, out, out_h, fmt, qs, ds, ss, ssz],
+            kargs![x, rows, w, nn, eps, out, out_h, fq, qs, ds, ss, ssz],
         )
     }
 
@@ -1843,6 +1874,59 @@ impl Gpu {
 
     /// Whether one-token products of rows `cols` wide can prepare their own activation
     /// ([`ActPrep`]: RMSNorm and quantization inside the product's launch, v7).
+    /// Whether the half-unit one-token SwiGLU product ([`Gpu::matvec_q_swiglu_half`],
+    /// session 16) takes gate and up matrices of type `ty`, `cols` wide.
+    pub fn mvh_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mvh.get() && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
+    }
+
+    /// One token's `y = silu(Wg x) * (Wu x)` for Q4_K `wg`, `wu` with the half-unit kernel
+    /// (`mvh_swiglu_q4_k`, session 16) on an activation quantized to Q8_K in the permuted
+    /// layout ([`Gpu::rms_norm_ss`] with `perm`): the per-sub-block values of
+    /// [`Gpu::matvec_q_swiglu_quant`], summed in another order; `quant` as there. Only where
+    /// [`Gpu::mvh_fits`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu_half(
+        &self,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        quant: Option<(ActFormat, u64, u64, u64)>,
+    ) -> Result<(), CudaError> {
+        if !cols.is_multiple_of(256) || cols == 0 {
+            return Err(CudaError::Arg(format!(
+                "half-unit SwiGLU product: {cols} columns (Q4_K: a multiple of 256)"
+            )));
+        }
+        if let Some((f, ..)) = quant {
+            if !rows.is_multiple_of(f.block()) {
+                return Err(CudaError::Arg(format!(
+                    "fused quantization of a SwiGLU product: {rows} rows ({f:?}: a multiple of {})",
+                    f.block()
+                )));
+            }
+        }
+        let (r, c, pf) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            self.pdl.get() as i32,
+        );
+        let (qf, qc, qq, qd) = match quant {
+            Some((f, c, q, d)) => (f as i32, c, q, d),
+            None => (0, 0, 0, 0),
+        };
+        self.launch_id(
+            self.kernel_id("mvh_swiglu_q4_k")?,
+            (u32_of(rows.div_ceil(MVR_WARPS), "rows")?, 1, 1),
+            (32 * MVR_WARPS as u32, 1, 1),
+            kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd],
+        )
+    }
+
     pub fn mvr_prep_fits(&self, cols: usize) -> bool {
         self.mvr_fits(cols) && cols <= MVR_PREP_MAX
     }

@@ -3770,3 +3770,160 @@ fn rms_norm_from_product_partial_sums_equals_the_row_sum() {
         )
         .is_err());
 }
+
+/// Session 16: the half-unit Q4_K SwiGLU product (`mvh_swiglu_q4_k`) on the permuted activation
+/// that `rms_norm_ssp` writes: the permuted int8 values are the plain ones moved by whole
+/// sub-blocks (scales unchanged); the product's outputs equal the unit-per-lane kernel's within
+/// float-order rounding and the CPU's scalar `vec_dot`s within its tolerance; its fused
+/// quantization of the down projection's activation is `quantize_act` of its own outputs, with
+/// the group counters left zero. Widths of 1, 9 and 12 super-blocks (the last step partly
+/// past the row for 9).
+#[test]
+fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
+    let Some(g) = gpu_or_skip("mvh") else {
+        return;
+    };
+    let mut r = rng("mvh");
+    let ty = GgmlType::Q4K;
+    let cnt = g.alloc_zeroed(64 * 1024).unwrap();
+    for &(rows, cols) in &[(768usize, 3072usize), (512, 2304), (256, 256)] {
+        let what = format!("{rows}x{cols}");
+        assert!(g.mvh_fits(ty, cols) || !g.mvh.get());
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
+        let x = randn(&mut r, cols, 2.0);
+        let nw = randn(&mut r, cols, 1.0);
+        let (xb, nwb) = (g.upload(&x).unwrap(), g.upload(&nw).unwrap());
+        let xn = poisoned(&g, cols);
+        let (qa, da) = act_bufs(&g, 1, cols);
+        let (qp, dp) = act_bufs(&g, 1, cols);
+        let f = ActFormat::Q8K;
+        g.rms_norm(
+            xb.ptr(),
+            0,
+            nwb.ptr(),
+            cols,
+            1e-5,
+            1,
+            xn.ptr(),
+            0,
+            Some((f, qa.ptr(), da.ptr())),
+        )
+        .unwrap();
+        g.rms_norm_ssp(
+            xb.ptr(),
+            0,
+            nwb.ptr(),
+            cols,
+            1e-5,
+            1,
+            xn.ptr(),
+            0,
+            Some((f, qp.ptr(), dp.ptr())),
+            0,
+            0,
+            true,
+        )
+        .unwrap();
+        let (qn, dn) = act_bytes(1, cols);
+        let plain: Vec<i8> = g.download(&qa, qn).unwrap();
+        let perm: Vec<i8> = g.download(&qp, qn).unwrap();
+        for c in 0..cols {
+            let j = (c / 32) % 8;
+            let p = (c / 256) * 256 + (j % 2) * 128 + (j / 2) * 32 + c % 32;
+            assert_eq!(perm[p], plain[c], "{what}: permuted value of element {c}");
+        }
+        let (d1, d2): (Vec<u32>, Vec<u32>) = (
+            g.download(&da, dn / 4).unwrap(),
+            g.download(&dp, dn / 4).unwrap(),
+        );
+        assert_eq!(d1, d2, "{what}: scales and sums keep their order");
+        // The CPU's products on the same quantized activation (its plain layout).
+        let xv: Vec<f32> = g.download(&xn, cols).unwrap();
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &xv, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let rb = q.len() / rows;
+        let dot = |wq: &[u8], rr: usize| {
+            quant::dot::vec_dot(
+                ty,
+                &wq[rr * rb..(rr + 1) * rb],
+                buf.row(0).unwrap(),
+                cols,
+                Isa::Scalar,
+            )
+            .unwrap() as f64
+        };
+        let want: Vec<f64> = (0..rows)
+            .map(|rr| {
+                let (a, b) = (dot(&q, rr), dot(&qu, rr));
+                a / (1.0 + (-a).exp()) * b
+            })
+            .collect();
+        let run = |half: bool| {
+            let y = poisoned(&g, rows);
+            let (qb, db) = act_bufs(&g, 1, rows);
+            let dq = Some((f, cnt.ptr(), qb.ptr(), db.ptr()));
+            if half {
+                g.matvec_q_swiglu_half(
+                    w.ptr(),
+                    wu.ptr(),
+                    rows,
+                    cols,
+                    qp.ptr(),
+                    dp.ptr(),
+                    y.ptr(),
+                    dq,
+                )
+                .unwrap();
+            } else {
+                g.matvec_q_swiglu_quant(
+                    ty,
+                    w.ptr(),
+                    wu.ptr(),
+                    rows,
+                    cols,
+                    qa.ptr(),
+                    da.ptr(),
+                    1,
+                    y.ptr(),
+                    dq,
+                )
+                .unwrap();
+            }
+            let c: Vec<u32> = g.download(&cnt, 16 * 1024).unwrap();
+            assert!(
+                c.iter().all(|&v| v == 0),
+                "{what}: group counters left non-zero"
+            );
+            (y, qb, db)
+        };
+        let (yh, qh, dh) = run(true);
+        let (yu, _, _) = run(false);
+        let got: Vec<f32> = g.download(&yh, rows).unwrap();
+        let unit: Vec<f32> = g.download(&yu, rows).unwrap();
+        let e = rel_err(&got, &want);
+        assert!(e < 2e-5, "{what}: half-unit vs CPU relative error {e:e}");
+        let unit64: Vec<f64> = unit.iter().map(|&v| v as f64).collect();
+        let eu = rel_err(&got, &unit64);
+        assert!(
+            eu < 2e-6,
+            "{what}: half-unit vs unit kernel relative error {eu:e}"
+        );
+        // The fused quantization is quantize_act of the product's own outputs.
+        let (q2, d2) = act_bufs(&g, 1, rows);
+        g.quantize_act(yh.ptr(), 1, rows, f, q2.ptr(), d2.ptr())
+            .unwrap();
+        let a: Vec<i8> = g.download(&qh, rows).unwrap();
+        let b: Vec<i8> = g.download(&q2, rows).unwrap();
+        assert_eq!(a, b, "{what}: down activation values");
+        let a: Vec<u32> = g.download(&dh, rows / 16).unwrap();
+        let b: Vec<u32> = g.download(&d2, rows / 16).unwrap();
+        assert_eq!(a, b, "{what}: down activation scales");
+    }
+    // Not a multiple of 256 columns.
+    let b = g.upload(&[0u8; 1024]).unwrap();
+    assert!(g
+        .matvec_q_swiglu_half(b.ptr(), b.ptr(), 256, 100, b.ptr(), b.ptr(), b.ptr(), None)
+        .is_err());
+}
