@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -593,7 +593,40 @@ fn main() {
     }
     // --ab-ss (session 16): one-token RMSNorms from the products' partial sums of squares
     // (on) or from the row (off), alternating, in one process.
-    // With each, the half-unit Q4_K SwiGLU product (mvh) on and off.
+    // With each, the half-unit Q4_K SwiGLU product (mvh) on and off; `--ab-ss-mq` instead
+    // alternates v9's merge that quantizes the output projection's activation.
+    if args.iter().any(|a| a == "--ab-ss-mq") {
+        let (d0, v9) = (b.rms_ss(), b.decode_v9());
+        let combos = [
+            (d0, v9.0),
+            (false, false),
+            (true, false),
+            (false, true),
+            (true, true),
+            (false, false),
+            (true, false),
+            (false, true),
+            (true, true),
+            (true, false),
+            (true, true),
+            (d0, v9.0),
+        ];
+        for (on, mq) in combos {
+            b.set_rms_ss(on);
+            b.set_decode_v9(mq, v9.1, v9.2);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b rms_ss={on} merge_q={mq}: tg128 @ depth {d}: {:.3} ms/token \
+                     ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_rms_ss(d0);
+        b.set_decode_v9(v9.0, v9.1, v9.2);
+    }
     if args.iter().any(|a| a == "--ab-ss") {
         let (d0, h0) = (b.rms_ss(), b.gpu().mvh.get());
         let combos = [

@@ -296,7 +296,8 @@ pub struct Gpu {
     /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
     pub mvr_lb4: std::cell::Cell<bool>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
-    /// (`mvh_swiglu_q4_k`, session 16): on unless `CROSSOVER_CUDA_MVH=0`.
+    /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
+    /// was unchanged, tg128 1.474-1.481 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
     pub mvh: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
@@ -496,7 +497,7 @@ impl Gpu {
             warp_rows: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
             ),
-            mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() != Ok("0")),
+            mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
