@@ -296,9 +296,9 @@ pub struct CudaBackend {
     /// [`Gpu::attn_combine`], its loads issued together): off with `CROSSOVER_CUDA_ATTN_MERGE=0`.
     one_merge: bool,
     /// One-token steps merge the attention slices and quantize the output projection's
-    /// activation in one launch ([`Gpu::attn_merge_q`], v9): off unless
-    /// `CROSSOVER_CUDA_MERGE_Q=1` (on the H200 it saved nothing: tg128 1.735 against 1.731 ms
-    /// per token at depth 0, 1.905 against 1.888 at 4096, docs/perf/cuda.md v9).
+    /// activation in one launch ([`Gpu::attn_merge_q`], v9): on unless `CROSSOVER_CUDA_MERGE_Q=0`
+    /// (v9 measured it no faster; session 16, with the RMSNorm slots, -0.01 to -0.017 ms per
+    /// token at depth 4096 and unchanged at 0 in two calls, docs/perf/cuda.md session 16).
     one_merge_q: bool,
     /// One-token Q/K/V launches take a V of another type in the same launch
     /// ([`Gpu::matvec_q_qkv_rope_mixed`], v9): on unless `CROSSOVER_CUDA_QKV_MIXED=0`.
@@ -736,7 +736,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
             one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
-            one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() == Ok("1"),
+            one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() != Ok("0"),
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             rms_ss: std::env::var("CROSSOVER_CUDA_RMS_SS").as_deref() != Ok("0"),
