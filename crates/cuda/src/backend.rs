@@ -1902,7 +1902,7 @@ impl CudaBackend {
             gpu.rms_norm_w(x, w, e, eps, n, out, out_h, quant)
                 .map(|_| false)
         } else if n == 1 && (ss.1 != 0 || perm) {
-            gpu.rms_norm_ssp(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1, perm)
+            gpu.rms_norm_ss(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1, perm)
                 .map(|_| true)
         } else {
             gpu.rms_norm(x, 0, w, e, eps, n, out, out_h, quant)
@@ -2769,6 +2769,7 @@ impl CudaBackend {
                 nq,
                 ss_full,
                 0,
+                false,
             )?;
         } else {
             gpu.rms_norm(

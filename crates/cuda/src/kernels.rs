@@ -692,7 +692,7 @@ impl Gpu {
         out_h: u64,
         quant: Option<(ActFormat, u64, u64)>,
     ) -> Result<(), CudaError> {
-        self.rms_norm_ss(x, rows, w, n, eps, n_rows, out, out_h, quant, 0, 0)
+        self.rms_norm_ss(x, rows, w, n, eps, n_rows, out, out_h, quant, 0, 0, false)
     }
 
     /// [`Gpu::rms_norm`] of one row (`rows` = 0, `n_rows` = 1) whose sum of squares is read from
@@ -701,31 +701,11 @@ impl Gpu {
     /// from the row. `ssz` (may be 0): [`RMS_SLOTS`] doubles the launch zeroes for the next
     /// product to add into. The same bits as [`Gpu::rms_norm`] whenever the f64 sums are exact
     /// (every square is; their sum of a 3072-wide row nearly always).
+    /// `perm` stores the Q8_K int8 values in the permuted layout the half-unit SwiGLU product
+    /// reads ([`Gpu::matvec_q_swiglu_half`]; `ACT_PERM` in matvec_q.cu; Q8_K only, no f16
+    /// operand).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_ss(
-        &self,
-        x: u64,
-        rows: u64,
-        w: u64,
-        n: usize,
-        eps: f32,
-        n_rows: usize,
-        out: u64,
-        out_h: u64,
-        quant: Option<(ActFormat, u64, u64)>,
-        ss: u64,
-        ssz: u64,
-    ) -> Result<(), CudaError> {
-        self.rms_norm_ssp(
-            x, rows, w, n, eps, n_rows, out, out_h, quant, ss, ssz, false,
-        )
-    }
-
-    /// [`Gpu::rms_norm_ss`]; `perm` stores the Q8_K int8 values in the permuted layout the
-    /// half-unit SwiGLU product reads ([`Gpu::matvec_q_swiglu_half`]; `ACT_PERM` in
-    /// matvec_q.cu; Q8_K only, no f16 operand).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm_ssp(
         &self,
         x: u64,
         rows: u64,

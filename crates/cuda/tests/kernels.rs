@@ -3717,6 +3717,7 @@ fn rms_norm_from_product_partial_sums_equals_the_row_sum() {
                         qa,
                         ss.ptr(),
                         ss.at(slots * 8),
+                        false,
                     )
                     .unwrap();
                 } else {
@@ -3766,14 +3767,15 @@ fn rms_norm_from_product_partial_sums_equals_the_row_sum() {
             0,
             None,
             ss.ptr(),
-            0
+            0,
+            false,
         )
         .is_err());
 }
 
 /// Session 16: the half-unit Q4_K SwiGLU product (`mvh_swiglu_q4_k`) on the permuted activation
-/// that `rms_norm_ssp` writes: the permuted int8 values are the plain ones moved by whole
-/// sub-blocks (scales unchanged); the product's outputs equal the unit-per-lane kernel's within
+/// that `rms_norm_ss` writes with `perm`: the permuted int8 values are the plain ones moved by
+/// whole sub-blocks (scales unchanged); the product's outputs equal the unit-per-lane kernel's within
 /// float-order rounding and the CPU's scalar `vec_dot`s within its tolerance; its fused
 /// quantization of the down projection's activation is `quantize_act` of its own outputs, with
 /// the group counters left zero. Widths of 1, 9 and 12 super-blocks (the last step partly
@@ -3811,7 +3813,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
             Some((f, qa.ptr(), da.ptr())),
         )
         .unwrap();
-        g.rms_norm_ssp(
+        g.rms_norm_ss(
             xb.ptr(),
             0,
             nwb.ptr(),
