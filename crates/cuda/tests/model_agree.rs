@@ -86,9 +86,15 @@ fn gpu_logits_agree_with_cpu_backend() {
         eprintln!("SKIPPED gpu_logits_agree_with_cpu_backend: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64);
+    // Fresh tokens every run; CROSSOVER_TEST_SEED replays a run's.
+    let seed = std::env::var("CROSSOVER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        });
     eprintln!("seed {seed}");
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     for path in models() {
