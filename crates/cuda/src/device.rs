@@ -297,7 +297,7 @@ pub struct Gpu {
     pub mvr_lb4: std::cell::Cell<bool>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
     /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
-    /// was unchanged, tg128 1.474-1.481 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
+    /// was unchanged, tg128 1.474-1.495 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
     pub mvh: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
