@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
 $G/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from $G/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t 12 >"$OUT/synth.log" 2>&1 &
 SYN=$!
-D_TESTS="rms_norm1_and_argmax rms_norm_and_argmax q6_half_and_wave early_weight qkv_rope matvec_q prep_products fused_output"
+D_TESTS="rms_norm1_and_argmax rms_norm_and_argmax q6_half_and_wave qkv_rope matvec_q prep_products fused_output"
 if [[ -n "${TESTS-$D_TESTS}" ]]; then
   # shellcheck disable=SC2086
   timeout ${TEST_S:-100} $G/kernels --test-threads 1 ${TESTS-$D_TESTS} 2>&1 \

@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -484,34 +484,32 @@ fn main() {
         }
         b.set_one_attn(b0, e0, m0);
     }
-    // --ab-v9: v9's one-token changes (merge that quantizes O's activation, products' first
-    // weights loaded before the wait, mixed-type Q/K/V launch), each alone and all together,
-    // alternating, in one process.
+    // --ab-v9: v9's one-token changes (merge that quantizes O's activation, mixed-type Q/K/V
+    // launch), each alone and both, alternating, in one process.
     if args.iter().any(|a| a == "--ab-v9") {
         let d0 = b.decode_v9();
         let combos = [
             d0,
-            (false, false, false),
-            (false, false, true),
-            (false, true, false),
-            (true, true, true),
-            (true, false, false),
+            (false, false),
+            (false, true),
+            (true, true),
+            (true, false),
             d0,
-            (false, false, false),
+            (false, false),
         ];
-        for (merge_q, early_w, mixed) in combos {
-            b.set_decode_v9(merge_q, early_w, mixed);
+        for (merge_q, mixed) in combos {
+            b.set_decode_v9(merge_q, mixed);
             for d in [0usize, depth] {
                 let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
                 println!(
-                    "a/b v9 merge_q={merge_q} early_w={early_w} qkv_mixed={mixed}: tg128 @ \
+                    "a/b v9 merge_q={merge_q} qkv_mixed={mixed}: tg128 @ \
                      depth {d}: {:.3} ms/token ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
             }
         }
-        b.set_decode_v9(d0.0, d0.1, d0.2);
+        b.set_decode_v9(d0.0, d0.1);
     }
     // --ab-v10: v10's one-token product variants (see DecodeV10), alternating, in one
     // process, with the per-class product times of each.
@@ -613,7 +611,7 @@ fn main() {
         ];
         for (on, mq) in combos {
             b.set_rms_ss(on);
-            b.set_decode_v9(mq, v9.1, v9.2);
+            b.set_decode_v9(mq, v9.1);
             for d in [0usize, depth] {
                 let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
                 println!(
@@ -625,7 +623,7 @@ fn main() {
             }
         }
         b.set_rms_ss(d0);
-        b.set_decode_v9(v9.0, v9.1, v9.2);
+        b.set_decode_v9(v9.0, v9.1);
     }
     if args.iter().any(|a| a == "--ab-ss") {
         let (d0, h0) = (b.rms_ss(), b.gpu().mvh.get());
@@ -655,6 +653,50 @@ fn main() {
         }
         b.set_rms_ss(d0);
         b.set_mvh(h0);
+    }
+    // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) on and
+    // off, at 8, 4 and 2 warps per block, alternating, in one process, with each one's
+    // per-class product times.
+    if args.iter().any(|a| a == "--ab-mvr") {
+        let (l0, w0) = (b.gpu().mvr_lb4.get(), b.gpu().mvr_warps.get());
+        let combos = [
+            (l0, w0),
+            (true, 8),
+            (false, 8),
+            (true, 4),
+            (false, 4),
+            (true, 2),
+            (false, 2),
+            (true, 8),
+            (false, 8),
+            (true, 4),
+            (false, 4),
+            (l0, w0),
+        ];
+        for (lb4, nw) in combos {
+            b.set_mvr(lb4, nw);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b mvr4={lb4} warps={nw}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+            match b.bench_matvecs(20) {
+                Ok(rows) => {
+                    for (name, n, us, bytes) in rows {
+                        println!(
+                            "a/b mvr4={lb4} warps={nw}: kernel {name:<18} x{n:<3} {us:8.2} \
+                             us/launch {:7.0} GB/s",
+                            bytes / us / 1e3
+                        );
+                    }
+                }
+                Err(e) => println!("kernel bench failed: {e}"),
+            }
+        }
+        b.set_mvr(l0, w0);
     }
     // --side-cfgs (session 11): the side stream's launch forms the --ab-side runs try
     // (SideCfg::parse, `;` between them); default the one in use.

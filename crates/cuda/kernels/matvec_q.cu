@@ -661,36 +661,7 @@ __device__ __forceinline__ bool mvr_ptrs(int row, const u8* __restrict__ w0,
     return second;
 }
 
-// v9: the first step of a lane's loop (units lane and lane + 32 of both rows, or lane alone
-// where the row has no unit lane + 32) decoded into registers before the kernel waits for its
-// predecessor: the weights depend on no earlier kernel, so their HBM round trip overlaps the
-// kernel before (under PDL) instead of following it. `n` = units loaded (0, 2 or 4: slot 2i + r
-// is row r's i-th unit). The dots are taken later in mvr_unit's order, so the sums are those of
-// the plain loop.
-template <int T> struct MvrPre {
-    int q[4][8];
-    typename QI<T>::P p[4];
-    int n;
-};
-
-template <int T>
-__device__ __forceinline__ void mvr_preload(const u8* const* wr, int units, MvrPre<T>& pre) {
-    constexpr int UPB = Q<T>::BE / 32;
-    int lane = threadIdx.x & 31;
-    pre.n = lane + 32 < units ? 4 : lane < units ? 2 : 0;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int u = lane + 32 * i;
-        if (2 * i < pre.n) {
-            long long off = (long long)(u / UPB) * Q<T>::BB;
-            QI<T>::unit(wr[0] + off, u % UPB, pre.q[2 * i], pre.p[2 * i]);
-            QI<T>::unit(wr[1] + off, u % UPB, pre.q[2 * i + 1], pre.p[2 * i + 1]);
-        }
-    }
-}
-
-// The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU);
-// with `use_pre`, `pre` holds its first step's weights, loaded by mvr_preload.
+// The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU).
 template <int T, bool GLU>
 __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
                                          const u8* __restrict__ w1, const u8* __restrict__ w2,
@@ -698,26 +669,12 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
                                          const i8* __restrict__ aq, const float2* __restrict__ ad,
                                          float* y0, float* y1, float* y2, int accumulate,
                                          int qfmt, u32* qcnt, i8* qso, float2* dso,
-                                         const RopeArgs* rp, const MvrPre<T>& pre,
-                                         bool use_pre, double* ss = nullptr) {
+                                         const RopeArgs* rp, double* ss = nullptr) {
     int lane = threadIdx.x & 31;
     const u8* wr[2];
     bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
     float acc[2] = {0.0f, 0.0f};
     int u = lane;
-    if (use_pre) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            if (2 * i < pre.n) {
-                int uu = lane + 32 * i;
-                const i8* a = aq + 32 * uu;
-                const float2* d = ad + uu;
-                acc[0] += unit_dot<T>(pre.q[2 * i], pre.p[2 * i], a, d);
-                acc[1] += unit_dot<T>(pre.q[2 * i + 1], pre.p[2 * i + 1], a, d);
-            }
-        }
-        u = pre.n == 4 ? lane + 64 : units;
-    }
     for (; u + 32 < units; u += 64) {
         mvr_unit<T>(wr, u, aq, ad, acc);
         mvr_unit<T>(wr, u + 32, aq, ad, acc);
@@ -845,23 +802,6 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
             }
         }
     }
-    // v9 (`prefetch` bit 1, activations already quantized): the warp's first row pair's first
-    // step in registers before the wait. The sums are the plain loop's, in its order, but the
-    // compiler may contract a unit's scale products into a fused multiply-add differently in
-    // the two code paths (Q4_1 moved by an ulp on the H200), so the bits are not promised.
-    // Not the SwiGLU form: on the H200 its 1024 blocks lost more to the registers held over
-    // the wait than they gained (gate+up 11.6 -> 13.0 us per launch, docs/perf/cuda.md v9).
-    bool early = (prefetch & 2) && !px && !GLU;
-    MvrPre<T> pre;
-    pre.n = 0;
-    if (early) {
-        int row = first + warp * per_warp;
-        if (row < total) {
-            const u8* wr[2];
-            mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
-            mvr_preload<T>(wr, units, pre);
-        }
-    }
     pdl_wait();
     pdl_launch();
     if (px) {
@@ -875,7 +815,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
         if (ahead && k + 2 < loops) mvr_prefetch_rows<T, GLU>(row + 2 * nw * per_warp, w0, w1, w2,
                                                                r0, r1, total, rb);
         mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
-                         accumulate, qfmt, qcnt, qso, dso, rp, pre, early && k == 0, ss);
+                         accumulate, qfmt, qcnt, qso, dso, rp, ss);
     }
 }
 
@@ -902,61 +842,6 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                           qcnt, qso, dso, 0, px, pw, eps, loops); \
     }
 
-// v9: mvq_<type>_1 (one token, block per row) with each thread's first MVQE_PRE units decoded
-// into registers before the kernel waits for its predecessor (the down projection: 8192
-// columns = 2 units per thread of 128, so a resident block holds its whole row before the
-// wait). The dots are taken in mvq_impl's order and the reduction is its own (the compiler may
-// still contract the scale products differently, see mvr_impl).
-#define MVQE_PRE 2
-template <int T>
-__device__ void mvqe_impl(const u8* __restrict__ w, int rows, int cols, const i8* __restrict__ aq,
-                          const float2* __restrict__ ad, float* y, int accumulate) {
-    __shared__ float sh[4];
-    int row = blockIdx.x;
-    if (row >= rows) return;
-    int units = cols / 32;
-    constexpr int UPB = Q<T>::BE / 32;
-    long long row_bytes = (long long)(cols / Q<T>::BE) * Q<T>::BB;
-    const u8* wr = w + (long long)row * row_bytes;
-    int q[MVQE_PRE][8];
-    typename QI<T>::P p[MVQE_PRE];
-#pragma unroll
-    for (int i = 0; i < MVQE_PRE; i++) {
-        int u = threadIdx.x + i * blockDim.x;
-        if (u < units) QI<T>::unit(wr + (long long)(u / UPB) * Q<T>::BB, u % UPB, q[i], p[i]);
-    }
-    pdl_wait();
-    pdl_launch();
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < MVQE_PRE; i++) {
-        int u = threadIdx.x + i * blockDim.x;
-        if (u < units) acc += unit_dot<T>(q[i], p[i], aq + 32 * u, ad + u);
-    }
-    for (int u = threadIdx.x + MVQE_PRE * blockDim.x; u < units; u += blockDim.x) {
-        int qq[8];
-        typename QI<T>::P pp;
-        QI<T>::unit(wr + (long long)(u / UPB) * Q<T>::BB, u % UPB, qq, pp);
-        acc += unit_dot<T>(qq, pp, aq + 32 * u, ad + u);
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    acc = warp_sum(acc);
-    if (lane == 0) sh[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.0f;
-        for (int k = 0; k < nw; k++) s += sh[k];
-        y[row] = accumulate ? y[row] + s : s;
-    }
-}
-
-#define DEF_MVQE(name, T) \
-    extern "C" __global__ void __launch_bounds__(128) mvqe_##name( \
-        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
-        int accumulate) { \
-        mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate); \
-    }
-
 #define DEF_MVQ_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(128) mvq_##name##_##NT( \
         const u8* w, int rows, int cols, const i8* aq, const float2* ad, int nt, float* y, \
@@ -979,7 +864,6 @@ __device__ void mvqe_impl(const u8* __restrict__ w, int rows, int cols, const i8
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
 FOR_EACH_QTYPE(DEF_MVR)
-FOR_EACH_QTYPE(DEF_MVQE)
 
 // v9: the one-token Q/K/V launch (mvr_rope_*) for a V of another type TV than Q and K (TQ),
 // both with one activation format (Q4_K_M files store half the layers' V as Q6_K): V's rows
@@ -1011,39 +895,22 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             if (a < b) prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
         }
     }
-    int row = first + warp * 2;
-    bool early = (prefetch & 2) != 0 && row < total;
-    MvrPre<TQ> pq;
-    MvrPre<TV> pv;
-    pq.n = 0;
-    pv.n = 0;
-    if (early) {
-        const u8* wr[2];
-        if (row >= r0 + r1) {
-            mvr_ptrs<TV, false>(row, w0, w1, w2, r0, r1, total, rbv, wr);
-            mvr_preload<TV>(wr, units, pv);
-        } else {
-            mvr_ptrs<TQ, false>(row, w0, w1, w2, r0, r1, total, rbq, wr);
-            mvr_preload<TQ>(wr, units, pq);
-        }
-    }
     pdl_wait();
     pdl_launch();
     for (int k = 0; k < loops; k++) {
-        row = first + (warp + k * nw) * 2;
+        int row = first + (warp + k * nw) * 2;
         if (row >= total) return;
         if (ahead && k + 2 < loops) {
             int pr = row + 4 * nw;
             if (pr >= r0 + r1) mvr_prefetch_rows<TV, false>(pr, w0, w1, w2, r0, r1, total, rbv);
             else mvr_prefetch_rows<TQ, false>(pr, w0, w1, w2, r0, r1, total, rbq);
         }
-        bool pre = early && k == 0;
         if (row >= r0 + r1)
             mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, yq, yq, 0,
-                                0, 0, 0, 0, rp, pv, pre);
+                                0, 0, 0, 0, rp);
         else
             mvr_rows<TQ, false>(row, w0, w1, w2, r0, r1, total, units, rbq, aq, ad, yq, yq, yq, 0,
-                                0, 0, 0, 0, rp, pq, pre);
+                                0, 0, 0, 0, rp);
     }
 }
 
@@ -1464,8 +1331,8 @@ extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
 FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
 
 // v10: mvq_<type>_1 (one token, a block of up to 128 threads per row: the down projection)
-// that first asks L2 for its row, before the PDL wait (no registers held over the wait,
-// unlike v9's mvqe). The same code after it, so the same bits.
+// that first asks L2 for its row, before the PDL wait (no registers held over the wait). The
+// same code after it, so the same bits.
 #define DEF_MVQP(name, T) \
     extern "C" __global__ void __launch_bounds__(128) mvqp_##name( \
         const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \

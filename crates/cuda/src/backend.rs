@@ -1134,13 +1134,11 @@ impl CudaBackend {
     }
 
     /// v9's one-token changes: the merge that quantizes the output projection's activation
-    /// (`merge_q`), the products' weights loaded before the wait (`early_w`) and a V of another
-    /// type in the Q/K/V launch (`qkv_mixed`); drops captured graphs so later steps use the
-    /// choice.
-    pub fn set_decode_v9(&mut self, merge_q: bool, early_w: bool, qkv_mixed: bool) {
+    /// (`merge_q`) and a V of another type in the Q/K/V launch (`qkv_mixed`); drops captured
+    /// graphs so later steps use the choice.
+    pub fn set_decode_v9(&mut self, merge_q: bool, qkv_mixed: bool) {
         self.one_merge_q = merge_q;
         self.qkv_mixed = qkv_mixed;
-        self.gpu.early_w.set(early_w);
         self.graphs.clear();
     }
 
@@ -1187,6 +1185,15 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 17's one-token `mvr` launch shape: the 64-register builds ([`Gpu::mvr_lb4`])
+    /// and the warps per block ([`Gpu::mvr_warps`]); drops captured graphs so later steps use
+    /// the choice.
+    pub fn set_mvr(&mut self, lb4: bool, warps: usize) {
+        self.gpu.mvr_lb4.set(lb4);
+        self.gpu.mvr_warps.set(warps.clamp(1, 8));
+        self.graphs.clear();
+    }
+
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss
@@ -1210,8 +1217,8 @@ impl CudaBackend {
     }
 
     /// v9's one-token choices ([`CudaBackend::set_decode_v9`]'s arguments).
-    pub fn decode_v9(&self) -> (bool, bool, bool) {
-        (self.one_merge_q, self.gpu.early_w.get(), self.qkv_mixed)
+    pub fn decode_v9(&self) -> (bool, bool) {
+        (self.one_merge_q, self.qkv_mixed)
     }
 
     /// The one-token attention choice ([`CudaBackend::set_one_attn`]'s arguments).

@@ -255,13 +255,6 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_WIDE=1` (slower than quantize_act + the block-per-row kernel on the
     /// H200: 2.44 against 2.20 ms per token with `fuse_prep`).
     pub wide: std::cell::Cell<bool>,
-    /// One-token products load their first weights into registers before waiting for the
-    /// kernel before them (v9: the plain and Q/K/V `mvr_*` kernels' first step, not the SwiGLU
-    /// form; the down projection through `mvqe_*`; the same sums, within an ulp of the plain
-    /// kernels' results): off unless `CROSSOVER_CUDA_EARLY_W=1` (on the H200 the products
-    /// themselves got faster but the step slower: tg128 1.598 against 1.561-1.578 ms per token
-    /// at depth 0, docs/perf/cuda.md v9).
-    pub early_w: std::cell::Cell<bool>,
     /// Products of 9..64 tokens take the cuBLASLt algorithm timed fastest for their shape
     /// (v10, [`Gpu::lt_wants`]): on unless `CROSSOVER_CUDA_LT=0`.
     pub lt_on: std::cell::Cell<bool>,
@@ -295,6 +288,10 @@ pub struct Gpu {
     /// unless `CROSSOVER_CUDA_MVR4=0` (on the H200 the head 130.6 -> 116.2 us, O 3.19 -> 3.58
     /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
     pub mvr_lb4: std::cell::Cell<bool>,
+    /// Warps per block of the one-token `mvr_*` launches on quantized activations (plain,
+    /// Q/K/V, SwiGLU; 1 to 8, `CROSSOVER_CUDA_MVR_WARPS`, default 8). Fewer warps per block
+    /// spread a small grid (O: 192 blocks of 8 warps on 132 multiprocessors) more evenly.
+    pub mvr_warps: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
     /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
     /// was unchanged, tg128 1.474-1.495 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
@@ -486,9 +483,6 @@ impl Gpu {
             prep_blocks: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_PREP_BLOCKS", 4)),
             dec_slice: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_DEC_SLICE", 128)),
             wide: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WIDE").as_deref() == Ok("1")),
-            early_w: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_EARLY_W").as_deref() == Ok("1"),
-            ),
             wave: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_WAVE").as_deref() == Ok("1")),
             q6_half: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_Q6H").as_deref() == Ok("1"),
@@ -501,6 +495,7 @@ impl Gpu {
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
+            mvr_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVR_WARPS", 8).clamp(1, 8)),
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),

@@ -213,9 +213,6 @@ pub fn all_kernel_names() -> Vec<String> {
     for nt in MMF_NT {
         v.push(format!("mmk_q4_k_{nt}"));
     }
-    for (_, t) in QTYPES {
-        v.push(format!("mvqe_{t}"));
-    }
     v.push("attn_merge_q".into());
     for (a, b) in QKV_PAIRS {
         let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
@@ -442,8 +439,9 @@ fn mvq_id(ty: GgmlType, glu: bool, nt: usize) -> Result<usize, CudaError> {
         + nt_bucket(nt)?)
 }
 
-/// Warps per block of the one-token `mvr_*` kernels (two rows per warp). Also the block size
-/// (256 threads) that makes their RMSNorm sum the squares in rms_norm's order.
+/// Warps per block of the one-token `mvr_*` kernels (two rows per warp) that prepare their own
+/// activation: the block size (256 threads) that makes their RMSNorm sum the squares in
+/// rms_norm's order. Launches on quantized activations take [`Gpu::mvr_warps`].
 const MVR_WARPS: usize = 8;
 /// Widest activation row an `mvr_*` launch prepares in shared memory (`MVR_PREP_MAX` in
 /// matvec_q.cu).
@@ -869,11 +867,6 @@ impl Gpu {
                 .matvec_q_warp(ty, w, rows, cols, qs, ds, y, accumulate)
                 .map(|_| false);
         }
-        if nt == 1 && self.pdl.get() && self.early_w.get() {
-            return self
-                .matvec_q_early(ty, w, rows, cols, qs, ds, y, accumulate)
-                .map(|_| false);
-        }
         let (rr, c, n, a) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
@@ -935,41 +928,6 @@ impl Gpu {
             (u32_of(rows.div_ceil(MVD_WARPS), "rows")?, 1, 1),
             (32 * MVD_WARPS as u32, 1, 1),
             kargs![w, rr, c, qs, ds, y, a, pf],
-        )
-    }
-
-    /// One token's `y (+)= W x` with the block-per-row kernel that decodes each thread's first
-    /// two weight units before waiting for the kernel before it (`mvqe_*`, v9): the sums of
-    /// [`Gpu::matvec_q`]'s block-per-row kernel for one token (`mvq_*_1`) in its order,
-    /// activations quantized as for it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_early(
-        &self,
-        ty: GgmlType,
-        w: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        check_cols(ty, cols)?;
-        let name = QTYPES
-            .iter()
-            .find(|(t, _)| *t == ty)
-            .map(|(_, n)| format!("mvqe_{n}"))
-            .ok_or_else(|| CudaError::Arg(format!("no integer matrix-vector kernel for {ty}")))?;
-        let (rr, c, a) = (
-            i32_of(rows, "rows")?,
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-        );
-        self.launch_id(
-            self.kernel_id(&name)?,
-            (u32_of(rows, "rows")?, 1, 1),
-            (mvq_threads(cols), 1, 1),
-            kargs![w, rr, c, qs, ds, y, a],
         )
     }
 
@@ -1744,35 +1702,37 @@ impl Gpu {
             }
             let lb = if self.mvr_lb4.get() { "mvr4" } else { "mvr" };
             let id = self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?;
-            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
+            let nw = self.mvr_block(&act);
+            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
             return self.launch_id(
                 id,
                 (u32_of(blocks, "rows")?, 1, 1),
-                (32 * MVR_WARPS as u32, 1, 1),
+                (32 * nw as u32, 1, 1),
                 kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
             );
         }
         let id = mvr_id(ty, false)? + 2;
-        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
+        let nw = self.mvr_block(&act);
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
-            (32 * MVR_WARPS as u32, 1, 1),
+            (32 * nw as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
         )
     }
 
     /// The `prefetch` argument of the `mvr_*` kernels: bit 0, ask L2 for the block's weights
-    /// before the wait (under programmatic dependent launch); bit 1, also decode each warp's
-    /// first step into registers before it (v9, [`Gpu::early_w`]; with PDL only, since without
-    /// it nothing overlaps).
+    /// before the wait (under programmatic dependent launch). Bit 1 is free: v9's first weights
+    /// decoded into registers before the wait were removed in session 17 (off by default, its
+    /// code alone cost the kernels 64-136 registers, docs/perf/cuda.md).
     ///
     /// Bit 2 (v10, [`Gpu::wave`]): the launch's grid is sized to what is resident at once
     /// (`mvr_grid`); the block asks L2 for its first two steps only and each warp for
     /// its rows two steps ahead.
     fn mvr_flags(&self) -> i32 {
         let pdl = self.pdl.get();
-        pdl as i32 | (((pdl && self.early_w.get()) as i32) << 1) | ((self.wave.get() as i32) << 2)
+        pdl as i32 | ((self.wave.get() as i32) << 2)
     }
 
     /// Blocks and row pairs per warp of an `mvr` launch (kernel `id`) that needs `blocks`
@@ -1782,9 +1742,9 @@ impl Gpu {
     /// pairs per warp as fit the blocks resident at once, so the launch runs as one wave.
     fn mvr_grid(&self, id: usize, blocks: usize, act: &ActIn) -> Result<(usize, i32), CudaError> {
         let loops = match act {
-            ActIn::Quantized { .. } if self.wave.get() => {
-                blocks.div_ceil(self.resident_blocks(id)?).max(1)
-            }
+            ActIn::Quantized { .. } if self.wave.get() => blocks
+                .div_ceil(self.resident_blocks(id, self.mvr_block(act))?)
+                .max(1),
             ActIn::Quantized { .. } => 1,
             ActIn::Prep(_) => blocks
                 .div_ceil(self.prep_blocks.get().max(1) * self.sms as usize)
@@ -1793,14 +1753,23 @@ impl Gpu {
         Ok((blocks.div_ceil(loops), i32_of(loops, "row steps")?))
     }
 
-    /// Blocks of 256 threads of kernel `id` the GPU holds at once (at least 1), or
+    /// Blocks of `nw` warps of kernel `id` the GPU holds at once (at least 1), or
     /// [`Gpu::wave_cap`] when set.
-    fn resident_blocks(&self, id: usize) -> Result<usize, CudaError> {
+    fn resident_blocks(&self, id: usize, nw: usize) -> Result<usize, CudaError> {
         let cap = self.wave_cap.get();
         if cap > 0 {
             return Ok(cap);
         }
-        Ok((self.blocks_per_sm(id, 32 * MVR_WARPS as u32)? * self.sms as usize).max(1))
+        Ok((self.blocks_per_sm(id, 32 * nw as u32)? * self.sms as usize).max(1))
+    }
+
+    /// Warps per block of a one-token `mvr` launch on `act`: [`Gpu::mvr_warps`] (1 to 8) for
+    /// quantized activations, [`MVR_WARPS`] for those the launch prepares itself.
+    fn mvr_block(&self, act: &ActIn) -> usize {
+        match act {
+            ActIn::Quantized { .. } => self.mvr_warps.get().clamp(1, MVR_WARPS),
+            ActIn::Prep(_) => MVR_WARPS,
+        }
     }
 
     /// One token's `y (+)= W x` for a Q6_K matrix with the half-super-block kernel
@@ -1823,7 +1792,7 @@ impl Gpu {
         let id = self.kernel_id("mv6_q6_k")?;
         let groups = rows.div_ceil(MV6_ROWS);
         let blocks = groups.div_ceil(MVR_WARPS);
-        let loops = blocks.div_ceil(self.resident_blocks(id)?).max(1);
+        let loops = blocks.div_ceil(self.resident_blocks(id, MVR_WARPS)?).max(1);
         let (rr, c, a, pf, l) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,
@@ -1982,11 +1951,12 @@ impl Gpu {
         } else {
             mvr_id(ty, false)?
         };
-        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * MVR_WARPS), &act)?;
+        let nw = self.mvr_block(&act);
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
-            (32 * MVR_WARPS as u32, 1, 1),
+            (32 * nw as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, y0, y1, y2, a, pf, px, pw, eps, loops, ss],
         )
     }
@@ -2111,11 +2081,12 @@ impl Gpu {
         };
         let (qs, ds, px, pw, eps) = act.args();
         let id = mvr_id(ty, true)?;
-        let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(MVR_WARPS), &act)?;
+        let nw = self.mvr_block(&act);
+        let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
-            (32 * MVR_WARPS as u32, 1, 1),
+            (32 * nw as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, qf, qc, qq, qd, px, pw, eps, loops],
         )
     }

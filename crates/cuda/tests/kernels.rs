@@ -872,18 +872,20 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             if !Gpu::qkv_mixed_fits(GgmlType::Q4K, vty) {
                 continue;
             }
-            // v9: V of the other type in the same launch (weights before the wait on and off);
-            // v10: also with the one-wave grid capped at 3 blocks (several pairs per warp).
-            // v10: the 64-register build of the mixed kernel (mvr4_rope2) too.
-            for (early, cap, lb4) in [
-                (true, 0usize, false),
-                (false, 0, false),
-                (false, 3, false),
-                (true, 3, false),
-                (false, 0, true),
-                (true, 0, true),
+            // v9: V of the other type in the same launch; v10: also with the one-wave grid
+            // capped at 3 blocks (several pairs per warp), and the 64-register build of the
+            // mixed kernel (mvr4_rope2).
+            // Session 17: blocks of fewer warps too.
+            for (cap, lb4, nw) in [
+                (0usize, false, 8usize),
+                (3, false, 8),
+                (0, true, 8),
+                (3, true, 8),
+                (0, true, 4),
+                (0, false, 1),
+                (2, true, 3),
             ] {
-                g.early_w.set(early);
+                g.mvr_warps.set(nw);
                 g.wave_cap.set(cap);
                 g.wave.set(cap > 0);
                 g.mvr_lb4.set(lb4);
@@ -914,25 +916,25 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 let b: Vec<u32> = g.download(&q3, rq).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: rotated Q"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: rotated Q"
                 );
                 let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&kc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: K cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: K cache"
                 );
                 let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed early={early} cap={cap} lb4={lb4}: V cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: V cache"
                 );
             }
-            g.early_w.set(false);
             g.wave_cap.set(0);
             g.wave.set(false);
             g.mvr_lb4.set(false);
+            g.mvr_warps.set(8);
         }
     }
 }
@@ -2642,159 +2644,6 @@ fn matmul_f16w_matches_f16_reference_and_cublas() {
     }
 }
 
-/// v9: the one-token products that decode their first weights before waiting for the kernel
-/// before them (`mvr_*` with the early flag, `mvqe_*` for rows wider than `mvr` takes) stay
-/// within 5e-6 of the CPU's scalar `vec_dot` and within 1e-6 of the same products without it
-/// (same integer sums in the same order; the compiler may contract a unit's scale products into
-/// a fused multiply-add differently in the two code paths, which moved Q4_1 outputs by an ulp
-/// on the H200), for every quantized type, rows of 1024 (one unit per lane), 3072 (the early
-/// step of two units, then the rest) and 8192 columns (`mvqe_*` against `mvq_*_1`), plain,
-/// accumulating, three matrices in one launch; the SwiGLU form (never early) keeps its bits.
-#[test]
-fn early_weight_products_keep_the_bits() {
-    let Some(g) = gpu_or_skip("early_weights") else {
-        return;
-    };
-    // The early loads are an mvr form: keep Q6_K on it (v10's half-block kernel has its own
-    // test).
-    g.q6_half.set(false);
-    let mut r = rng("early_weights");
-    let bits = |b: &DevBuf, n: usize| -> Vec<u32> { g.download(b, n).unwrap() };
-    for &(ty, name) in QTYPES {
-        let fmt = act_format(ty).unwrap();
-        for cols in [1024usize, 3072, 8192] {
-            let x = randn(&mut r, cols, 1.0);
-            let mut buf = quant::dot::ActBuf::new();
-            quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
-            let xb = g.upload(&x).unwrap();
-            let (qb, db) = act_bufs(&g, 1, cols);
-            g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
-                .unwrap();
-            let rows = [
-                r.gen_range(200..400usize),
-                r.gen_range(1..70usize),
-                r.gen_range(1..70usize),
-            ];
-            let mut ws = Vec::new();
-            let mut want = Vec::new();
-            for &n in &rows {
-                let (q, _) = quantized(ty, &randn(&mut r, n * cols, 0.5));
-                let rb = q.len() / n;
-                let a = buf.row(0).unwrap();
-                want.push(
-                    (0..n)
-                        .map(|i| {
-                            quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar)
-                                .unwrap() as f64
-                        })
-                        .collect::<Vec<f64>>(),
-                );
-                ws.push(g.upload(&q).unwrap());
-            }
-            let y0 = randn(&mut r, rows[0], 1.0);
-            let run = |early: bool, acc: bool| -> DevBuf {
-                g.early_w.set(early);
-                let y = if acc {
-                    g.upload(&y0).unwrap()
-                } else {
-                    poisoned(&g, rows[0])
-                };
-                g.matvec_q(
-                    ty,
-                    ws[0].ptr(),
-                    rows[0],
-                    cols,
-                    qb.ptr(),
-                    db.ptr(),
-                    1,
-                    y.ptr(),
-                    acc,
-                )
-                .unwrap();
-                y
-            };
-            let close = |on: &[u32], off: &[u32], what: &str| {
-                let a: Vec<f32> = on.iter().map(|&b| f32::from_bits(b)).collect();
-                let b: Vec<f64> = off.iter().map(|&b| f32::from_bits(b) as f64).collect();
-                let e = rel_err(&a, &b);
-                assert!(
-                    e < 1e-6,
-                    "{name} {cols} columns {what}: {e:e} from the plain kernel"
-                );
-            };
-            for acc in [false, true] {
-                let (on, off) = (run(true, acc), run(false, acc));
-                close(
-                    &bits(&on, rows[0]),
-                    &bits(&off, rows[0]),
-                    &format!("accumulate={acc}"),
-                );
-                let got: Vec<f32> = g.download(&on, rows[0]).unwrap();
-                let w: Vec<f64> = want[0]
-                    .iter()
-                    .zip(&y0)
-                    .map(|(&a, &b)| if acc { a + b as f64 } else { a })
-                    .collect();
-                let e = rel_err(&got, &w);
-                assert!(
-                    e < 5e-6,
-                    "{name} {cols} columns accumulate={acc}: relative error {e:e} against the CPU"
-                );
-            }
-            if !g.mvr_fits(cols) {
-                continue;
-            }
-            // Three matrices in one launch (Q, K, V), and the SwiGLU form on the first two.
-            let multi = |early: bool| -> Vec<Vec<u32>> {
-                g.early_w.set(early);
-                let ys: Vec<DevBuf> = rows.iter().map(|&n| poisoned(&g, n)).collect();
-                let segs: Vec<(u64, usize, u64)> = (0..3)
-                    .map(|i| (ws[i].ptr(), rows[i], ys[i].ptr()))
-                    .collect();
-                g.matvec_q_multi(ty, &segs, cols, qb.ptr(), db.ptr(), false)
-                    .unwrap();
-                (0..3).map(|i| bits(&ys[i], rows[i])).collect()
-            };
-            let (on, off) = (multi(true), multi(false));
-            for i in 0..3 {
-                close(&on[i], &off[i], &format!("Q/K/V launch matrix {i}"));
-            }
-            for i in 0..3 {
-                let got: Vec<f32> = on[i].iter().map(|&b| f32::from_bits(b)).collect();
-                let e = rel_err(&got, &want[i]);
-                assert!(
-                    e < 5e-6,
-                    "{name} {cols} columns matrix {i}: relative error {e:e}"
-                );
-            }
-            let n = rows[1].min(rows[2]);
-            let glu = |early: bool| -> Vec<u32> {
-                g.early_w.set(early);
-                let y = poisoned(&g, n);
-                g.matvec_q_swiglu(
-                    ty,
-                    ws[1].ptr(),
-                    ws[2].ptr(),
-                    n,
-                    cols,
-                    qb.ptr(),
-                    db.ptr(),
-                    1,
-                    y.ptr(),
-                )
-                .unwrap();
-                bits(&y, n)
-            };
-            assert_eq!(
-                glu(true),
-                glu(false),
-                "{name} {cols} columns, SwiGLU: bits changed"
-            );
-        }
-    }
-    g.early_w.set(false);
-}
-
 /// v9: `attn_merge_q` writes `attn_merge`'s output bit for bit and the int8 values and scales
 /// `quantize_act` writes from that output, in both activation formats, for head sizes 64 and
 /// 128 (four and two heads per block), 1 to 40 slices of token-length contexts.
@@ -3155,7 +3004,8 @@ fn gemm_lt_matches_reference_and_gemm_ex() {
 /// integer sums per 128 elements / unit, float sums in another order), the 64-register
 /// `mvr4_*` and the prefetching `mvqp_*` bit-identical to `mvr_*` / `mvq_*_1`, and the
 /// one-wave `mvr` launches (several row pairs per warp, L2 prefetch ahead) bit-identical to
-/// the one-pair-per-warp launches, plain, accumulating and SwiGLU. Grids capped at 2 and 5
+/// the one-pair-per-warp launches, plain, accumulating and SwiGLU, and (session 17) blocks of
+/// 1 to 4 warps ([`Gpu::mvr_warps`]) bit-identical to blocks of 8. Grids capped at 2 and 5
 /// blocks make every warp take several steps (and leave partial last steps), and row counts
 /// leave partial row groups; every output checked written (poisoned buffers).
 #[test]
@@ -3192,19 +3042,23 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                 })
                 .collect();
             let y0 = randn(&mut r, rows, 1.0);
-            // (wave, cap, q6_half, mvr4 + mvqp): the first is the reference of the mvr and
-            // mvq bits.
+            // (wave, cap, q6_half, mvr4 + mvqp, warps per block): the first is the reference
+            // of the mvr and mvq bits.
             let mut plain: Option<(Vec<u32>, Vec<u32>, Vec<u32>)> = None;
-            for (wave, cap, q6h, lb4) in [
-                (false, 0usize, false, false),
-                (true, 0, false, false),
-                (true, 2, false, false),
-                (true, 5, false, false),
-                (false, 0, false, true),
-                (true, 3, false, true),
-                (false, 0, true, false),
-                (true, 2, true, false),
-                (true, 5, true, false),
+            for (wave, cap, q6h, lb4, nw) in [
+                (false, 0usize, false, false, 8usize),
+                (true, 0, false, false, 8),
+                (true, 2, false, false, 8),
+                (true, 5, false, false, 8),
+                (false, 0, false, true, 8),
+                (true, 3, false, true, 8),
+                (false, 0, false, false, 4),
+                (false, 0, false, true, 1),
+                (true, 0, false, false, 3),
+                (true, 2, false, true, 2),
+                (false, 0, true, false, 8),
+                (true, 2, true, false, 8),
+                (true, 5, true, false, 8),
             ] {
                 if q6h && ty != GgmlType::Q6K {
                     continue;
@@ -3214,6 +3068,7 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                 g.q6_half.set(q6h);
                 g.mvr_lb4.set(lb4);
                 g.mvq_pf.set(lb4);
+                g.mvr_warps.set(nw);
                 let y = poisoned(&g, rows);
                 g.matvec_q(
                     ty,
@@ -3229,8 +3084,9 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                 .unwrap();
                 let got: Vec<f32> = g.download(&y, rows).unwrap();
                 let e = rel_err(&got, &want);
-                let case =
-                    format!("{ty} {rows}x{cols} wave={wave} cap={cap} q6_half={q6h} lb4={lb4}");
+                let case = format!(
+                    "{ty} {rows}x{cols} wave={wave} cap={cap} q6_half={q6h} lb4={lb4} warps={nw}"
+                );
                 assert!(e < 5e-6, "{case}: relative error {e:e}");
                 let ya = g.upload(&y0).unwrap();
                 g.matvec_q(
@@ -3284,6 +3140,7 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.q6_half.set(false);
     g.mvr_lb4.set(false);
     g.mvq_pf.set(false);
+    g.mvr_warps.set(8);
 }
 
 /// v11: the one-token RMSNorm a warp per group (`rms_norm1`) gives `rms_norm`'s bits (f32 row,
