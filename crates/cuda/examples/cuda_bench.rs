@@ -654,31 +654,35 @@ fn main() {
         b.set_rms_ss(d0);
         b.set_mvh(h0);
     }
-    // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) on and
-    // off, at 8, 4 and 2 warps per block, alternating, in one process, with each one's
-    // per-class product times.
+    // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and
+    // warps per block (plain and Q/K/V; SwiGLU), alternating, in one process, with each
+    // one's per-class product times.
     if args.iter().any(|a| a == "--ab-mvr") {
-        let (l0, w0) = (b.gpu().mvr_lb4.get(), b.gpu().mvr_warps.get());
+        let g = b.gpu();
+        let d0 = (g.mvr_lb4.get(), g.mvr_warps.get(), g.mvr_warps_glu.get());
         let combos = [
-            (l0, w0),
-            (true, 8),
-            (false, 8),
-            (true, 4),
-            (false, 4),
-            (true, 2),
-            (false, 2),
-            (true, 8),
-            (false, 8),
-            (true, 4),
-            (false, 4),
-            (l0, w0),
+            d0,
+            (true, 8, 8),
+            (true, 2, 8),
+            (true, 2, 4),
+            (true, 2, 2),
+            (true, 1, 4),
+            (true, 4, 4),
+            (false, 2, 4),
+            (true, 8, 8),
+            (true, 2, 4),
+            (true, 1, 2),
+            (false, 4, 4),
+            (true, 2, 2),
+            d0,
         ];
-        for (lb4, nw) in combos {
-            b.set_mvr(lb4, nw);
+        for (lb4, nw, ng) in combos {
+            b.set_mvr(lb4, nw, ng);
             for d in [0usize, depth] {
                 let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
                 println!(
-                    "a/b mvr4={lb4} warps={nw}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    "a/b mvr4={lb4} warps={nw} glu={ng}: tg128 @ depth {d}: {:.3} ms/token \
+                     ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
@@ -687,8 +691,8 @@ fn main() {
                 Ok(rows) => {
                     for (name, n, us, bytes) in rows {
                         println!(
-                            "a/b mvr4={lb4} warps={nw}: kernel {name:<18} x{n:<3} {us:8.2} \
-                             us/launch {:7.0} GB/s",
+                            "a/b mvr4={lb4} warps={nw} glu={ng}: kernel {name:<18} x{n:<3} \
+                             {us:8.2} us/launch {:7.0} GB/s",
                             bytes / us / 1e3
                         );
                     }
@@ -696,7 +700,7 @@ fn main() {
                 Err(e) => println!("kernel bench failed: {e}"),
             }
         }
-        b.set_mvr(l0, w0);
+        b.set_mvr(d0.0, d0.1, d0.2);
     }
     // --side-cfgs (session 11): the side stream's launch forms the --ab-side runs try
     // (SideCfg::parse, `;` between them); default the one in use.

@@ -766,7 +766,10 @@ __device__ __forceinline__ void mvr_prefetch_rows(int row, const u8* __restrict_
 
 // Block b takes the contiguous row pairs [b * nw * loops, (b + 1) * nw * loops) (pairs of rows,
 // or gate/up rows for GLU); warp w of it pairs b * nw * loops + w + k * nw, k < loops.
-template <int T, bool GLU>
+// PREP: the launch prepares its activation from `px` (v7, the `mvrp_*` kernels; 256 threads).
+// Session 17: a template argument, so the kernels on quantized activations carry neither its
+// code nor its shared memory (mvr_swiglu_q4_k: 62 -> 42 registers).
+template <int T, bool GLU, bool PREP>
 __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                          const i8* __restrict__ aq, const float2* __restrict__ ad, float* y0,
@@ -774,9 +777,6 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp,
                          const float* __restrict__ px, const float* __restrict__ pw, float eps,
                          int loops, double* ss = nullptr) {
-    __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
-    __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
-    __shared__ double shd[32];
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
@@ -804,7 +804,10 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     }
     pdl_wait();
     pdl_launch();
-    if (px) {
+    if (PREP) {
+        __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
+        __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
+        __shared__ double shd[32];
         mvr_prep<T>(px, pw, eps, cols, sq, sd, shd);
         aq = sq;
         ad = sd;
@@ -819,28 +822,32 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     }
 }
 
-#define DEF_MVR(name, T) \
-    extern "C" __global__ void __launch_bounds__(256) mvr_##name( \
+// The one-token mvr kernels of a type: plain, Q/K/V with RoPE, SwiGLU; prefix mvr on quantized
+// activations, mvrp preparing their own (PREP).
+#define DEF_MVR_FORM(pre, name, T, PREP) \
+    extern "C" __global__ void __launch_bounds__(256) pre##_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
         int prefetch, const float* px, const float* pw, float eps, int loops, double* ss) { \
-        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
-                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
+        mvr_impl<T, false, PREP>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
+                                 prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
     } \
-    extern "C" __global__ void __launch_bounds__(256) mvr_rope_##name( \
+    extern "C" __global__ void __launch_bounds__(256) pre##_rope_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, const float* px, \
         const float* pw, float eps, int loops) { \
-        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, yq, yq, 0, prefetch, 0, 0, \
-                           0, 0, &rp, px, pw, eps, loops); \
+        mvr_impl<T, false, PREP>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, yq, yq, 0, prefetch, \
+                                 0, 0, 0, 0, &rp, px, pw, eps, loops); \
     } \
-    extern "C" __global__ void __launch_bounds__(256) mvr_swiglu_##name( \
+    extern "C" __global__ void __launch_bounds__(256) pre##_swiglu_##name( \
         const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, \
         float* y, int prefetch, int qfmt, u32* qcnt, i8* qso, float2* dso, const float* px, \
         const float* pw, float eps, int loops) { \
-        mvr_impl<T, true>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, y, y, 0, prefetch, qfmt, \
-                          qcnt, qso, dso, 0, px, pw, eps, loops); \
+        mvr_impl<T, true, PREP>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, y, y, 0, prefetch, qfmt, \
+                                qcnt, qso, dso, 0, px, pw, eps, loops); \
     }
+#define DEF_MVR(name, T) DEF_MVR_FORM(mvr, name, T, false)
+#define DEF_MVRP(name, T) DEF_MVR_FORM(mvrp, name, T, true)
 
 #define DEF_MVQ_NT(name, T, NT) \
     extern "C" __global__ void __launch_bounds__(128) mvq_##name##_##NT( \
@@ -864,6 +871,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     X(q2_k, T_Q2_K) X(q3_k, T_Q3_K) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
 FOR_EACH_QTYPE(DEF_MVQ)
 FOR_EACH_QTYPE(DEF_MVR)
+FOR_EACH_QTYPE(DEF_MVRP)
 
 // v9: the one-token Q/K/V launch (mvr_rope_*) for a V of another type TV than Q and K (TQ),
 // both with one activation format (Q4_K_M files store half the layers' V as Q6_K): V's rows
@@ -1195,8 +1203,8 @@ FOR_EACH_QTYPE(DEF_MVD)
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* y0, float* y1, float* y2, int accumulate, \
         int prefetch, const float* px, const float* pw, float eps, int loops, double* ss) { \
-        mvr_impl<T, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
-                           prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
+        mvr_impl<T, false, false>(w0, w1, w2, r0, r1, r2, cols, aq, ad, y0, y1, y2, accumulate, \
+                                  prefetch, 0, 0, 0, 0, 0, px, pw, eps, loops, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVR4)
 

@@ -1186,11 +1186,13 @@ impl CudaBackend {
     }
 
     /// Session 17's one-token `mvr` launch shape: the 64-register builds ([`Gpu::mvr_lb4`])
-    /// and the warps per block ([`Gpu::mvr_warps`]); drops captured graphs so later steps use
+    /// and the warps per block of the plain / Q/K/V and of the SwiGLU launches
+    /// ([`Gpu::mvr_warps`], [`Gpu::mvr_warps_glu`]); drops captured graphs so later steps use
     /// the choice.
-    pub fn set_mvr(&mut self, lb4: bool, warps: usize) {
+    pub fn set_mvr(&mut self, lb4: bool, warps: usize, warps_glu: usize) {
         self.gpu.mvr_lb4.set(lb4);
         self.gpu.mvr_warps.set(warps.clamp(1, 8));
+        self.gpu.mvr_warps_glu.set(warps_glu.clamp(1, 8));
         self.graphs.clear();
     }
 

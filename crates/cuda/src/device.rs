@@ -288,10 +288,12 @@ pub struct Gpu {
     /// unless `CROSSOVER_CUDA_MVR4=0` (on the H200 the head 130.6 -> 116.2 us, O 3.19 -> 3.58
     /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
     pub mvr_lb4: std::cell::Cell<bool>,
-    /// Warps per block of the one-token `mvr_*` launches on quantized activations (plain,
-    /// Q/K/V, SwiGLU; 1 to 8, `CROSSOVER_CUDA_MVR_WARPS`, default 8). Fewer warps per block
+    /// Warps per block of the one-token plain and Q/K/V `mvr_*` launches on quantized
+    /// activations (1 to 8, `CROSSOVER_CUDA_MVR_WARPS`, default 8). Fewer warps per block
     /// spread a small grid (O: 192 blocks of 8 warps on 132 multiprocessors) more evenly.
     pub mvr_warps: std::cell::Cell<usize>,
+    /// The same for the SwiGLU launches (`mvr_swiglu_*`, `CROSSOVER_CUDA_MVR_WARPS_GLU`).
+    pub mvr_warps_glu: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
     /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
     /// was unchanged, tg128 1.474-1.495 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
@@ -496,6 +498,9 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
             mvr_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVR_WARPS", 8).clamp(1, 8)),
+            mvr_warps_glu: std::cell::Cell::new(
+                env_usize("CROSSOVER_CUDA_MVR_WARPS_GLU", 8).clamp(1, 8),
+            ),
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),

@@ -236,6 +236,11 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
+    for (_, t) in QTYPES {
+        v.push(format!("mvrp_{t}"));
+        v.push(format!("mvrp_swiglu_{t}"));
+        v.push(format!("mvrp_rope_{t}"));
+    }
     v
 }
 
@@ -1711,7 +1716,12 @@ impl Gpu {
                 kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
             );
         }
-        let id = mvr_id(ty, false)? + 2;
+        let id = match act {
+            ActIn::Prep(_) => {
+                self.kernel_id(&format!("mvrp_rope_{}", QTYPES[qtype_index(ty)?].1))?
+            }
+            ActIn::Quantized { .. } => mvr_id(ty, false)? + 2,
+        };
         let nw = self.mvr_block(&act);
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
         self.launch_id(
@@ -1763,11 +1773,20 @@ impl Gpu {
         Ok((self.blocks_per_sm(id, 32 * nw as u32)? * self.sms as usize).max(1))
     }
 
-    /// Warps per block of a one-token `mvr` launch on `act`: [`Gpu::mvr_warps`] (1 to 8) for
-    /// quantized activations, [`MVR_WARPS`] for those the launch prepares itself.
+    /// Warps per block of a one-token plain or Q/K/V `mvr` launch on `act`:
+    /// [`Gpu::mvr_warps`] (1 to 8) for quantized activations, [`MVR_WARPS`] for those the
+    /// launch prepares itself.
     fn mvr_block(&self, act: &ActIn) -> usize {
         match act {
             ActIn::Quantized { .. } => self.mvr_warps.get().clamp(1, MVR_WARPS),
+            ActIn::Prep(_) => MVR_WARPS,
+        }
+    }
+
+    /// [`Gpu::mvr_block`] for the SwiGLU launches ([`Gpu::mvr_warps_glu`]).
+    fn mvr_glu_block(&self, act: &ActIn) -> usize {
+        match act {
+            ActIn::Quantized { .. } => self.mvr_warps_glu.get().clamp(1, MVR_WARPS),
             ActIn::Prep(_) => MVR_WARPS,
         }
     }
@@ -1946,10 +1965,12 @@ impl Gpu {
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
-        let id = if self.mvr_lb4.get() {
-            self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
-        } else {
-            mvr_id(ty, false)?
+        let id = match act {
+            ActIn::Prep(_) => self.kernel_id(&format!("mvrp_{}", QTYPES[qtype_index(ty)?].1))?,
+            ActIn::Quantized { .. } if self.mvr_lb4.get() => {
+                self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
+            }
+            ActIn::Quantized { .. } => mvr_id(ty, false)?,
         };
         let nw = self.mvr_block(&act);
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
@@ -2080,8 +2101,13 @@ impl Gpu {
             None => (0, 0, 0, 0),
         };
         let (qs, ds, px, pw, eps) = act.args();
-        let id = mvr_id(ty, true)?;
-        let nw = self.mvr_block(&act);
+        let id = match act {
+            ActIn::Prep(_) => {
+                self.kernel_id(&format!("mvrp_swiglu_{}", QTYPES[qtype_index(ty)?].1))?
+            }
+            ActIn::Quantized { .. } => mvr_id(ty, true)?,
+        };
+        let nw = self.mvr_glu_block(&act);
         let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act)?;
         self.launch_id(
             id,

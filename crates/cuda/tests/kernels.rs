@@ -3005,7 +3005,8 @@ fn gemm_lt_matches_reference_and_gemm_ex() {
 /// `mvr4_*` and the prefetching `mvqp_*` bit-identical to `mvr_*` / `mvq_*_1`, and the
 /// one-wave `mvr` launches (several row pairs per warp, L2 prefetch ahead) bit-identical to
 /// the one-pair-per-warp launches, plain, accumulating and SwiGLU, and (session 17) blocks of
-/// 1 to 4 warps ([`Gpu::mvr_warps`]) bit-identical to blocks of 8. Grids capped at 2 and 5
+/// 1 to 4 warps ([`Gpu::mvr_warps`], SwiGLU blocks of 8 to 5: [`Gpu::mvr_warps_glu`])
+/// bit-identical to blocks of 8. Grids capped at 2 and 5
 /// blocks make every warp take several steps (and leave partial last steps), and row counts
 /// leave partial row groups; every output checked written (poisoned buffers).
 #[test]
@@ -3069,6 +3070,7 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                 g.mvr_lb4.set(lb4);
                 g.mvq_pf.set(lb4);
                 g.mvr_warps.set(nw);
+                g.mvr_warps_glu.set(9 - nw);
                 let y = poisoned(&g, rows);
                 g.matvec_q(
                     ty,
@@ -3085,7 +3087,9 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                 let got: Vec<f32> = g.download(&y, rows).unwrap();
                 let e = rel_err(&got, &want);
                 let case = format!(
-                    "{ty} {rows}x{cols} wave={wave} cap={cap} q6_half={q6h} lb4={lb4} warps={nw}"
+                    "{ty} {rows}x{cols} wave={wave} cap={cap} q6_half={q6h} lb4={lb4} warps={nw} \
+                     (SwiGLU {})",
+                    9 - nw
                 );
                 assert!(e < 5e-6, "{case}: relative error {e:e}");
                 let ya = g.upload(&y0).unwrap();
@@ -3141,6 +3145,7 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.mvr_lb4.set(false);
     g.mvq_pf.set(false);
     g.mvr_warps.set(8);
+    g.mvr_warps_glu.set(8);
 }
 
 /// v11: the one-token RMSNorm a warp per group (`rms_norm1`) gives `rms_norm`'s bits (f32 row,
