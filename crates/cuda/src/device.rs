@@ -289,10 +289,14 @@ pub struct Gpu {
     /// us, the step 0.02-0.03 ms faster, docs/perf/cuda.md v10).
     pub mvr_lb4: std::cell::Cell<bool>,
     /// Warps per block of the one-token plain and Q/K/V `mvr_*` launches on quantized
-    /// activations (1 to 8, `CROSSOVER_CUDA_MVR_WARPS`, default 8). Fewer warps per block
-    /// spread a small grid (O: 192 blocks of 8 warps on 132 multiprocessors) more evenly.
+    /// activations (1 to 8, `CROSSOVER_CUDA_MVR_WARPS`, default 4 since session 17). Fewer
+    /// warps per block spread a small grid (O: 192 blocks of 8 warps on 132 multiprocessors)
+    /// more evenly.
     pub mvr_warps: std::cell::Cell<usize>,
-    /// The same for the SwiGLU launches (`mvr_swiglu_*`, `CROSSOVER_CUDA_MVR_WARPS_GLU`).
+    /// The same for the SwiGLU launches (`mvr_swiglu_*`, `CROSSOVER_CUDA_MVR_WARPS_GLU`,
+    /// default 4: on the H200 gate+up 12.1 -> 10.5 us per launch, the step 1.438 -> 1.424 ms
+    /// at depth 0 and 1.577 -> 1.556 at 4096 with the plain launches at 4 too,
+    /// docs/perf/cuda.md session 17).
     pub mvr_warps_glu: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
     /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
@@ -497,9 +501,9 @@ impl Gpu {
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
-            mvr_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVR_WARPS", 8).clamp(1, 8)),
+            mvr_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVR_WARPS", 4).clamp(1, 8)),
             mvr_warps_glu: std::cell::Cell::new(
-                env_usize("CROSSOVER_CUDA_MVR_WARPS_GLU", 8).clamp(1, 8),
+                env_usize("CROSSOVER_CUDA_MVR_WARPS_GLU", 4).clamp(1, 8),
             ),
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
