@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -652,6 +652,56 @@ fn main() {
             }
         }
         b.set_rms_ss(d0);
+        b.set_mvh(h0);
+    }
+    // --ab-adapt (session 17): one-token attention splits sized to the context (a graph per
+    // class of lengths) and the fixed count of earlier sessions, alternating, in one process.
+    if args.iter().any(|a| a == "--ab-adapt") {
+        let a0 = b.one_adapt();
+        for on in [a0, !a0, a0, !a0, a0, !a0] {
+            b.set_one_adapt(on);
+            for d in [0usize, 1024, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b one_adapt={on}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_one_adapt(a0);
+    }
+    // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
+    // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the
+    // half-unit SwiGLU product (mvh, which needs it), alternating, in one process.
+    if args.iter().any(|a| a == "--ab-fq") {
+        let (f0, h0) = (b.gpu().fuse_quant.get(), b.gpu().mvh.get());
+        let combos = [
+            (f0, h0),
+            (false, false),
+            (true, false),
+            (true, true),
+            (false, false),
+            (true, false),
+            (true, true),
+            (false, false),
+            (true, false),
+            (f0, h0),
+        ];
+        for (fq, mvh) in combos {
+            b.set_fuse_quant(fq);
+            b.set_mvh(mvh);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b fuse_quant={fq} mvh={mvh}: tg128 @ depth {d}: {:.3} ms/token ({:.0} \
+                     tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_fuse_quant(f0);
         b.set_mvh(h0);
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and

@@ -218,6 +218,9 @@ pub type TraceFn = dyn FnMut(&str, usize, usize, &mut [f32]) + Send;
 /// One captured decode graph: batch bucket and attention split it was captured with.
 struct Graph {
     bucket: usize,
+    /// One-token graphs: the attention splits they were captured with
+    /// ([`CudaBackend::one_split`]); 0 for the others.
+    split: usize,
     graph: cudarc::driver::CudaGraph,
 }
 
@@ -292,6 +295,13 @@ pub struct CudaBackend {
     /// this many blocks per SM (0: v7's one-tile [`Gpu::attn_decode`]):
     /// `CROSSOVER_CUDA_ATTN_ONE`, default 2.
     one_attn: usize,
+    /// Session 17: one-token steps size their attention splits to the context (a power of two
+    /// of 64-position tiles, at most [`CudaBackend::one_attn`]'s count), each class of lengths
+    /// with its own graph, instead of always that count: on unless
+    /// `CROSSOVER_CUDA_ONE_ADAPT=0`.
+    one_adapt: bool,
+    /// The longest context the next one-token step's splits are sized for (set per step).
+    one_len: usize,
     /// One-token steps merge the splits with [`Gpu::attn_merge`] (v8; same bits as
     /// [`Gpu::attn_combine`], its loads issued together): off with `CROSSOVER_CUDA_ATTN_MERGE=0`.
     one_merge: bool,
@@ -735,6 +745,8 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
+            one_adapt: std::env::var("CROSSOVER_CUDA_ONE_ADAPT").as_deref() != Ok("0"),
+            one_len: opts.ctx_size,
             one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() != Ok("0"),
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
@@ -1196,6 +1208,15 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// One-token steps quantize the down projection's activation inside the SwiGLU product
+    /// ([`Gpu::fuse_quant`]; with it the down product adds up the squares of x for the next
+    /// RMSNorm, and [`Gpu::mvh`] can take the SwiGLU product); drops captured graphs so later
+    /// steps use the choice.
+    pub fn set_fuse_quant(&mut self, on: bool) {
+        self.gpu.fuse_quant.set(on);
+        self.graphs.clear();
+    }
+
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss
@@ -1239,10 +1260,33 @@ impl CudaBackend {
             && nh.is_multiple_of(nkv)
             && nh / nkv <= 8)
             .then(|| {
-                (self.one_attn * self.gpu.sms as usize)
+                let full = (self.one_attn * self.gpu.sms as usize)
                     .div_ceil(nkv)
-                    .clamp(1, self.max_split)
+                    .clamp(1, self.max_split);
+                if self.one_adapt {
+                    // One tile per split, in powers of two, until the full count.
+                    self.one_len
+                        .div_ceil(ONE_TILE)
+                        .max(1)
+                        .next_power_of_two()
+                        .min(full)
+                } else {
+                    full
+                }
             })
+    }
+
+    /// Whether one-token steps size their attention splits to the context
+    /// ([`Self::set_one_adapt`]).
+    pub fn one_adapt(&self) -> bool {
+        self.one_adapt
+    }
+
+    /// Session 17's one-token choice ([`CudaBackend::one_adapt`]'s field): attention splits
+    /// sized to the context, a graph per class of lengths; drops captured graphs.
+    pub fn set_one_adapt(&mut self, on: bool) {
+        self.one_adapt = on;
+        self.graphs.clear();
     }
 
     /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on
@@ -2837,9 +2881,9 @@ impl CudaBackend {
                 .copied()
                 .find(|&b| n <= b)
                 .unwrap_or(MMQ_MAX_N);
-            let (n_out, _) = self.build_meta(batch, bucket, true);
+            let (n_out, max_len) = self.build_meta(batch, bucket, true);
             self.upload_meta().map_err(dev)?;
-            match self.replay(bucket, n_out) {
+            match self.replay(bucket, n_out, max_len) {
                 Ok(()) => {
                     self.stats.graph_steps += 1;
                     // Rows of padding tokens are computed but never read.
@@ -2867,16 +2911,37 @@ impl CudaBackend {
         let (n_out, max_len) = self.build_meta(batch, n, false);
         self.upload_meta().map_err(dev)?;
         let (n_split, split_len) = self.splits(n, max_len);
+        self.one_len = max_len;
         self.enqueue(n, n_out, n_split, split_len).map_err(dev)?;
         self.stats.eager_steps += 1;
         Ok(n_out)
     }
 
-    fn replay(&mut self, bucket: usize, n_out: usize) -> Result<(), CudaError> {
-        if let Some(g) = self.graphs.iter().find(|g| g.bucket == bucket) {
+    fn replay(&mut self, bucket: usize, n_out: usize, max_len: usize) -> Result<(), CudaError> {
+        // One-token graphs: one per class of context lengths (the attention's split count).
+        self.one_len = max_len;
+        let split = self.one_split(bucket).unwrap_or(0);
+        if split > 0 {
+            // The class's longest context: its graph serves every length up to it.
+            let full = {
+                self.one_len = self.opts.ctx_size;
+                self.one_split(bucket).unwrap_or(0)
+            };
+            self.one_len = if split < full {
+                (split * ONE_TILE).min(self.opts.ctx_size)
+            } else {
+                self.opts.ctx_size
+            };
+        }
+        if let Some(g) = self
+            .graphs
+            .iter()
+            .find(|g| g.bucket == bucket && g.split == split)
+        {
             return g.graph.launch().map_err(crate::error::drv("graph launch"));
         }
-        // Capture with splits sized for the longest context, so one graph serves any length.
+        // Capture with splits sized for the longest context, so one graph serves any length
+        // (one-token graphs: any length of their class).
         let (n_split, split_len) = self.splits(bucket, self.opts.ctx_size);
         if self.gpu.lt_wants(bucket) && !self.tuned.contains(&(bucket, self.fuse_gemm)) {
             // v10: one eager pass first, so that every product shape of this bucket is tuned
@@ -2902,7 +2967,11 @@ impl CudaBackend {
             .ok_or_else(|| CudaError::Arg("capture produced no graph".into()))?;
         graph.upload().map_err(crate::error::drv("graph upload"))?;
         graph.launch().map_err(crate::error::drv("graph launch"))?;
-        self.graphs.push(Graph { bucket, graph });
+        self.graphs.push(Graph {
+            bucket,
+            split,
+            graph,
+        });
         Ok(())
     }
 
@@ -2985,6 +3054,8 @@ fn max_split(sms: usize, ctx: usize) -> usize {
 /// Attention blocks per multiprocessor a step aims for: each block walks its slice of the context
 /// one position per warp-iteration, latency-bound, so many short slices beat a few long ones.
 const SPLIT_CTAS_PER_SM: usize = 8;
+/// Positions per tile of the one-token split attention (its slices are whole tiles).
+const ONE_TILE: usize = 64;
 /// Longest context slice one attention block walks in a prefill-sized step.
 const PREFILL_SLICE: usize = 64;
 /// Most slices of one token's context in a prefill-sized step (bounds the partial-result buffer).
