@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -670,6 +670,34 @@ fn main() {
             }
         }
         b.set_one_adapt(a0);
+    }
+    // --ab-mvqp (session 17): threads per block of the down projection's block-per-row
+    // product, alternating, in one process, with the per-class product times.
+    if args.iter().any(|a| a == "--ab-mvqp") {
+        let t0 = b.gpu().mvqp_threads.get();
+        for th in [t0, 64, 32, t0, 64, 32, t0] {
+            b.gpu().mvqp_threads.set(th);
+            b.reset_graphs();
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b mvqp_threads={th}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+            if let Ok(rows) = b.bench_matvecs(20) {
+                for (name, n, us, bytes) in rows.into_iter().filter(|r| r.0 == "down") {
+                    println!(
+                        "a/b mvqp_threads={th}: kernel {name:<18} x{n:<3} {us:8.2} us/launch \
+                         {:7.0} GB/s",
+                        bytes / us / 1e3
+                    );
+                }
+            }
+        }
+        b.gpu().mvqp_threads.set(t0);
+        b.reset_graphs();
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
     // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the

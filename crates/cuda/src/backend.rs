@@ -1276,6 +1276,12 @@ impl CudaBackend {
             })
     }
 
+    /// Drop the captured decode graphs, so later steps capture again with the [`Gpu`]'s
+    /// current launch choices (for A/B runs that change a `Gpu` setting directly).
+    pub fn reset_graphs(&mut self) {
+        self.graphs.clear();
+    }
+
     /// Whether one-token steps size their attention splits to the context
     /// ([`Self::set_one_adapt`]).
     pub fn one_adapt(&self) -> bool {

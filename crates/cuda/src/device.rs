@@ -298,6 +298,10 @@ pub struct Gpu {
     /// at depth 0 and 1.577 -> 1.556 at 4096 with the plain launches at 4 too,
     /// docs/perf/cuda.md session 17).
     pub mvr_warps_glu: std::cell::Cell<usize>,
+    /// Threads per block of the one-token block-per-row products (`mvqp_*`, the down
+    /// projection): 0 (the default) as many as the row has units, up to 128; else 32 to 128
+    /// (`CROSSOVER_CUDA_MVQP_THREADS`; another block reduction order, so other float bits).
+    pub mvqp_threads: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
     /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
     /// was unchanged, tg128 1.474-1.495 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
@@ -502,6 +506,7 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
             mvr_warps: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVR_WARPS", 4).clamp(1, 8)),
+            mvqp_threads: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVQP_THREADS", 0)),
             mvr_warps_glu: std::cell::Cell::new(
                 env_usize("CROSSOVER_CUDA_MVR_WARPS_GLU", 4).clamp(1, 8),
             ),

@@ -881,11 +881,15 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
             let name = format!("mvqp_{}", QTYPES[qtype_index(ty)?].1);
+            let th = match self.mvqp_threads.get() {
+                0 => mvq_threads(cols),
+                t => (t as u32).clamp(32, mvq_threads(cols)) / 32 * 32,
+            };
             return self
                 .launch_id(
                     self.kernel_id(&name)?,
                     (u32_of(rows, "rows")?, 1, 1),
-                    (mvq_threads(cols), 1, 1),
+                    (th, 1, 1),
                     kargs![w, rr, c, qs, ds, y, a, ss],
                 )
                 .map(|_| ss != 0);
