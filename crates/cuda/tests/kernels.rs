@@ -3137,6 +3137,35 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
                     Some(p) => assert!(*p == now, "{case}: not the one-pair-per-warp bits"),
                 }
             }
+            // Session 17: the block-per-row product (rows wider than mvr takes) with fewer
+            // threads per block: another reduction order, within the CPU tolerance.
+            if !g.mvr_fits(cols) {
+                g.mvq_pf.set(true);
+                for th in [64usize, 32] {
+                    g.mvqp_threads.set(th);
+                    let y = poisoned(&g, rows);
+                    g.matvec_q(
+                        ty,
+                        w.ptr(),
+                        rows,
+                        cols,
+                        qb.ptr(),
+                        db.ptr(),
+                        1,
+                        y.ptr(),
+                        false,
+                    )
+                    .unwrap();
+                    let got: Vec<f32> = g.download(&y, rows).unwrap();
+                    let e = rel_err(&got, &want);
+                    assert!(
+                        e < 5e-6,
+                        "{ty} {rows}x{cols} mvqp with {th} threads: relative error {e:e}"
+                    );
+                }
+                g.mvqp_threads.set(0);
+                g.mvq_pf.set(false);
+            }
         }
     }
     g.wave.set(false);
