@@ -318,7 +318,9 @@ pub struct CudaBackend {
     one_early: bool,
     /// One-token steps take each RMSNorm's sum of squares from partial sums the products that
     /// wrote the row added up (session 16, [`Gpu::rms_norm_ss`]): on unless
-    /// `CROSSOVER_CUDA_RMS_SS=0`.
+    /// `CROSSOVER_CUDA_RMS_SS=0`. The output projection always adds them (the FFN norm); the
+    /// down projection only on the [`Gpu::fuse_quant`] path, so by default the attention norm
+    /// sums its row.
     rms_ss: bool,
     /// Batched steps (9..64 tokens on cuBLAS) multiply Q/K/V and gate/up as one GEMM each on
     /// the fused copies (v10): on unless `CROSSOVER_CUDA_FUSE_GEMM=0`.

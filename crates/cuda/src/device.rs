@@ -303,8 +303,10 @@ pub struct Gpu {
     /// (`CROSSOVER_CUDA_MVQP_THREADS`; another block reduction order, so other float bits).
     pub mvqp_threads: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
-    /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1` (on the H200 the step
-    /// was unchanged, tg128 1.474-1.495 against 1.474-1.494 ms, docs/perf/cuda.md session 16).
+    /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1`, and only taken with
+    /// [`Gpu::fuse_quant`] (it quantizes the down product's activation): on the H200 0.015-0.03
+    /// ms per token faster than the unit kernel on that path, which is itself 0.13 ms slower
+    /// than the default (docs/perf/cuda.md session 17).
     pub mvh: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
