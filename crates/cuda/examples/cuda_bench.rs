@@ -256,7 +256,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -698,6 +698,37 @@ fn main() {
         }
         b.gpu().mvqp_threads.set(t0);
         b.reset_graphs();
+    }
+    // --ab-wave (session 17): the default one-token path with and without v10's one-wave
+    // mvr grids (each warp several row pairs, L2 prefetch ahead), and with Q6_K by half
+    // super-blocks, alternating, in one process.
+    if args.iter().any(|a| a == "--ab-wave") {
+        let d0 = b.decode_v10();
+        let wave = DecodeV10 { wave: true, ..d0 };
+        let half = DecodeV10 {
+            q6_half: true,
+            ..d0
+        };
+        for (label, c) in [
+            ("default", d0),
+            ("wave", wave),
+            ("q6_half", half),
+            ("default", d0),
+            ("wave", wave),
+            ("q6_half", half),
+            ("default", d0),
+        ] {
+            b.set_decode_v10(c);
+            for d in [0usize, depth] {
+                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
+                println!(
+                    "a/b v10 {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_decode_v10(d0);
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
     // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the
