@@ -50,6 +50,44 @@ fn prompt_ms(
     median(v) * 1e3
 }
 
+/// One A/B row per depth: `a/b LABEL: tg128 @ depth D: X ms/token (Y tok/s)` (median of 3
+/// after a warm-up).
+fn ab_tg(
+    b: &mut CudaBackend,
+    power: &Result<PowerMeter, String>,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: &mut u64,
+    depths: &[usize],
+    label: &str,
+) {
+    for &d in depths {
+        let (m, _) = tg128(b, power, toks, seq, d, 4);
+        println!(
+            "a/b {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+            m * 1e3 / 128.0,
+            128.0 / m
+        );
+    }
+}
+
+/// The per-class one-token product times ([`CudaBackend::bench_matvecs`]) as A/B rows, the
+/// classes named in `only` (all when empty).
+fn ab_kernels(b: &mut CudaBackend, label: &str, only: &[&str]) {
+    match b.bench_matvecs(20) {
+        Ok(rows) => {
+            for (name, n, us, bytes) in rows {
+                if only.is_empty() || only.contains(&name.as_str()) {
+                    println!(
+                        "a/b {label}: kernel {name:<18} x{n:<3} {us:8.2} us/launch {:7.0} GB/s",
+                        bytes / us / 1e3
+                    );
+                }
+            }
+        }
+        Err(e) => println!("kernel bench failed: {e}"),
+    }
+}
+
 /// 128 greedy decode steps after a `d`-token prompt, `reps` times (the first a warm-up):
 /// median seconds and GPU energy per token.
 fn tg128(
@@ -660,14 +698,15 @@ fn main() {
         let a0 = b.one_adapt();
         for on in [a0, !a0, a0, !a0, a0, !a0] {
             b.set_one_adapt(on);
-            for d in [0usize, 1024, depth] {
-                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
-                println!(
-                    "a/b one_adapt={on}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
+            let label = format!("one_adapt={on}");
+            ab_tg(
+                &mut b,
+                &power,
+                &mut toks,
+                &mut seq,
+                &[0, 1024, depth],
+                &label,
+            );
         }
         b.set_one_adapt(a0);
     }
@@ -678,23 +717,9 @@ fn main() {
         for th in [t0, 64, 32, t0, 64, 32, t0] {
             b.gpu().mvqp_threads.set(th);
             b.reset_graphs();
-            for d in [0usize, depth] {
-                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
-                println!(
-                    "a/b mvqp_threads={th}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
-            if let Ok(rows) = b.bench_matvecs(20) {
-                for (name, n, us, bytes) in rows.into_iter().filter(|r| r.0 == "down") {
-                    println!(
-                        "a/b mvqp_threads={th}: kernel {name:<18} x{n:<3} {us:8.2} us/launch \
-                         {:7.0} GB/s",
-                        bytes / us / 1e3
-                    );
-                }
-            }
+            let label = format!("mvqp_threads={th}");
+            ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            ab_kernels(&mut b, &label, &["down"]);
         }
         b.gpu().mvqp_threads.set(t0);
         b.reset_graphs();
@@ -719,14 +744,8 @@ fn main() {
             ("default", d0),
         ] {
             b.set_decode_v10(c);
-            for d in [0usize, depth] {
-                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
-                println!(
-                    "a/b v10 {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
+            let label = format!("v10 {label}");
+            ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
         }
         b.set_decode_v10(d0);
     }
@@ -750,15 +769,8 @@ fn main() {
         for (fq, mvh) in combos {
             b.set_fuse_quant(fq);
             b.set_mvh(mvh);
-            for d in [0usize, depth] {
-                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
-                println!(
-                    "a/b fuse_quant={fq} mvh={mvh}: tg128 @ depth {d}: {:.3} ms/token ({:.0} \
-                     tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
+            let label = format!("fuse_quant={fq} mvh={mvh}");
+            ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
         }
         b.set_fuse_quant(f0);
         b.set_mvh(h0);
@@ -787,27 +799,9 @@ fn main() {
         ];
         for (lb4, nw, ng) in combos {
             b.set_mvr(lb4, nw, ng);
-            for d in [0usize, depth] {
-                let (m, _) = tg128(&mut b, &power, &mut toks, &mut seq, d, 4);
-                println!(
-                    "a/b mvr4={lb4} warps={nw} glu={ng}: tg128 @ depth {d}: {:.3} ms/token \
-                     ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
-            match b.bench_matvecs(20) {
-                Ok(rows) => {
-                    for (name, n, us, bytes) in rows {
-                        println!(
-                            "a/b mvr4={lb4} warps={nw} glu={ng}: kernel {name:<18} x{n:<3} \
-                             {us:8.2} us/launch {:7.0} GB/s",
-                            bytes / us / 1e3
-                        );
-                    }
-                }
-                Err(e) => println!("kernel bench failed: {e}"),
-            }
+            let label = format!("mvr4={lb4} warps={nw} glu={ng}");
+            ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            ab_kernels(&mut b, &label, &[]);
         }
         b.set_mvr(d0.0, d0.1, d0.2);
     }
