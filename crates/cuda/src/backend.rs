@@ -1262,9 +1262,7 @@ impl CudaBackend {
             && nh.is_multiple_of(nkv)
             && nh / nkv <= 8)
             .then(|| {
-                let full = (self.one_attn * self.gpu.sms as usize)
-                    .div_ceil(nkv)
-                    .clamp(1, self.max_split);
+                let full = self.one_split_full();
                 if self.one_adapt {
                     // One tile per split, in powers of two, until the full count.
                     self.one_len
@@ -1282,6 +1280,14 @@ impl CudaBackend {
     /// current launch choices (for A/B runs that change a `Gpu` setting directly).
     pub fn reset_graphs(&mut self) {
         self.graphs.clear();
+    }
+
+    /// The one-token attention's split count for the longest context: about
+    /// [`CudaBackend::one_attn`] blocks per SM over the KV heads.
+    fn one_split_full(&self) -> usize {
+        (self.one_attn * self.gpu.sms as usize)
+            .div_ceil(self.cfg.n_head_kv.max(1))
+            .clamp(1, self.max_split)
     }
 
     /// Whether one-token steps size their attention splits to the context
@@ -2931,11 +2937,7 @@ impl CudaBackend {
         let split = self.one_split(bucket).unwrap_or(0);
         if split > 0 {
             // The class's longest context: its graph serves every length up to it.
-            let full = {
-                self.one_len = self.opts.ctx_size;
-                self.one_split(bucket).unwrap_or(0)
-            };
-            self.one_len = if split < full {
+            self.one_len = if split < self.one_split_full() {
                 (split * ONE_TILE).min(self.opts.ctx_size)
             } else {
                 self.opts.ctx_size

@@ -1711,8 +1711,8 @@ impl Gpu {
             }
             let lb = if self.mvr_lb4.get() { "mvr4" } else { "mvr" };
             let id = self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?;
-            let nw = self.mvr_block(&act);
-            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
+            let nw = self.mvr_block(&act, false);
+            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
             return self.launch_id(
                 id,
                 (u32_of(blocks, "rows")?, 1, 1),
@@ -1726,8 +1726,8 @@ impl Gpu {
             }
             ActIn::Quantized { .. } => mvr_id(ty, false)? + 2,
         };
-        let nw = self.mvr_block(&act);
-        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
+        let nw = self.mvr_block(&act, false);
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
@@ -1753,12 +1753,19 @@ impl Gpu {
     /// blocks at one pair per warp: launches that prepare their own activation (every block
     /// reads the whole f32 row) take several pairs per warp, down to about
     /// [`Gpu::prep_blocks`] blocks per SM; with [`Gpu::wave`] (v10) the others take as many
-    /// pairs per warp as fit the blocks resident at once, so the launch runs as one wave.
-    fn mvr_grid(&self, id: usize, blocks: usize, act: &ActIn) -> Result<(usize, i32), CudaError> {
+    /// pairs per warp as fit the blocks of `nw` warps resident at once, so the launch runs as
+    /// one wave.
+    fn mvr_grid(
+        &self,
+        id: usize,
+        blocks: usize,
+        act: &ActIn,
+        nw: usize,
+    ) -> Result<(usize, i32), CudaError> {
         let loops = match act {
-            ActIn::Quantized { .. } if self.wave.get() => blocks
-                .div_ceil(self.resident_blocks(id, self.mvr_block(act))?)
-                .max(1),
+            ActIn::Quantized { .. } if self.wave.get() => {
+                blocks.div_ceil(self.resident_blocks(id, nw)?).max(1)
+            }
             ActIn::Quantized { .. } => 1,
             ActIn::Prep(_) => blocks
                 .div_ceil(self.prep_blocks.get().max(1) * self.sms as usize)
@@ -1777,20 +1784,17 @@ impl Gpu {
         Ok((self.blocks_per_sm(id, 32 * nw as u32)? * self.sms as usize).max(1))
     }
 
-    /// Warps per block of a one-token plain or Q/K/V `mvr` launch on `act`:
-    /// [`Gpu::mvr_warps`] (1 to 8) for quantized activations, [`MVR_WARPS`] for those the
-    /// launch prepares itself.
-    fn mvr_block(&self, act: &ActIn) -> usize {
+    /// Warps per block of a one-token `mvr` launch on `act`: [`Gpu::mvr_warps`] (plain and
+    /// Q/K/V) or [`Gpu::mvr_warps_glu`] (SwiGLU), 1 to 8, for quantized activations;
+    /// [`MVR_WARPS`] for those the launch prepares itself.
+    fn mvr_block(&self, act: &ActIn, glu: bool) -> usize {
+        let warps = if glu {
+            &self.mvr_warps_glu
+        } else {
+            &self.mvr_warps
+        };
         match act {
-            ActIn::Quantized { .. } => self.mvr_warps.get().clamp(1, MVR_WARPS),
-            ActIn::Prep(_) => MVR_WARPS,
-        }
-    }
-
-    /// [`Gpu::mvr_block`] for the SwiGLU launches ([`Gpu::mvr_warps_glu`]).
-    fn mvr_glu_block(&self, act: &ActIn) -> usize {
-        match act {
-            ActIn::Quantized { .. } => self.mvr_warps_glu.get().clamp(1, MVR_WARPS),
+            ActIn::Quantized { .. } => warps.get().clamp(1, MVR_WARPS),
             ActIn::Prep(_) => MVR_WARPS,
         }
     }
@@ -1976,8 +1980,8 @@ impl Gpu {
             }
             ActIn::Quantized { .. } => mvr_id(ty, false)?,
         };
-        let nw = self.mvr_block(&act);
-        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act)?;
+        let nw = self.mvr_block(&act, false);
+        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
@@ -2111,8 +2115,8 @@ impl Gpu {
             }
             ActIn::Quantized { .. } => mvr_id(ty, true)?,
         };
-        let nw = self.mvr_glu_block(&act);
-        let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act)?;
+        let nw = self.mvr_block(&act, true);
+        let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act, nw)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
