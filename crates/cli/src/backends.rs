@@ -142,12 +142,17 @@ pub fn start(
             std::env::var("CROSSOVER_PREFIX_CACHE").as_deref(),
             Ok("0" | "off" | "false")
         );
+    let device_pick = !matches!(
+        std::env::var("CROSSOVER_DEVICE_PICK").as_deref(),
+        Ok("0" | "off" | "false")
+    );
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,
         restart: restart.clone(),
         max_waiting: a.max_queued,
         prefix_cache,
+        device_pick,
         ..defaults.clone()
     };
     let mut handles = Vec::new();

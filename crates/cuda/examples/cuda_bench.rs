@@ -98,6 +98,39 @@ fn tg128(
     d: usize,
     reps: usize,
 ) -> (f64, String) {
+    tg128_by(b, power, toks, seq, d, reps, pick_on_gpu)
+}
+
+/// The greedy pick on the GPU: one id comes back ([`CudaBackend::step_greedy`]).
+fn pick_on_gpu(b: &mut CudaBackend, batch: &StepBatch) -> u32 {
+    b.step_greedy(batch).unwrap_or_else(|e| panic!("{e}"))[0]
+}
+
+/// The greedy pick on the host from the copied logits row (what the runtime's actor did for
+/// greedy requests before session 18): `Backend::step`, then the lowest index of the largest.
+fn pick_on_host(b: &mut CudaBackend, batch: &StepBatch) -> u32 {
+    let out = b.step(batch).unwrap_or_else(|e| panic!("{e}"));
+    let row = out.row(0).unwrap_or(&[]);
+    let (mut best, mut bl) = (0usize, f32::NEG_INFINITY);
+    for (i, &l) in row.iter().enumerate() {
+        if l > bl {
+            best = i;
+            bl = l;
+        }
+    }
+    best as u32
+}
+
+/// [`tg128`] with the steps' token picked by `pick`.
+fn tg128_by(
+    b: &mut CudaBackend,
+    power: &Result<PowerMeter, String>,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: &mut u64,
+    d: usize,
+    reps: usize,
+    pick: fn(&mut CudaBackend, &StepBatch) -> u32,
+) -> (f64, String) {
     let mut runs = Vec::new();
     let mut joules = Vec::new();
     for rep in 0..reps {
@@ -116,7 +149,7 @@ fn tg128(
                     want: Want::Last,
                 }],
             };
-            last = b.step_greedy(&batch).unwrap_or_else(|e| panic!("{e}"))[0];
+            last = pick(b, &batch);
             pos += 1;
         }
         let dt = t.elapsed().as_secs_f64();
@@ -294,7 +327,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -410,6 +443,57 @@ fn main() {
             m * 1e3 / 128.0,
             128.0 / m
         );
+    }
+    // --ab-host (session 18): what the host's part of a step costs. The default (one metadata
+    // copy, the pick on the GPU) against six metadata copies and against the pick on the host
+    // from the copied logits row, alternating; then the same graph replayed back to back with
+    // its argmax and one wait at the end (the step's GPU work alone).
+    if args.iter().any(|a| a == "--ab-host") {
+        for round in 0..3 {
+            for d in [0usize, depth] {
+                for (label, copies, pick) in [
+                    (
+                        "meta=1 pick=gpu",
+                        false,
+                        pick_on_gpu as fn(&mut CudaBackend, &StepBatch) -> u32,
+                    ),
+                    ("meta=6 pick=gpu", true, pick_on_gpu),
+                    ("meta=1 pick=host", false, pick_on_host),
+                ] {
+                    b.set_meta_copies(copies);
+                    let (m, _) = tg128_by(&mut b, &power, &mut toks, &mut seq, d, 3, pick);
+                    println!(
+                        "a/b host {label}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                        m * 1e3 / 128.0,
+                        128.0 / m
+                    );
+                }
+                b.set_meta_copies(false);
+                // The GPU work alone: a step at depth d + 64 (the middle of tg128's range).
+                seq += 1;
+                let mut last = prefill(&mut b, &mut toks, seq, d + 64);
+                for k in 0..2 {
+                    let batch = StepBatch {
+                        chunks: vec![SeqChunk {
+                            prompt_len: None,
+                            seq,
+                            tokens: vec![last],
+                            start_pos: d + 64 + k,
+                            want: Want::Last,
+                        }],
+                    };
+                    last = pick_on_gpu(&mut b, &batch);
+                }
+                let per = b.replay_last(128).unwrap_or_else(|e| panic!("{e}"));
+                b.release(seq);
+                println!(
+                    "a/b host replay-only {round}: tg @ depth {}: {:.3} ms/step ({:.0} steps/s)",
+                    d + 64,
+                    per * 1e3,
+                    1.0 / per
+                );
+            }
+        }
     }
     // Per-kernel bandwidth of the one-token products, and (--ab) the v6 decode kernels and
     // programmatic dependent launch each switched off, same binary, same file.

@@ -165,12 +165,37 @@ struct Scratch {
     mmf_ws: DevBuf,
     mmf_cnt: DevBuf,
     host: std::cell::RefCell<HostExec>,
-    tok_ids: DevBuf,
-    tok_pos: DevBuf,
-    tok_slot: DevBuf,
-    tok_seq: DevBuf,
-    out_rows: DevBuf,
-    btab: DevBuf,
+    /// A step's metadata in one buffer, one host-to-device copy per step (session 18; was six
+    /// copies): token ids, positions, cache slots, sequence rows and wanted rows (`n` each at
+    /// most), then the block tables. Where each part starts depends on the step's padded token
+    /// count ([`MetaPtrs::layout`]), so a captured graph keeps its bucket's layout.
+    meta: DevBuf,
+}
+
+/// Device addresses of one step's metadata arrays inside [`Scratch::meta`].
+#[derive(Clone, Copy, Debug, Default)]
+struct MetaPtrs {
+    ids: u64,
+    pos: u64,
+    slot: u64,
+    seq: u64,
+    out_rows: u64,
+    btab: u64,
+}
+
+impl MetaPtrs {
+    /// The arrays of a step of `p` (padded) tokens: five runs of `p` i32, then the block tables.
+    fn layout(base: u64, p: usize) -> Self {
+        let r = 4 * p as u64;
+        MetaPtrs {
+            ids: base,
+            pos: base + r,
+            slot: base + 2 * r,
+            seq: base + 3 * r,
+            out_rows: base + 4 * r,
+            btab: base + 5 * r,
+        }
+    }
 }
 
 /// Which activation the scratch operands hold now (the buffer they were made from, and how), so
@@ -203,6 +228,8 @@ struct Meta {
     seq: Vec<i32>,
     out_rows: Vec<i32>,
     btab: Vec<i32>,
+    /// The arrays above laid out as [`MetaPtrs::layout`] places them, for the one copy.
+    packed: Vec<i32>,
     /// Per chunk: first step row, tokens, first position (its block table is row `i` of `btab`).
     chunks: Vec<(usize, usize, usize)>,
 }
@@ -267,6 +294,12 @@ pub struct CudaBackend {
     n_blocks: usize,
     max_split: usize,
     meta: Meta,
+    /// Where the last uploaded step's metadata lies in [`Scratch::meta`].
+    mp: MetaPtrs,
+    /// Session 18 A/B (`cuda_bench --ab-host`): the metadata as six copies, one per array.
+    meta_copies: bool,
+    /// The (bucket, split) of the graph the last replayed step took ([`Self::replay_last`]).
+    last_graph: Option<(usize, usize)>,
     /// Graph replays and eager steps so far (for reports).
     pub stats: StepStats,
     /// GPU memory taken at load (free before minus free after).
@@ -600,12 +633,7 @@ impl CudaBackend {
             mmf_ws: gpu.alloc(mmf_ws.max(1) * f4)?,
             mmf_cnt: gpu.alloc_zeroed(mmf_tiles.max(1) * 4)?,
             host: std::cell::RefCell::new(HostExec::new(opts.host.threads)),
-            tok_ids: gpu.alloc(n * 4)?,
-            tok_pos: gpu.alloc(n * 4)?,
-            tok_slot: gpu.alloc(n * 4)?,
-            tok_seq: gpu.alloc(n * 4)?,
-            out_rows: gpu.alloc(n * 4)?,
-            btab: gpu.alloc((opts.max_seqs + 1) * max_blocks * 4)?,
+            meta: gpu.alloc((5 * n + (opts.max_seqs + 1) * max_blocks) * 4)?,
         };
 
         // f16 weight copies for the GEMM path.
@@ -731,6 +759,9 @@ impl CudaBackend {
             n_blocks,
             max_split,
             meta: Meta::default(),
+            mp: MetaPtrs::default(),
+            meta_copies: false,
+            last_graph: None,
             stats: StepStats::default(),
             mem_loaded,
             trace: None,
@@ -1524,16 +1555,66 @@ impl CudaBackend {
         (m.out_rows.len(), max_len)
     }
 
-    fn upload_meta(&self) -> Result<(), CudaError> {
-        let g = &self.gpu;
-        let s = &self.s;
-        g.write(&s.tok_ids, 0, &self.meta.ids)?;
-        g.write(&s.tok_pos, 0, &self.meta.pos)?;
-        g.write(&s.tok_slot, 0, &self.meta.slot)?;
-        g.write(&s.tok_seq, 0, &self.meta.seq)?;
-        g.write(&s.out_rows, 0, &self.meta.out_rows)?;
-        g.write(&s.btab, 0, &self.meta.btab)?;
+    /// One copy of the step's metadata ([`Scratch::meta`]), and where its arrays now lie.
+    fn upload_meta(&mut self) -> Result<(), CudaError> {
+        let m = &mut self.meta;
+        let p = m.ids.len();
+        m.packed.clear();
+        for a in [&m.ids, &m.pos, &m.slot, &m.seq] {
+            m.packed.extend_from_slice(a);
+        }
+        m.packed.extend_from_slice(&m.out_rows);
+        m.packed.resize(5 * p, 0);
+        m.packed.extend_from_slice(&m.btab);
+        if self.meta_copies {
+            // Session 18's A/B: the same bytes, one copy per array as before.
+            let r = 4 * p;
+            for (k, a) in [&m.ids, &m.pos, &m.slot, &m.seq, &m.out_rows, &m.btab]
+                .into_iter()
+                .enumerate()
+            {
+                self.gpu.write(&self.s.meta, k * r, a)?;
+            }
+        } else {
+            self.gpu.write(&self.s.meta, 0, &m.packed)?;
+        }
+        self.mp = MetaPtrs::layout(self.s.meta.ptr(), p);
         Ok(())
+    }
+
+    /// Session 18 A/B: upload a step's metadata as one copy per array (`true`) instead of one.
+    pub fn set_meta_copies(&mut self, on: bool) {
+        self.meta_copies = on;
+    }
+
+    /// Session 18 (`cuda_bench --ab-host`): the graph of the last replayed step launched `reps`
+    /// times with its argmax, back to back, then one wait: seconds per step of GPU work
+    /// without the host's part (metadata upload, result copy, the wait). Each replay recomputes
+    /// that step (same token, same position, the same KV slot written again).
+    pub fn replay_last(&mut self, reps: usize) -> Result<f64, CudaError> {
+        let (bucket, split) = self
+            .last_graph
+            .ok_or_else(|| CudaError::Arg("no step has replayed a graph yet".into()))?;
+        let g = self
+            .graphs
+            .iter()
+            .find(|g| g.bucket == bucket && g.split == split)
+            .ok_or_else(|| CudaError::Arg(format!("graph ({bucket}, {split}) is gone")))?;
+        self.gpu.sync()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            g.graph
+                .launch()
+                .map_err(crate::error::drv("graph launch"))?;
+            self.gpu.argmax_rows(
+                self.s.logits.ptr(),
+                self.cfg.n_vocab,
+                bucket,
+                self.s.argmax.ptr(),
+            )?;
+        }
+        self.gpu.sync()?;
+        Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)
     }
 
     /// Splits of the attention for `n` tokens whose longest context is `max_len`.
@@ -2002,6 +2083,7 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let merge = self.merge_in_split(n);
         let one = self.one_split(n);
+        let mp = self.mp;
         let gpu = &self.gpu;
         let cfg = &self.cfg;
         let s = &self.s;
@@ -2012,14 +2094,7 @@ impl CudaBackend {
         let (qd, kvd, ff) = (cfg.n_embd_q(), cfg.n_embd_kv(), cfg.n_ff);
         // Which activation the quantized-activation buffers hold now (pointer, format).
         let mut qc = Acts::default();
-        gpu.get_rows(
-            self.embd.ty,
-            self.embd.q.ptr(),
-            e,
-            s.tok_ids.ptr(),
-            n,
-            s.x.ptr(),
-        )?;
+        gpu.get_rows(self.embd.ty, self.embd.q.ptr(), e, mp.ids, n, s.x.ptr())?;
         let matvec_path = n <= o.gemm_min_tokens || !gpu.has_blas();
         // Activations are quantized (not converted to f16) for the integer products: the
         // matrix-vector kernels, or the tensor-core integer GEMM of batched decode steps.
@@ -2153,8 +2228,8 @@ impl CudaBackend {
                         s.ad.ptr(),
                         s.q.ptr(),
                         &self.rope,
-                        s.tok_pos.ptr(),
-                        s.tok_slot.ptr(),
+                        mp.pos,
+                        mp.slot,
                         hd,
                         kvd,
                         self.kc[li].ptr(),
@@ -2166,7 +2241,7 @@ impl CudaBackend {
                     })?;
                 }
                 for (ty, w, rows) in launches {
-                    let (pos, slot) = (s.tok_pos.ptr(), s.tok_slot.ptr());
+                    let (pos, slot) = (mp.pos, mp.slot);
                     let (kcl, vcl) = (self.kc[li].ptr(), self.vc[li].ptr());
                     let r = if prep_qkv {
                         gpu.matvec_q_qkv_rope_prep(
@@ -2245,8 +2320,8 @@ impl CudaBackend {
                     ki,
                     vi,
                     [b(&l.bq), b(&l.bk), b(&l.bv)],
-                    s.tok_pos.ptr(),
-                    s.tok_slot.ptr(),
+                    mp.pos,
+                    mp.slot,
                     &self.rope,
                     nh,
                     nkv,
@@ -2264,7 +2339,7 @@ impl CudaBackend {
                         s.q.ptr(),
                         self.kc[li].ptr(),
                         self.vc[li].ptr(),
-                        s.btab.at(ci * self.max_blocks * 4),
+                        mp.btab + (ci * self.max_blocks * 4) as u64,
                         o.block_tokens,
                         t0,
                         t,
@@ -2282,9 +2357,9 @@ impl CudaBackend {
                     s.q.ptr(),
                     self.kc[li].ptr(),
                     self.vc[li].ptr(),
-                    s.tok_pos.ptr(),
-                    s.tok_seq.ptr(),
-                    s.btab.ptr(),
+                    mp.pos,
+                    mp.seq,
+                    mp.btab,
                     self.max_blocks,
                     o.block_tokens,
                     nh,
@@ -2309,9 +2384,9 @@ impl CudaBackend {
                     s.q.ptr(),
                     self.kc[li].ptr(),
                     self.vc[li].ptr(),
-                    s.tok_pos.ptr(),
-                    s.tok_seq.ptr(),
-                    s.btab.ptr(),
+                    mp.pos,
+                    mp.seq,
+                    mp.btab,
                     self.max_blocks,
                     o.block_tokens,
                     nh,
@@ -2320,7 +2395,7 @@ impl CudaBackend {
                     ns1,
                     s.part.ptr(),
                 )?;
-                let (p, tp, a) = (s.part.ptr(), s.tok_pos.ptr(), s.att.ptr());
+                let (p, tp, a) = (s.part.ptr(), mp.pos, s.att.ptr());
                 // v9: the merge quantizes the output projection's activation itself.
                 let mq = kernels::act_format(l.wo.ty).filter(|_| {
                     self.one_merge
@@ -2354,13 +2429,7 @@ impl CudaBackend {
                     gpu.attn_batch_merge(
                         n,
                         (s.q.ptr(), self.kc[li].ptr(), self.vc[li].ptr()),
-                        (
-                            s.tok_pos.ptr(),
-                            s.tok_seq.ptr(),
-                            s.btab.ptr(),
-                            self.max_blocks,
-                            o.block_tokens,
-                        ),
+                        (mp.pos, mp.seq, mp.btab, self.max_blocks, o.block_tokens),
                         nh,
                         nkv,
                         hd,
@@ -2375,13 +2444,7 @@ impl CudaBackend {
                     gpu.attn_batch_direct(
                         n,
                         (s.q.ptr(), self.kc[li].ptr(), self.vc[li].ptr()),
-                        (
-                            s.tok_pos.ptr(),
-                            s.tok_seq.ptr(),
-                            s.btab.ptr(),
-                            self.max_blocks,
-                            o.block_tokens,
-                        ),
+                        (mp.pos, mp.seq, mp.btab, self.max_blocks, o.block_tokens),
                         nh,
                         nkv,
                         hd,
@@ -2396,9 +2459,9 @@ impl CudaBackend {
                         s.q.ptr(),
                         self.kc[li].ptr(),
                         self.vc[li].ptr(),
-                        s.tok_pos.ptr(),
-                        s.tok_seq.ptr(),
-                        s.btab.ptr(),
+                        mp.pos,
+                        mp.seq,
+                        mp.btab,
                         self.max_blocks,
                         o.block_tokens,
                         nh,
@@ -2420,7 +2483,7 @@ impl CudaBackend {
                         gpu,
                         n,
                         s.part.ptr(),
-                        s.tok_pos.ptr(),
+                        mp.pos,
                         nh,
                         hd,
                         ab_split,
@@ -2440,9 +2503,9 @@ impl CudaBackend {
                     s.q.ptr(),
                     self.kc[li].ptr(),
                     self.vc[li].ptr(),
-                    s.tok_pos.ptr(),
-                    s.tok_seq.ptr(),
-                    s.btab.ptr(),
+                    mp.pos,
+                    mp.seq,
+                    mp.btab,
                     self.max_blocks,
                     o.block_tokens,
                     nh,
@@ -2467,7 +2530,7 @@ impl CudaBackend {
                 gpu.attn_combine_q(
                     n,
                     s.part.ptr(),
-                    s.tok_pos.ptr(),
+                    mp.pos,
                     nh,
                     hd,
                     n_split,
@@ -2841,7 +2904,7 @@ impl CudaBackend {
         } else {
             gpu.rms_norm(
                 s.x.ptr(),
-                s.out_rows.ptr(),
+                mp.out_rows,
                 self.output_norm.ptr(),
                 e,
                 cfg.rms_norm_eps,
@@ -2943,6 +3006,7 @@ impl CudaBackend {
                 self.opts.ctx_size
             };
         }
+        self.last_graph = Some((bucket, split));
         if let Some(g) = self
             .graphs
             .iter()
@@ -3090,6 +3154,12 @@ impl Backend for CudaBackend {
             n_vocab: nv,
             logits,
         })
+    }
+
+    /// The greedy picks on the GPU ([`CudaBackend::step_greedy`]): one id per row comes back
+    /// instead of the rows (512 KB per row for a 128,256-token vocabulary).
+    fn step_argmax(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
+        self.step_greedy(batch)
     }
 
     fn release(&mut self, seq: SeqId) {

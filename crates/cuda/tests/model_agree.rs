@@ -610,3 +610,127 @@ fn one_token_split_classes_replay_the_eager_bits() {
         assert_eq!(exact, steps, "graph replays differ from eager steps");
     }
 }
+
+/// Session 18: `Backend::step_argmax` (the pick on the GPU, one id copied back) against the
+/// host's argmax of the rows `step` copies back, for greedy chains of one sequence (graph
+/// replays) and for batched steps of three. Twin sequences take the same tokens at the same
+/// positions in steps of the same shape, so their rows are the same bits and the picks must be
+/// the host's exactly (the lowest index of the largest logit).
+#[test]
+fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows: {e}");
+        return;
+    }
+    let seed = std::env::var("CROSSOVER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(23, |d| d.as_nanos() as u64)
+        });
+    eprintln!("seed {seed}");
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let host_argmax = |row: &[f32]| {
+        let (mut best, mut bl) = (0usize, f32::NEG_INFINITY);
+        for (i, &l) in row.iter().enumerate() {
+            if l > bl {
+                best = i;
+                bl = l;
+            }
+        }
+        best as u32
+    };
+    let chunk = |seq: u64, tokens: Vec<u32>, start_pos: usize| SeqChunk {
+        prompt_len: None,
+        seq,
+        tokens,
+        start_pos,
+        want: Want::Last,
+    };
+    for path in models() {
+        let opts = CudaOptions {
+            ctx_size: 128,
+            max_seqs: 6,
+            max_batch_tokens: 128,
+            ..Default::default()
+        };
+        let mut gpu = CudaBackend::load(&path, &opts).expect("gpu load");
+        let nv = gpu.config().n_vocab as u32;
+        let plen = 17;
+        let prompt: Vec<u32> = (0..plen).map(|_| r.gen_range(0..nv)).collect();
+        // One sequence: the host's chain (seq 0) and the GPU's (seq 1).
+        let mut host = Vec::new();
+        let mut dev = Vec::new();
+        for (seq, out) in [(0u64, &mut host), (1, &mut dev)] {
+            let b = StepBatch {
+                chunks: vec![chunk(seq, prompt.clone(), 0)],
+            };
+            let mut last = if seq == 0 {
+                host_argmax(gpu.step(&b).expect("prefill").row(0).expect("row"))
+            } else {
+                gpu.step_argmax(&b).expect("prefill pick")[0]
+            };
+            out.push(last);
+            for k in 0..48 {
+                let b = StepBatch {
+                    chunks: vec![chunk(seq, vec![last], plen + k)],
+                };
+                last = if seq == 0 {
+                    host_argmax(gpu.step(&b).expect("step").row(0).expect("row"))
+                } else {
+                    gpu.step_argmax(&b).expect("pick")[0]
+                };
+                out.push(last);
+            }
+            gpu.release(seq);
+        }
+        assert_eq!(host, dev, "{}: greedy chains differ", path.display());
+        // Three sequences per step (batched decode with padding to a bucket of 4).
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
+            .collect();
+        let mut picks = [Vec::new(), Vec::new()];
+        for (side, base) in [(0usize, 10u64), (1, 20)] {
+            let b = StepBatch {
+                chunks: (0..3)
+                    .map(|i| chunk(base + i as u64, prompts[i].clone(), 0))
+                    .collect(),
+            };
+            gpu.step(&b).expect("batched prefill");
+            let mut last: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
+            for k in 0..12 {
+                let b = StepBatch {
+                    chunks: (0..3)
+                        .map(|i| chunk(base + i as u64, vec![last[i]], plen + k))
+                        .collect(),
+                };
+                last = if side == 0 {
+                    let out = gpu.step(&b).expect("batched step");
+                    (0..3)
+                        .map(|i| host_argmax(out.row(i).expect("row")))
+                        .collect()
+                } else {
+                    gpu.step_argmax(&b).expect("batched picks")
+                };
+                picks[side].extend_from_slice(&last);
+            }
+            for i in 0..3 {
+                gpu.release(base + i as u64);
+            }
+        }
+        assert_eq!(
+            picks[0],
+            picks[1],
+            "{}: batched picks differ",
+            path.display()
+        );
+        eprintln!(
+            "{}: {} chain and {} batched picks equal the host's argmax",
+            path.display(),
+            host.len(),
+            picks[0].len()
+        );
+    }
+}

@@ -28,7 +28,7 @@ use tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::backend::{
-    Backend, BackendError, BackendInfo, KvStats, SeqChunk, SeqId, StepBatch, Want,
+    Backend, BackendError, BackendInfo, KvStats, SeqChunk, SeqId, StepBatch, StepOutput, Want,
 };
 use crate::event::{
     FinishReason, GenerateRequest, RuntimeError, Summary, Timings, TokenEvent, Usage,
@@ -124,6 +124,11 @@ pub struct ActorConfig {
     /// them ([`Backend::reuse_prefix`]). Default on (the CLI's `--no-prefix-cache` and its
     /// `CROSSOVER_PREFIX_CACHE=0` turn it off).
     pub prefix_cache: bool,
+    /// Steps whose every sampled row is greedy without penalties take
+    /// [`Backend::step_argmax`]: the backend picks the tokens (the CUDA backend on the GPU, so
+    /// no logits row is copied back). Default on (`CROSSOVER_DEVICE_PICK=0` turns it off in the
+    /// CLI); the tokens are the same either way.
+    pub device_pick: bool,
 }
 
 impl Default for ActorConfig {
@@ -138,6 +143,7 @@ impl Default for ActorConfig {
             probe_interval: Duration::from_secs(1),
             restart: RestartPolicy::default(),
             prefix_cache: true,
+            device_pick: true,
         }
     }
 }
@@ -760,6 +766,7 @@ struct Actor<'t> {
     retry_after: Duration,
     probe_interval: Duration,
     prefix_cache: bool,
+    device_pick: bool,
     ctx: usize,
     waiting: VecDeque<Waiting>,
     running: Vec<Running<'t>>,
@@ -811,6 +818,7 @@ impl<'t> Actor<'t> {
             retry_after: cfg.retry_after,
             probe_interval: cfg.probe_interval,
             prefix_cache: cfg.prefix_cache,
+            device_pick: cfg.device_pick,
             ctx,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -1209,9 +1217,22 @@ impl<'t> Actor<'t> {
                 prompt_len: prefill.then_some(r.prompt_len),
             });
         }
-        let result = catch_unwind(AssertUnwindSafe(|| self.backend.step(&batch)));
+        // Every sampled row greedy without penalties: the backend picks the tokens itself (on
+        // its device, where it has one) and no logits come back.
+        let greedy = self.device_pick
+            && plan
+                .iter()
+                .zip(&batch.chunks)
+                .all(|(&(i, _), c)| c.want != Want::Last || self.running[i].sampler.plain_greedy());
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if greedy {
+                self.backend.step_argmax(&batch).map(Picked::Ids)
+            } else {
+                self.backend.step(&batch).map(Picked::Logits)
+            }
+        }));
         self.status.steps += 1;
-        let mut out = match result {
+        let out = match result {
             Ok(Ok(out)) => out,
             Ok(Err(e @ BackendError::Device { .. })) => {
                 self.status.consecutive_failures += 1;
@@ -1237,12 +1258,17 @@ impl<'t> Actor<'t> {
             }
         };
         let want_rows = batch.chunks.iter().filter(|c| c.want == Want::Last).count();
-        if out.n_rows() != want_rows {
+        let got_rows = match &out {
+            Picked::Logits(o) => o.n_rows(),
+            Picked::Ids(ids) => ids.len(),
+        };
+        if got_rows != want_rows {
             self.status.consecutive_failures += 1;
-            let msg = format!(
-                "step returned {} logit rows, expected {want_rows}",
-                out.n_rows()
-            );
+            let what = match &out {
+                Picked::Logits(_) => "logit rows",
+                Picked::Ids(_) => "greedy picks",
+            };
+            let msg = format!("step returned {got_rows} {what}, expected {want_rows}");
             let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
             self.fail(&failed, |name| RuntimeError::Backend {
                 backend: name.to_string(),
@@ -1254,7 +1280,6 @@ impl<'t> Actor<'t> {
             return Ok(());
         }
         self.status.consecutive_failures = 0;
-        let n_vocab = out.n_vocab;
         // The sequences given a row of logits, in row order.
         let mut sampled: Vec<usize> = Vec::with_capacity(want_rows);
         for (k, &(i, n)) in plan.iter().enumerate() {
@@ -1263,7 +1288,13 @@ impl<'t> Actor<'t> {
                 sampled.push(i);
             }
         }
-        let ids = sample_rows(&mut self.running, &sampled, &mut out.logits, n_vocab);
+        let (ids, logits) = match out {
+            Picked::Logits(mut o) => {
+                let ids = sample_rows(&mut self.running, &sampled, &mut o.logits, o.n_vocab);
+                (ids, Some(o.logits))
+            }
+            Picked::Ids(ids) => (ids.into_iter().map(Some).collect(), None),
+        };
         let mut finished: Vec<(usize, Option<FinishReason>)> = Vec::new();
         for (&i, id) in sampled.iter().zip(ids) {
             let Some(id) = id else {
@@ -1277,7 +1308,9 @@ impl<'t> Actor<'t> {
             }
             self.status.tokens_generated += 1;
         }
-        self.backend.recycle(std::mem::take(&mut out.logits));
+        if let Some(l) = logits {
+            self.backend.recycle(l);
+        }
         // Remove from the back so indices stay valid.
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason) in finished {
@@ -1414,6 +1447,13 @@ fn sample_rows(
         **out = Some(sampler.sample(row, history));
     }
     ids
+}
+
+/// What a step gave back: logits rows for the host's samplers, or the backend's own greedy
+/// picks ([`Backend::step_argmax`]).
+enum Picked {
+    Logits(StepOutput),
+    Ids(Vec<u32>),
 }
 
 /// Record token `id` of `r`, send its event, and say whether the sequence is finished.

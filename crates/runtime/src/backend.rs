@@ -287,6 +287,22 @@ pub trait Backend {
     fn recycle(&mut self, logits: Vec<f32>) {
         drop(logits);
     }
+    /// Run one step like [`Backend::step`] and return each logits row's greedy pick instead of
+    /// the row: the index of its largest logit, the lowest index on ties, NaN never winning
+    /// (what [`crate::Sampler::sample`] picks at temperature 0 without penalties), one id per
+    /// row in row order. A backend that picks on its device saves copying the rows to the host
+    /// (128,256 floats per row for a Llama-3 vocabulary); the default runs [`Backend::step`]
+    /// and picks on the host.
+    fn step_argmax(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
+        let out = self.step(batch)?;
+        let ids = out
+            .logits
+            .chunks_exact(out.n_vocab.max(1))
+            .map(crate::sampling::argmax)
+            .collect();
+        self.recycle(out.logits);
+        Ok(ids)
+    }
 }
 
 impl fmt::Display for Support {

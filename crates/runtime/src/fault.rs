@@ -142,6 +142,20 @@ impl Faulty {
     }
 }
 
+impl Faulty {
+    /// The switch's verdict for this step: go on, fail, or panic.
+    fn fault(&self) -> Result<(), BackendError> {
+        match self.switch.on_step() {
+            Fault::Off => Ok(()),
+            Fault::Error => Err(BackendError::Device {
+                backend: self.inner.info().name.clone(),
+                msg: "injected fault".into(),
+            }),
+            Fault::Panic => panic!("injected panic in step"),
+        }
+    }
+}
+
 impl Backend for Faulty {
     fn info(&self) -> &BackendInfo {
         self.inner.info()
@@ -150,14 +164,12 @@ impl Backend for Faulty {
         self.inner.support(op)
     }
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, BackendError> {
-        match self.switch.on_step() {
-            Fault::Off => self.inner.step(batch),
-            Fault::Error => Err(BackendError::Device {
-                backend: self.inner.info().name.clone(),
-                msg: "injected fault".into(),
-            }),
-            Fault::Panic => panic!("injected panic in step"),
-        }
+        self.fault()?;
+        self.inner.step(batch)
+    }
+    fn step_argmax(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
+        self.fault()?;
+        self.inner.step_argmax(batch)
     }
     fn release(&mut self, seq: SeqId) {
         self.inner.release(seq)

@@ -217,6 +217,13 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether [`Sampler::sample`] is the plain argmax of the row: temperature 0 and no
+    /// penalties, so the pick needs neither the history nor any state (and a backend may make
+    /// it on its device: [`crate::Backend::step_argmax`]).
+    pub fn plain_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 && !self.params.penalties_active()
+    }
+
     /// Pick the next token from one row of logits. `history` is every token of the sequence so
     /// far (prompt then generated); the penalties read its last `repeat_last_n` entries. The
     /// logits are modified in place (penalties). NaN logits count as impossible; ids in `history`
@@ -441,8 +448,9 @@ fn top_k_sorted_reference(cand: &mut Vec<Cand>, logits: &[f32], k: usize) {
     scan.finish();
 }
 
-/// Index of the largest logit, lowest index on ties; NaN never wins.
-fn argmax(logits: &[f32]) -> u32 {
+/// Index of the largest logit, lowest index on ties; NaN never wins (0 for a row of NaN or
+/// negative infinity, and for an empty row).
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_l = f32::NEG_INFINITY;
     for (i, &l) in logits.iter().enumerate() {

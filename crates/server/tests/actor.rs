@@ -532,3 +532,113 @@ fn running_streams_keep_flowing_during_a_long_prefill() {
         "{during} tokens of the running stream during {steps} prefill steps"
     );
 }
+
+/// The real CPU backend, counting which of its step entry points the actor takes.
+struct Counted {
+    inner: Box<dyn runtime::Backend>,
+    steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    picks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl runtime::Backend for Counted {
+    fn info(&self) -> &runtime::BackendInfo {
+        self.inner.info()
+    }
+    fn support(&self, op: &runtime::OpDesc) -> runtime::Support {
+        self.inner.support(op)
+    }
+    fn step(
+        &mut self,
+        b: &runtime::StepBatch,
+    ) -> Result<runtime::StepOutput, runtime::BackendError> {
+        self.steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.step(b)
+    }
+    fn step_argmax(&mut self, b: &runtime::StepBatch) -> Result<Vec<u32>, runtime::BackendError> {
+        self.picks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.step_argmax(b)
+    }
+    fn release(&mut self, seq: runtime::SeqId) {
+        self.inner.release(seq)
+    }
+    fn kv(&self) -> runtime::KvStats {
+        self.inner.kv()
+    }
+}
+
+#[test]
+fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    let (file, tok) = open();
+    let prompt = chat_prompt(&tok, "Name three colors.");
+    let n = 12;
+    let want = direct_greedy(&file, &prompt, n, &|t| tok.is_eog(t));
+    // One actor per setting of `device_pick`, each over a counted real CPU backend.
+    let run = |device_pick: bool, params: SamplingParams| {
+        let (steps, picks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s2, p2, f2) = (steps.clone(), picks.clone(), file.clone());
+        let factory: runtime::RestartFactory = Arc::new(move || {
+            let opts = cpu::CpuOptions {
+                threads: Some(1),
+                ctx_size: 512,
+                max_seqs: 2,
+                block_tokens: 16,
+                max_batch_tokens: 256,
+                ..cpu::CpuOptions::default()
+            };
+            let be = cpu::CpuBackend::from_file(f2.clone(), "smollm2", &opts).map_err(|e| {
+                runtime::BackendError::Unsupported {
+                    backend: "cpu".into(),
+                    why: e.to_string(),
+                }
+            })?;
+            Ok(Box::new(Counted {
+                inner: Box::new(be),
+                steps: s2.clone(),
+                picks: p2.clone(),
+            }) as Box<dyn runtime::Backend>)
+        });
+        let cfg = runtime::ActorConfig {
+            name: Some("cpu".into()),
+            device_pick,
+            ..runtime::ActorConfig::default()
+        };
+        let h = runtime::spawn(factory, tok.clone(), cfg).expect("actor starts");
+        let coord = Coordinator::new(vec![h], RoutingPolicy::default()).unwrap();
+        let c = collect(
+            coord
+                .submit(GenerateRequest::new(prompt.clone(), params))
+                .unwrap(),
+        );
+        assert!(c.error.is_none(), "{:?}", c.error);
+        (c.ids, steps.load(SeqCst), picks.load(SeqCst))
+    };
+    // Greedy: every step (prompt and generated tokens) is a pick; the same tokens as the solo
+    // run on the logits.
+    let (ids, steps, picks) = run(true, greedy(n));
+    assert_eq!(ids, want);
+    assert_eq!(steps, 0, "a greedy request copied logits");
+    assert!(picks >= ids.len(), "{picks} picks for {} tokens", ids.len());
+    // Switched off: logits every step, the same tokens.
+    let (ids, steps, picks) = run(false, greedy(n));
+    assert_eq!(ids, want);
+    assert_eq!(picks, 0);
+    assert!(steps >= ids.len());
+    // Penalties need the row on the host, and so does sampling at a temperature.
+    for params in [
+        SamplingParams {
+            repeat_penalty: 1.3,
+            ..greedy(n)
+        },
+        SamplingParams {
+            temperature: 0.9,
+            seed: Some(7),
+            ..greedy(n)
+        },
+    ] {
+        let (ids, steps, picks) = run(true, params);
+        assert_eq!(picks, 0);
+        assert!(steps >= ids.len() && !ids.is_empty());
+    }
+}
