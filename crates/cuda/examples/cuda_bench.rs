@@ -327,7 +327,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -832,6 +832,39 @@ fn main() {
             ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
         }
         b.set_decode_v10(d0);
+    }
+    // --ab-s18 (session 18): this session's one-token defaults (the Q6_K head and down
+    // projections from their aligned copies; a one-split attention writing its merged rows)
+    // against each switched off, alternating, in one process; then the product classes' own
+    // timings with and without the aligned copies.
+    if args.iter().any(|a| a == "--ab-s18") {
+        for _ in 0..3 {
+            for (label, q6a, direct) in [
+                ("default", true, true),
+                ("q6a=false", false, true),
+                ("direct=false", true, false),
+            ] {
+                b.gpu().q6a.set(q6a);
+                b.set_one_direct(direct);
+                b.reset_graphs();
+                ab_tg(
+                    &mut b,
+                    &power,
+                    &mut toks,
+                    &mut seq,
+                    &[0, 64, depth],
+                    &format!("s18 {label}"),
+                );
+            }
+        }
+        b.set_one_direct(true);
+        for on in [true, false] {
+            b.gpu().q6a.set(on);
+            b.reset_graphs();
+            ab_kernels(&mut b, &format!("q6a={on}"), &[]);
+        }
+        b.gpu().q6a.set(true);
+        b.reset_graphs();
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
     // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the

@@ -479,6 +479,35 @@ template <> struct QI<T_Q6_K> {
     }
 };
 
+// Q6_KA (Q6_K blocks in 16-byte aligned 224-byte slots, quant.cu): QI<T_Q6_K>::unit's q and P
+// from plain 16-byte loads of the two 32-byte runs (no ld32_a2_wide selects and shifts) and the
+// same aligned 2-byte loads of the scale pair and d; Q6_K's combine, so Q6_K's bits.
+template <> struct QI<T_Q6_KA> {
+    using P = QI<T_Q6_K>::P;
+    __device__ static __forceinline__ void unit(const u8* b, int j, int* q, P& p) {
+        p.d = h2f(ld_u16(b + 208));
+        int h = j / 4, k = j % 4;
+        u32 scw = ld_u16(b + 192 + 2 * j);
+        p.s0 = (int)(i8)(scw & 0xff);
+        p.s1 = (int)(i8)(scw >> 8);
+        const uint4* ql = (const uint4*)(b + 64 * h + 32 * (k & 1));
+        const uint4* qh = (const uint4*)(b + 128 + 32 * h);
+        uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
+        u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        int ls = 4 * (k >> 1), hs = 2 * k;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 lo = (lw[i] >> ls) & 0x0f0f0f0fu;
+            u32 hi = (hw[i] >> hs) & 0x03030303u;
+            q[i] = SUB_BYTES(lo | (hi << 4), 32);
+        }
+    }
+    __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
+        return QI<T_Q6_K>::combine(p, s0, s1, a);
+    }
+};
+
 // One weight unit against token t's activation unit.
 template <int T>
 __device__ __forceinline__ float unit_dot(const int* q, const typename QI<T>::P& p, const i8* aq,
@@ -1352,3 +1381,8 @@ FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
         mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVQP)
+
+// The one-token products of the output head (mvr4) and the down projection (mvqp) on Q6_KA
+// copies of Q6_K weights: the same code, so the Q6_K kernels' bits.
+DEF_MVR4(q6_ka, T_Q6_KA)
+DEF_MVQP(q6_ka, T_Q6_KA)

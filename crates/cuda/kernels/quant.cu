@@ -6,7 +6,9 @@
 
 enum {
     T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q5_1 = 6,
-    T_Q8_0 = 7, T_Q2_K = 8, T_Q3_K = 9, T_Q4_K = 10, T_Q5_K = 11, T_Q6_K = 12
+    T_Q8_0 = 7, T_Q2_K = 8, T_Q3_K = 9, T_Q4_K = 10, T_Q5_K = 11, T_Q6_K = 12,
+    // Not a GGUF type: Q6_K blocks padded to 16-byte slots (Q<T_Q6_KA>).
+    T_Q6_KA = 13
 };
 
 template <int T> struct Q;
@@ -302,6 +304,16 @@ template <> struct Q<T_Q6_K> {
     }
 };
 
+// Q6_KA: each 210-byte Q6_K block copied unchanged into a 224-byte slot (14 zero bytes after
+// it; q6k_pad), so every block, and its ql (0), qh (128), scales (192) and d (208), start at
+// multiples of 16. The same values as Q6_K.
+template <> struct Q<T_Q6_KA> {
+    static constexpr int BE = 256, BB = 224;
+    __device__ static __forceinline__ void unit(const u8* b, int j, float* v) {
+        Q<T_Q6_K>::unit(b, j, v);
+    }
+};
+
 // Unit u (0 .. cols/32) of row `row` of a matrix of `cols` columns.
 template <int T>
 __device__ __forceinline__ void load_unit(const u8* w, long long row, int cols, int u, float* v) {
@@ -359,3 +371,24 @@ __device__ void dequant_f16_impl(const u8* w, long long rows, int cols, u16* out
         dequant_f16_impl<T>(w, rows, cols, out); \
     }
 FOR_EACH_TYPE(DEF_GET_ROWS)
+
+// Q6_K blocks to the Q6_KA layout: 16-byte chunk c of dst (14 per block) from block c / 14 of
+// src (2-byte aligned), bytes past the block's 210 zero. dst is 16-byte aligned.
+extern "C" __global__ void q6k_pad(const u8* src, long long blocks, u8* dst) {
+    PDL_ENTRY();
+    long long n = blocks * 14;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < n;
+         c += (long long)gridDim.x * blockDim.x) {
+        long long b = c / 14;
+        int o = (int)(c - b * 14) * 16;
+        const u8* s = src + b * 210 + o;
+        u32 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 lo = o + 4 * i < 210 ? (u32)ld_u16(s + 4 * i) : 0u;
+            u32 hi = o + 4 * i + 2 < 210 ? (u32)ld_u16(s + 4 * i + 2) : 0u;
+            w[i] = lo | (hi << 16);
+        }
+        *(uint4*)(dst + 16 * c) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}

@@ -87,6 +87,9 @@ struct Mat {
     /// Multiplied on the host (`q` is then an empty placeholder unless the embedding lookup
     /// needs it).
     host: Option<HostMat>,
+    /// Session 18: the 16-byte aligned copy of a Q6_K output head or down projection that
+    /// one-token products read ([`Gpu::pad_q6k`], [`Gpu::q6a`]); the same values.
+    q6a: Option<DevBuf>,
 }
 
 impl Mat {
@@ -349,6 +352,11 @@ pub struct CudaBackend {
     /// That attention issues its first tiles' copies before the Q/K/V kernel ends
     /// ([`Gpu::attn_one`]; else [`Gpu::attn_batch`]): off with `CROSSOVER_CUDA_ATTN_EARLY=0`.
     one_early: bool,
+    /// Session 18: one-token steps whose attention is one split (a context of one 64-position
+    /// tile) write the merged rows from the attention launch and quantize them for the output
+    /// projection with `quantize_act` instead of `attn_merge_q` (the same bits): on unless
+    /// `CROSSOVER_CUDA_ONE_DIRECT=0`.
+    one_direct: bool,
     /// One-token steps take each RMSNorm's sum of squares from partial sums the products that
     /// wrote the row added up (session 16, [`Gpu::rms_norm_ss`]): on unless
     /// `CROSSOVER_CUDA_RMS_SS=0`. The output projection always adds them (the FFN norm); the
@@ -430,6 +438,7 @@ fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, Cuda
         f16: None,
         f16_at: 0,
         host: None,
+        q6a: None,
     })
 }
 
@@ -454,6 +463,7 @@ fn placed_mat(
         f16: None,
         f16_at: 0,
         host: Some(h),
+        q6a: None,
     })
 }
 
@@ -640,6 +650,21 @@ impl CudaBackend {
         let mut layers = layers;
         let mut embd = embd;
         let mut output = output;
+        // Session 18: aligned copies of the Q6_K head and down projections for one-token steps
+        // (16/15 of their bytes; CROSSOVER_CUDA_Q6A=0 makes none).
+        if gpu.q6a.get() {
+            let pad = |m: &mut Mat| -> Result<(), CudaError> {
+                if m.ty == GgmlType::Q6K && m.host.is_none() && m.cols.is_multiple_of(256) {
+                    m.q6a = Some(gpu.pad_q6k(m.q.ptr(), m.rows, m.cols)?);
+                }
+                Ok(())
+            };
+            for l in layers.iter_mut() {
+                pad(&mut l.down)?;
+            }
+            pad(output.as_mut().unwrap_or(&mut embd))?;
+            gpu.sync()?;
+        }
         if gpu.has_blas() && n > opts.gemm_min_tokens {
             let mut all: Vec<&Mat> = Vec::new();
             for l in &layers {
@@ -784,6 +809,7 @@ impl CudaBackend {
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() != Ok("0"),
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
+            one_direct: std::env::var("CROSSOVER_CUDA_ONE_DIRECT").as_deref() != Ok("0"),
             rms_ss: std::env::var("CROSSOVER_CUDA_RMS_SS").as_deref() != Ok("0"),
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
@@ -1334,6 +1360,13 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 18's one-token choice ([`CudaBackend::one_direct`]'s field): a one-split
+    /// attention writes the merged rows itself; drops captured graphs.
+    pub fn set_one_direct(&mut self, on: bool) {
+        self.one_direct = on;
+        self.graphs.clear();
+    }
+
     /// Use the tensor-core integer GEMM for products of 9..64 tokens (off by default: cuBLAS on
     /// the f16 copies), dropping captured graphs so later steps use the choice.
     pub fn set_mmq(&mut self, on: bool) {
@@ -1837,8 +1870,31 @@ impl CudaBackend {
         while t0 < n {
             let nt = (n - t0).min(MV_MAX_NT);
             let yt = y + (t0 * m.rows * 4) as u64;
-            wrote = match fmt {
-                Some(_) => {
+            // Session 18: one token on the aligned Q6_K copy (the same bits), unless a switch
+            // picks one of the Q6_K forms that copy has no kernel for.
+            let q6a = m.q6a.as_ref().filter(|_| {
+                n == 1
+                    && gpu.q6a.get()
+                    && !gpu.q6_half.get()
+                    && !gpu.warp_rows.get()
+                    && gpu.mvr_lb4.get()
+                    && gpu.pdl.get()
+                    && gpu.mvq_pf.get()
+            });
+            wrote = match (fmt, q6a) {
+                (Some(_), Some(wa)) => gpu.matvec_q6ka_ss(
+                    m.ty,
+                    wa.ptr(),
+                    m.rows,
+                    m.cols,
+                    s.aq.ptr(),
+                    s.ad.ptr(),
+                    1,
+                    y,
+                    acc,
+                    ss,
+                ),
+                (Some(_), None) => {
                     let (qo, dof) = kernels::act_bytes(t0, m.cols);
                     gpu.matvec_q_ss(
                         m.ty,
@@ -1853,7 +1909,7 @@ impl CudaBackend {
                         if n == 1 { ss } else { 0 },
                     )
                 }
-                None => gpu
+                (None, _) => gpu
                     .matvec(
                         m.ty,
                         m.q.ptr(),
@@ -2373,28 +2429,6 @@ impl CudaBackend {
             } else if let Some(ns1) = one {
                 // One token (v8): slices of whole tiles from the token's own length, the next
                 // tile's copy in flight, the first two issued before the Q/K/V kernel ends.
-                let attn = if self.one_early {
-                    Gpu::attn_one
-                } else {
-                    Gpu::attn_batch
-                };
-                attn(
-                    gpu,
-                    n,
-                    s.q.ptr(),
-                    self.kc[li].ptr(),
-                    self.vc[li].ptr(),
-                    mp.pos,
-                    mp.seq,
-                    mp.btab,
-                    self.max_blocks,
-                    o.block_tokens,
-                    nh,
-                    nkv,
-                    hd,
-                    ns1,
-                    s.part.ptr(),
-                )?;
                 let (p, tp, a) = (s.part.ptr(), mp.pos, s.att.ptr());
                 // v9: the merge quantizes the output projection's activation itself.
                 let mq = kernels::act_format(l.wo.ty).filter(|_| {
@@ -2406,13 +2440,33 @@ impl CudaBackend {
                         && tr.is_none()
                         && Gpu::attn_merge_q_fits(nh, hd, ns1)
                 });
-                if let Some(f) = mq {
-                    gpu.attn_merge_q(n, p, tp, nh, hd, ns1, 0, a, f, s.aq.ptr(), s.ad.ptr())?;
+                let kv = (mp.pos, mp.seq, mp.btab, self.max_blocks, o.block_tokens);
+                let qkv = (s.q.ptr(), self.kc[li].ptr(), self.vc[li].ptr());
+                // Session 18: one split (a context of one tile) writes the merged rows from the
+                // attention itself, then quantize_act: merge_q's bits, a lighter launch.
+                let direct = mq.filter(|_| ns1 == 1 && self.one_direct && self.one_early);
+                if let Some(f) = direct {
+                    gpu.attn_one_direct(n, qkv, kv, nh, nkv, hd, a)?;
+                    gpu.quantize_act(a, n, qd, f, s.aq.ptr(), s.ad.ptr())?;
                     qc.q = Some((a, f));
-                } else if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
-                    gpu.attn_merge(n, p, tp, nh, hd, ns1, 0, a)?;
                 } else {
-                    gpu.attn_combine(n, p, tp, nh, hd, ns1, 0, a)?;
+                    let attn = if self.one_early {
+                        Gpu::attn_one
+                    } else {
+                        Gpu::attn_batch
+                    };
+                    attn(
+                        gpu, n, qkv.0, qkv.1, qkv.2, kv.0, kv.1, kv.2, kv.3, kv.4, nh, nkv, hd,
+                        ns1, p,
+                    )?;
+                    if let Some(f) = mq {
+                        gpu.attn_merge_q(n, p, tp, nh, hd, ns1, 0, a, f, s.aq.ptr(), s.ad.ptr())?;
+                        qc.q = Some((a, f));
+                    } else if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
+                        gpu.attn_merge(n, p, tp, nh, hd, ns1, 0, a)?;
+                    } else {
+                        gpu.attn_combine(n, p, tp, nh, hd, ns1, 0, a)?;
+                    }
                 }
             } else if self.batch_attn
                 && n > MV_MAX_NT

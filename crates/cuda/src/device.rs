@@ -277,6 +277,11 @@ pub struct Gpu {
     /// (`mv6_q6_k`, v10) rather than `mvr_q6_k`: off unless `CROSSOVER_CUDA_Q6H=1` (on the H200
     /// the head got slower: 131 -> 180 us, docs/perf/cuda.md v10).
     pub q6_half: std::cell::Cell<bool>,
+    /// Session 18: one-token products of the Q6_K output head and down projections read a
+    /// 16-byte aligned copy made at load ([`Gpu::pad_q6k`], the same bits): on unless
+    /// `CROSSOVER_CUDA_Q6A=0` (then no copy is made). On the H200 the head took 100 us instead
+    /// of 117, a down projection 9.5 instead of 11.4 (docs/perf/cuda.md session 18).
+    pub q6a: std::cell::Cell<bool>,
     /// One-token products of rows wider than the `mvr` kernels take (the down projection)
     /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
     /// (`mvq_*_1`): off unless `CROSSOVER_CUDA_MVD=1` (on the H200 down got slower: 8.8 -> 9.9
@@ -499,6 +504,7 @@ impl Gpu {
             q6_half: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_Q6H").as_deref() == Ok("1"),
             ),
+            q6a: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6A").as_deref() != Ok("0")),
             wave_cap: std::cell::Cell::new(0),
             warp_rows: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),

@@ -3,7 +3,7 @@
 
 use gguf::GgmlType;
 
-use crate::device::Gpu;
+use crate::device::{DevBuf, Gpu};
 use crate::error::CudaError;
 use crate::kargs;
 
@@ -241,7 +241,50 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvrp_swiglu_{t}"));
         v.push(format!("mvrp_rope_{t}"));
     }
+    // The one-token Q6_K products on the 16-byte aligned copy ([`Gpu::pad_q6k`]).
+    v.push("mvr4_q6_ka".into());
+    v.push("mvqp_q6_ka".into());
+    v.push("q6k_pad".into());
     v
+}
+
+/// Bytes of a Q6_K super-block (256 weights) in GGUF.
+pub const Q6K_BLOCK_BYTES: usize = 210;
+/// Bytes of its slot in the 16-byte aligned copy ("Q6_KA", [`Gpu::pad_q6k`]): the block
+/// unchanged, then 14 zero bytes.
+pub const Q6KA_BLOCK_BYTES: usize = 224;
+
+/// Bytes of the Q6_KA copy of a `rows x cols` Q6_K matrix (`cols` a multiple of 256).
+pub fn q6ka_bytes(rows: usize, cols: usize) -> usize {
+    rows * (cols / 256) * Q6KA_BLOCK_BYTES
+}
+
+fn check_q6ka_cols(cols: usize, what: &str) -> Result<(), CudaError> {
+    if cols == 0 || !cols.is_multiple_of(256) {
+        return Err(CudaError::Arg(format!(
+            "{what}: {cols} columns is not a positive multiple of 256 (Q6_K super-blocks)"
+        )));
+    }
+    Ok(())
+}
+
+/// The Q6_KA layout of Q6_K blocks on the host (whole 210-byte blocks, row after row): each
+/// block followed by 14 zero bytes, the bytes [`Gpu::pad_q6k`] writes.
+pub fn pad_q6k_host(src: &[u8]) -> Result<Vec<u8>, CudaError> {
+    if !src.len().is_multiple_of(Q6K_BLOCK_BYTES) {
+        return Err(CudaError::Arg(format!(
+            "Q6_KA copy on the host: {} bytes is not whole {Q6K_BLOCK_BYTES}-byte Q6_K blocks",
+            src.len()
+        )));
+    }
+    let mut out = vec![0u8; src.len() / Q6K_BLOCK_BYTES * Q6KA_BLOCK_BYTES];
+    for (o, b) in out
+        .chunks_exact_mut(Q6KA_BLOCK_BYTES)
+        .zip(src.chunks_exact(Q6K_BLOCK_BYTES))
+    {
+        o[..Q6K_BLOCK_BYTES].copy_from_slice(b);
+    }
+    Ok(out)
 }
 
 /// (Q/K type, V type) pairs of the one-launch mixed Q/K/V kernels (`mvr_rope2_*`,
@@ -881,10 +924,7 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
             let name = format!("mvqp_{}", QTYPES[qtype_index(ty)?].1);
-            let th = match self.mvqp_threads.get() {
-                0 => mvq_threads(cols),
-                t => (t as u32).clamp(32, mvq_threads(cols)) / 32 * 32,
-            };
+            let th = self.mvqp_block(cols);
             return self
                 .launch_id(
                     self.kernel_id(&name)?,
@@ -902,6 +942,140 @@ impl Gpu {
             kargs![w, rr, c, qs, ds, n, y, a],
         )
         .map(|_| false)
+    }
+
+    /// Threads per block of an `mvqp_*` launch on rows `cols` wide ([`Gpu::mvqp_threads`]).
+    fn mvqp_block(&self, cols: usize) -> u32 {
+        match self.mvqp_threads.get() {
+            0 => mvq_threads(cols),
+            t => (t as u32).clamp(32, mvq_threads(cols)) / 32 * 32,
+        }
+    }
+
+    /// A 16-byte aligned copy ("Q6_KA") of the `rows x cols` Q6_K matrix at `src` (2-byte
+    /// aligned) for the one-token products [`Gpu::matvec_q6ka_ss`]: each 210-byte block
+    /// unchanged in a 224-byte slot, then 14 zero bytes ([`pad_q6k_host`]'s bytes, 16/15 of
+    /// the matrix). Queued on the stream (`q6k_pad`); `src` must live until it has run.
+    pub fn pad_q6k(&self, src: u64, rows: usize, cols: usize) -> Result<DevBuf, CudaError> {
+        check_q6ka_cols(cols, "Q6_KA copy")?;
+        let dst = self.alloc(q6ka_bytes(rows, cols))?;
+        self.pad_q6k_into(src, rows, cols, dst.ptr())?;
+        Ok(dst)
+    }
+
+    /// [`Gpu::pad_q6k`] into `dst` (16-byte aligned, [`q6ka_bytes`] long).
+    pub fn pad_q6k_into(
+        &self,
+        src: u64,
+        rows: usize,
+        cols: usize,
+        dst: u64,
+    ) -> Result<(), CudaError> {
+        check_q6ka_cols(cols, "Q6_KA copy")?;
+        if !src.is_multiple_of(2) || !dst.is_multiple_of(16) {
+            return Err(CudaError::Arg(format!(
+                "Q6_KA copy: source {src:#x} (2-byte aligned) to {dst:#x} (16-byte aligned)"
+            )));
+        }
+        let blocks = rows * (cols / 256);
+        if blocks == 0 {
+            return Ok(());
+        }
+        // One thread per 16 bytes of the copy, 14 per block.
+        let grid = (blocks * 14).div_ceil(256).min(self.sms as usize * 32);
+        let b = blocks as i64;
+        self.launch_id(
+            self.kernel_id("q6k_pad")?,
+            (u32_of(grid, "blocks")?, 1, 1),
+            (256, 1, 1),
+            kargs![src, b, dst],
+        )
+    }
+
+    /// [`Gpu::matvec_q6ka_ss`] without the sums of squares, as [`Gpu::matvec_q`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q6ka(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        self.matvec_q6ka_ss(ty, w, rows, cols, qs, ds, nt, y, accumulate, 0)
+            .map(|_| ())
+    }
+
+    /// [`Gpu::matvec_q_ss`] for one token (`nt` = 1) on the Q6_KA copy `w` ([`Gpu::pad_q6k`])
+    /// of a Q6_K matrix; `ty` is the copied matrix's type (Q6_K), so the arguments are
+    /// [`Gpu::matvec_q_ss`]'s. Rows the `mvr` kernels take ([`Gpu::mvr_fits`]: the output
+    /// head) run `mvr4_q6_ka`, wider ones (the down projection) `mvqp_q6_ka` with
+    /// [`Gpu::mvqp_threads`]: the bits of `mvr4_q6_k` / `mvr_q6_k` and of `mvqp_q6_k` /
+    /// `mvq_q6_k_1` on the unpadded matrix. [`Gpu::q6_half`] and [`Gpu::warp_rows`] are not
+    /// followed (other kernels with other sums), nor [`Gpu::mvr_lb4`] off (the 64-register
+    /// build only) or PDL off (the prefetching form only). Returns whether `ss` was added to
+    /// (whenever it is not 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q6ka_ss(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        nt: usize,
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<bool, CudaError> {
+        if ty != GgmlType::Q6K {
+            return Err(CudaError::Arg(format!(
+                "Q6_KA product: weights of type {ty} (the aligned copy holds Q6_K)"
+            )));
+        }
+        check_q6ka_cols(cols, "Q6_KA product")?;
+        if nt != 1 {
+            return Err(CudaError::Arg(format!(
+                "Q6_KA product: {nt} tokens (its kernels take one)"
+            )));
+        }
+        if !w.is_multiple_of(16) {
+            return Err(CudaError::Arg(format!(
+                "Q6_KA product: weights at {w:#x}, not 16-byte aligned"
+            )));
+        }
+        if self.mvr_fits(cols) {
+            let act = ActIn::Quantized { qs, ds };
+            let segs = [(w, rows, y)];
+            Self::check_mvr_segs(&segs, cols, &act, ss)?;
+            return self
+                .mvr_launch(
+                    self.kernel_id("mvr4_q6_ka")?,
+                    &segs,
+                    cols,
+                    act,
+                    accumulate,
+                    ss,
+                )
+                .map(|_| ss != 0);
+        }
+        let (rr, c, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+        );
+        self.launch_id(
+            self.kernel_id("mvqp_q6_ka")?,
+            (u32_of(rows, "rows")?, 1, 1),
+            (self.mvqp_block(cols), 1, 1),
+            kargs![w, rr, c, qs, ds, y, a, ss],
+        )
+        .map(|_| ss != 0)
     }
 
     /// One token's `y (+)= W x` with one warp per row (`mvd_*`, v10: the down projection's
@@ -1388,6 +1562,27 @@ impl Gpu {
             (tok_pos, tok_seq, btab, max_blocks, block_tokens),
         );
         self.attn_split(n, g, kv, n_head, n_kv, hd, 1, 0, false, None, out)
+    }
+
+    /// [`Gpu::attn_one`] over one split that writes the merged output `out` itself, the bits
+    /// [`Gpu::attn_merge`] / [`Gpu::attn_merge_q`] make of its one partial result (session 18:
+    /// one-token steps whose context is a single 64-position tile need no merge launch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_one_direct(
+        &self,
+        n: usize,
+        (q, kc, vc): (u64, u64, u64),
+        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
+        n_head: usize,
+        n_kv: usize,
+        hd: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (g, kv) = (
+            (q, kc, vc),
+            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
+        );
+        self.attn_split(n, g, kv, n_head, n_kv, hd, 1, 0, true, None, out)
     }
 
     /// [`Gpu::attn_batch`] followed by [`Gpu::attn_combine`] (`split_len` 0) in one launch
@@ -1947,19 +2142,50 @@ impl Gpu {
         ss: u64,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
+        Self::check_mvr_segs(segs, cols, &act, ss)?;
+        let id = match act {
+            ActIn::Prep(_) => self.kernel_id(&format!("mvrp_{}", QTYPES[qtype_index(ty)?].1))?,
+            ActIn::Quantized { .. } if self.mvr_lb4.get() => {
+                self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
+            }
+            ActIn::Quantized { .. } => mvr_id(ty, false)?,
+        };
+        self.mvr_launch(id, segs, cols, act, accumulate, ss)
+    }
+
+    fn check_mvr_segs(
+        segs: &[(u64, usize, u64)],
+        cols: usize,
+        act: &ActIn,
+        ss: u64,
+    ) -> Result<(), CudaError> {
         if ss != 0 && segs.len() != 1 {
             return Err(CudaError::Arg(format!(
                 "sums of squares from {} matrices in one launch (one row takes one)",
                 segs.len()
             )));
         }
-        check_prep(&act, cols)?;
+        check_prep(act, cols)?;
         if segs.is_empty() || segs.len() > 3 {
             return Err(CudaError::Arg(format!(
                 "{} matrices in one matrix-vector launch (1 to 3)",
                 segs.len()
             )));
         }
+        Ok(())
+    }
+
+    /// The launch of [`Gpu::mvr_multi_ss`] on kernel `id` (a plain `mvr*` / `mvrp_*` form; the
+    /// arguments checked by `check_mvr_segs`).
+    fn mvr_launch(
+        &self,
+        id: usize,
+        segs: &[(u64, usize, u64)],
+        cols: usize,
+        act: ActIn,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<(), CudaError> {
         let mut w = [0u64; 3];
         let mut r = [0i32; 3];
         let mut y = [0u64; 3];
@@ -1973,13 +2199,6 @@ impl Gpu {
         let (w0, w1, w2, r0, r1, r2, y0, y1, y2) =
             (w[0], w[1], w[2], r[0], r[1], r[2], y[0], y[1], y[2]);
         let (qs, ds, px, pw, eps) = act.args();
-        let id = match act {
-            ActIn::Prep(_) => self.kernel_id(&format!("mvrp_{}", QTYPES[qtype_index(ty)?].1))?,
-            ActIn::Quantized { .. } if self.mvr_lb4.get() => {
-                self.kernel_id(&format!("mvr4_{}", QTYPES[qtype_index(ty)?].1))?
-            }
-            ActIn::Quantized { .. } => mvr_id(ty, false)?,
-        };
         let nw = self.mvr_block(&act, false);
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
         self.launch_id(

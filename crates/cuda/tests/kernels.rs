@@ -3820,3 +3820,178 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         .matvec_q_swiglu_half(b.ptr(), b.ptr(), 256, 100, b.ptr(), b.ptr(), b.ptr(), None)
         .is_err());
 }
+
+/// The 16-byte aligned Q6_K copy ("Q6_KA", `pad_q6k`): its bytes are the host-side padding
+/// (`pad_q6k_host`), and the one-token products on it (`mvr4_q6_ka` for rows the mvr kernels
+/// take, the head's; `mvqp_q6_ka` for wider ones, the down projection's) give the Q6_K
+/// kernels' outputs on the unpadded matrix bit for bit (plain and accumulating, several block
+/// shapes), so the CPU's scalar `vec_dot` within the Q6_K tolerance; their sums of squares
+/// add up to the row's; wrong arguments are typed errors.
+#[test]
+fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("q6ka") else {
+        return;
+    };
+    let mut r = rng("q6ka");
+    let slots = cuda::kernels::RMS_SLOTS;
+    // The Q6_K twins: mvr4_q6_k and mvqp_q6_k (mvq_q6_k_1 without PDL).
+    g.q6_half.set(false);
+    g.warp_rows.set(false);
+    g.mvr_lb4.set(true);
+    g.mvq_pf.set(true);
+    for &(rows, cols) in &[
+        (301usize, 3072usize),
+        (64, 8192),
+        (20001, 3072),
+        (37, 256),
+        (9, 4096),
+        (130, 768),
+        (5, 12288),
+    ] {
+        let what = format!("{rows}x{cols}");
+        let ty = GgmlType::Q6K;
+        let x = randn(&mut r, cols, 1.0);
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
+            .unwrap();
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+
+        // (a) the device copy is the host-side padding.
+        let host = cuda::kernels::pad_q6k_host(&q).unwrap();
+        assert_eq!(host.len(), cuda::kernels::q6ka_bytes(rows, cols), "{what}");
+        let pad = g.pad_q6k(w.ptr(), rows, cols).unwrap();
+        assert_eq!(pad.bytes(), host.len(), "{what}: copy size");
+        let got: Vec<u8> = g.download(&pad, host.len()).unwrap();
+        if let Some(i) = got.iter().zip(&host).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: padded byte {i} (block {}, offset {}): gpu {} host {}",
+                i / 224,
+                i % 224,
+                got[i],
+                host[i]
+            );
+        }
+
+        let rb = q.len() / rows;
+        let want: Vec<f64> = (0..rows)
+            .map(|i| {
+                let a = buf.row(0).unwrap();
+                quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
+                    as f64
+            })
+            .collect();
+        let y0 = randn(&mut r, rows, 1.0);
+        let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+        let mvr = g.mvr_fits(cols);
+        // mvr: (warps per block, one-wave grid); mvqp: threads per block (0: the row's units).
+        let cases: Vec<(usize, bool, usize)> = if mvr {
+            vec![(4, false, 0), (8, false, 0), (1, false, 0), (4, true, 0)]
+        } else {
+            vec![(4, false, 0), (4, false, 64), (4, false, 32)]
+        };
+        for (nw, wave, th) in cases {
+            g.mvr_warps.set(nw);
+            g.wave.set(wave);
+            g.mvqp_threads.set(th);
+            // Without PDL the Q6_K product is mvq_q6_k_1, whose block is the row's units.
+            let twin = th == 0 || mvr || g.pdl.get();
+            let case = format!("{what} mvr={mvr} warps={nw} wave={wave} threads={th}");
+            for acc in [false, true] {
+                let run = |aligned: bool| -> Vec<f32> {
+                    let y = if acc {
+                        g.upload(&y0).unwrap()
+                    } else {
+                        poisoned(&g, rows)
+                    };
+                    if aligned {
+                        g.matvec_q6ka(
+                            ty,
+                            pad.ptr(),
+                            rows,
+                            cols,
+                            qb.ptr(),
+                            db.ptr(),
+                            1,
+                            y.ptr(),
+                            acc,
+                        )
+                    } else {
+                        g.matvec_q(ty, w.ptr(), rows, cols, qb.ptr(), db.ptr(), 1, y.ptr(), acc)
+                    }
+                    .unwrap();
+                    g.download(&y, rows).unwrap()
+                };
+                let (plain, aligned) = (run(false), run(true));
+                let e = rel_err(&aligned, if acc { &want_acc } else { &want });
+                assert!(e < 5e-6, "{case} accumulate={acc}: relative error {e:e}");
+                if twin {
+                    if let Some(i) = plain
+                        .iter()
+                        .zip(&aligned)
+                        .position(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        panic!(
+                            "{case} accumulate={acc}: row {i}: Q6_KA {} Q6_K {}",
+                            aligned[i], plain[i]
+                        );
+                    }
+                }
+            }
+        }
+        g.mvr_warps.set(4);
+        g.wave.set(false);
+        g.mvqp_threads.set(0);
+
+        // The sums of squares of the rows the product writes.
+        let ss = g.upload(&vec![0f64; slots]).unwrap();
+        let yb = g.upload(&y0).unwrap();
+        let wrote = g
+            .matvec_q6ka_ss(
+                ty,
+                pad.ptr(),
+                rows,
+                cols,
+                qb.ptr(),
+                db.ptr(),
+                1,
+                yb.ptr(),
+                true,
+                ss.ptr(),
+            )
+            .unwrap();
+        assert!(wrote, "{what}: sums of squares not taken");
+        let y1: Vec<f32> = g.download(&yb, rows).unwrap();
+        let e = rel_err(&y1, &want_acc);
+        assert!(
+            e < 5e-6,
+            "{what} with sums of squares: relative error {e:e}"
+        );
+        let sums: Vec<f64> = g.download(&ss, slots).unwrap();
+        let want_ss: f64 = y1.iter().map(|&v| v as f64 * v as f64).sum();
+        let got_ss: f64 = sums.iter().sum();
+        assert!(
+            (got_ss - want_ss).abs() <= 1e-12 * want_ss,
+            "{what}: slots sum to {got_ss}, the rows' squares to {want_ss}"
+        );
+    }
+
+    // Typed errors, no launch.
+    let b = g.upload(&[0u8; 4096]).unwrap();
+    let (p, y) = (b.ptr(), b.at(2048));
+    assert!(g.pad_q6k(p, 2, 300).is_err(), "columns not whole blocks");
+    assert!(g.pad_q6k_into(p + 1, 1, 256, y).is_err(), "odd source");
+    assert!(g.pad_q6k_into(p, 1, 256, y + 8).is_err(), "unaligned copy");
+    assert!(cuda::kernels::pad_q6k_host(&[0u8; 211]).is_err());
+    let fails = |ty: GgmlType, w: u64, cols: usize, nt: usize| {
+        g.matvec_q6ka(ty, w, 1, cols, p, p, nt, y, false).is_err()
+    };
+    assert!(fails(GgmlType::Q6K, p, 300, 1), "columns not whole blocks");
+    assert!(fails(GgmlType::Q6K, p, 256, 2), "two tokens");
+    assert!(fails(GgmlType::Q4K, p, 256, 1), "not Q6_K");
+    assert!(fails(GgmlType::Q6K, p + 2, 256, 1), "unaligned weights");
+    g.sync().unwrap();
+}

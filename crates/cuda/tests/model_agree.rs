@@ -734,3 +734,64 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
         );
     }
 }
+
+/// Session 18: one-token products of the Q6_K head and down projections on their aligned
+/// copies (`Gpu::q6a`, the default) give the bits of the GGUF layout. The same prompts and
+/// tokens run with the copies, without, and with again (one sequence alone, then `p`
+/// together), every decode step from a graph; the two forms must differ by no more than two
+/// runs of one form do (zero but for the RMS slots' rare last-bit roundings of their f64 sums).
+#[test]
+fn aligned_q6k_copies_leave_logits_unchanged() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED aligned_q6k_copies_leave_logits_unchanged: {e}");
+        return;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(29, |d| d.as_nanos() as u64);
+    eprintln!("seed {seed}");
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (p, steps, plen) = (3usize, 10usize, 9usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
+            gpu.gpu().q6a.set(on);
+            gpu.reset_graphs();
+            decode_rows(gpu, &prompts, &toks, (p, steps, plen), &format!("q6a {on}"))
+        };
+        let a = run(&mut gpu, true);
+        let b = run(&mut gpu, false);
+        let c = run(&mut gpu, true);
+        let same = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+            x.iter()
+                .zip(y)
+                .filter(|(u, v)| {
+                    u.iter()
+                        .zip(v.iter())
+                        .all(|(s, t)| s.to_bits() == t.to_bits())
+                })
+                .count()
+        };
+        eprintln!(
+            "{}: {} rows; {} equal with and without the aligned copies, {} between two runs with",
+            path.display(),
+            a.len(),
+            same(&a, &b),
+            same(&a, &c)
+        );
+        assert_eq!(a.len(), steps * (1 + p));
+        assert!(a.iter().flatten().all(|v| v.is_finite()));
+        let diff = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+            x.iter()
+                .zip(y)
+                .flat_map(|(u, v)| u.iter().zip(v).map(|(s, t)| (s - t).abs()))
+                .fold(0.0f32, f32::max)
+        };
+        let (d_form, d_same) = (diff(&a, &b), diff(&a, &c));
+        eprintln!("largest difference between the forms {d_form:e}, between runs {d_same:e}");
+        assert!(
+            d_form <= d_same,
+            "the aligned copies changed the logits by {d_form:e} (runs differ by {d_same:e})"
+        );
+    }
+}
