@@ -146,6 +146,10 @@ pub fn start(
         std::env::var("CROSSOVER_DEVICE_PICK").as_deref(),
         Ok("0" | "off" | "false")
     );
+    let decode_chain = std::env::var("CROSSOVER_DECODE_CHAIN")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(defaults.decode_chain);
     let cfg = |name: &str| ActorConfig {
         name: Some(name.to_string()),
         admission_timeout: size.admission_timeout,
@@ -153,6 +157,7 @@ pub fn start(
         max_waiting: a.max_queued,
         prefix_cache,
         device_pick,
+        decode_chain,
         ..defaults.clone()
     };
     let mut handles = Vec::new();

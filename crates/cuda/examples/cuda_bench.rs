@@ -121,6 +121,48 @@ fn pick_on_host(b: &mut CudaBackend, batch: &StepBatch) -> u32 {
     best as u32
 }
 
+/// [`tg128`] as 128 / `k` chains of `k` greedy steps queued back to back
+/// ([`CudaBackend::decode_greedy`]: no host round trip inside a chain).
+fn tg128_chain(
+    b: &mut CudaBackend,
+    toks: &mut dyn FnMut(usize) -> Vec<u32>,
+    seq: &mut u64,
+    d: usize,
+    reps: usize,
+    k: usize,
+) -> f64 {
+    let mut runs = Vec::new();
+    for rep in 0..reps {
+        *seq += 1;
+        let (mut pos, mut last) = (d, prefill(b, toks, *seq, d));
+        b.synchronize().unwrap_or_else(|e| panic!("{e}"));
+        let t = Instant::now();
+        while pos < d + 128 {
+            let steps = k.min(d + 128 - pos);
+            let batch = StepBatch {
+                chunks: vec![SeqChunk {
+                    prompt_len: None,
+                    seq: *seq,
+                    tokens: vec![last],
+                    start_pos: pos,
+                    want: Want::Last,
+                }],
+            };
+            let out = b
+                .decode_greedy(&batch, steps)
+                .unwrap_or_else(|e| panic!("{e}"));
+            last = out.last().map_or(0, |r| r[0]);
+            pos += steps;
+        }
+        let dt = t.elapsed().as_secs_f64();
+        b.release(*seq);
+        if rep > 0 {
+            runs.push(dt);
+        }
+    }
+    median(runs)
+}
+
 /// [`tg128`] with the steps' token picked by `pick`.
 fn tg128_by(
     b: &mut CudaBackend,
@@ -469,6 +511,14 @@ fn main() {
                     );
                 }
                 b.set_meta_copies(false);
+                for k in [8usize, 32] {
+                    let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 3, k);
+                    println!(
+                        "a/b host chain={k}: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                        m * 1e3 / 128.0,
+                        128.0 / m
+                    );
+                }
                 // The GPU work alone: a step at depth d + 64 (the middle of tg128's range).
                 seq += 1;
                 let mut last = prefill(&mut b, &mut toks, seq, d + 64);

@@ -303,6 +303,11 @@ pub struct CudaBackend {
     meta_copies: bool,
     /// The (bucket, split) of the graph the last replayed step took ([`Self::replay_last`]).
     last_graph: Option<(usize, usize)>,
+    /// [`Self::decode_greedy`] queues its steps back to back (`CROSSOVER_CUDA_CHAIN=0`: one at
+    /// a time, each waiting for its pick).
+    chain: bool,
+    /// The picks of [`Self::decode_greedy`]'s steps, step after step.
+    chain_picks: Option<DevBuf>,
     /// Graph replays and eager steps so far (for reports).
     pub stats: StepStats,
     /// GPU memory taken at load (free before minus free after).
@@ -787,6 +792,8 @@ impl CudaBackend {
             mp: MetaPtrs::default(),
             meta_copies: false,
             last_graph: None,
+            chain: std::env::var("CROSSOVER_CUDA_CHAIN").as_deref() != Ok("0"),
+            chain_picks: None,
             stats: StepStats::default(),
             mem_loaded,
             trace: None,
@@ -1590,6 +1597,12 @@ impl CudaBackend {
 
     /// One copy of the step's metadata ([`Scratch::meta`]), and where its arrays now lie.
     fn upload_meta(&mut self) -> Result<(), CudaError> {
+        self.upload_meta_from(false)
+    }
+
+    /// [`Self::upload_meta`]; with `keep_ids` the token ids already on the device stay (the
+    /// copy starts after them: [`Self::decode_greedy`] puts the picks there).
+    fn upload_meta_from(&mut self, keep_ids: bool) -> Result<(), CudaError> {
         let m = &mut self.meta;
         let p = m.ids.len();
         m.packed.clear();
@@ -1608,6 +1621,8 @@ impl CudaBackend {
             {
                 self.gpu.write(&self.s.meta, k * r, a)?;
             }
+        } else if keep_ids {
+            self.gpu.write(&self.s.meta, 4 * p, &m.packed[p..])?;
         } else {
             self.gpu.write(&self.s.meta, 0, &m.packed)?;
         }
@@ -3039,6 +3054,12 @@ impl CudaBackend {
                 }
             }
         }
+        self.run_eager(batch)
+    }
+
+    /// `batch` as eager launches (its KV blocks already allocated): the logits rows it wants.
+    fn run_eager(&mut self, batch: &StepBatch) -> Result<usize, BackendError> {
+        let n = batch.n_tokens();
         let (n_out, max_len) = self.build_meta(batch, n, false);
         self.upload_meta().map_err(dev)?;
         let (n_split, split_len) = self.splits(n, max_len);
@@ -3107,6 +3128,11 @@ impl CudaBackend {
     /// 4 bytes per row cross the bus instead of a row of logits.
     pub fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
         let rows = self.run_step(batch)?;
+        self.pick_rows(rows)
+    }
+
+    /// The greedy picks of the first `rows` logits rows of the step just queued.
+    fn pick_rows(&mut self, rows: usize) -> Result<Vec<u32>, BackendError> {
         if rows == 0 {
             return Ok(Vec::new());
         }
@@ -3121,6 +3147,131 @@ impl CudaBackend {
         let mut ids = vec![0i32; rows];
         g.read(&self.s.argmax, 0, &mut ids).map_err(dev)?;
         Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// Session 18: `steps` greedy one-token steps of the sequences of `batch` (each chunk one
+    /// token, [`runtime::Backend::decode_greedy`]) queued without waiting for any pick: step
+    /// `k` replays its graph, its argmax writes the picks, and a device copy makes them the
+    /// token ids of step `k + 1`, whose other metadata the host uploads ahead (the ids stay).
+    /// One wait at the end reads every pick. The same graphs and kernels as `steps` calls of
+    /// [`Self::step_greedy`], so the same picks; steps that are not graph-replayed decode
+    /// steps (or a graph that fails) take [`Self::step_greedy`] one by one.
+    pub fn decode_greedy(
+        &mut self,
+        batch: &StepBatch,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        let rows = batch.chunks.len();
+        let one_each = batch
+            .chunks
+            .iter()
+            .all(|c| c.tokens.len() == 1 && c.want == Want::Last);
+        if steps <= 1 || !one_each || !self.is_decode(batch) || !self.chain {
+            return runtime::Backend::decode_greedy(self, batch, steps);
+        }
+        self.check(batch)?;
+        let ctx = self.opts.ctx_size;
+        for c in &batch.chunks {
+            if c.start_pos + steps > ctx {
+                return Err(BackendError::ContextOverflow {
+                    seq: c.seq,
+                    pos: c.start_pos + steps - 1,
+                    max: ctx,
+                });
+            }
+        }
+        // Room for every step's KV rows, or the steps one at a time (whose own check names the
+        // step that finds the cache full).
+        let need: usize = batch
+            .chunks
+            .iter()
+            .map(|c| self.alloc.blocks_needed(c.seq, c.start_pos + steps))
+            .sum();
+        if need > self.alloc.stats().blocks_free() {
+            return runtime::Backend::decode_greedy(self, batch, steps);
+        }
+        let bucket = DECODE_BUCKETS
+            .iter()
+            .copied()
+            .find(|&b| rows <= b)
+            .unwrap_or(MMQ_MAX_N);
+        let need = steps * rows * 4;
+        if self.chain_picks.as_ref().is_none_or(|b| b.bytes() < need) {
+            self.chain_picks = Some(self.gpu.alloc(need).map_err(dev)?);
+        }
+        let picks = self.chain_picks.as_ref().map_or(0, DevBuf::ptr);
+        let mut b = batch.clone();
+        let mut done = 0;
+        while done < steps {
+            for c in &b.chunks {
+                self.alloc.grow(c.seq, c.start_pos + 1)?;
+            }
+            let (n_out, max_len) = self.build_meta(&b, bucket, true);
+            self.upload_meta_from(done > 0).map_err(dev)?;
+            if done > 0 {
+                // The previous step's picks are this step's tokens.
+                let prev = picks + ((done - 1) * rows * 4) as u64;
+                self.gpu
+                    .copy_dtod(self.mp.ids, prev, rows * 4)
+                    .map_err(dev)?;
+            }
+            if let Err(e) = self.replay(bucket, n_out, max_len) {
+                // As in a single step: later steps launch eagerly, or capture again after an
+                // invalidated capture; this one runs eagerly below, with the picks so far.
+                match e {
+                    CudaError::CaptureInvalidated => self.stats.captures_invalidated += 1,
+                    e => {
+                        self.graph_failed = Some(e.to_string());
+                        self.graphs.clear();
+                    }
+                }
+                break;
+            }
+            self.stats.graph_steps += 1;
+            let out = picks + (done * rows * 4) as u64;
+            self.gpu
+                .argmax_rows(self.s.logits.ptr(), self.cfg.n_vocab, rows, out)
+                .map_err(dev)?;
+            done += 1;
+            for c in b.chunks.iter_mut() {
+                c.start_pos += 1;
+            }
+        }
+        let mut ids = vec![0i32; done * rows];
+        if let Some(pb) = &self.chain_picks {
+            self.gpu.read(pb, 0, &mut ids).map_err(dev)?;
+        }
+        let mut out: Vec<Vec<u32>> = ids
+            .chunks_exact(rows.max(1))
+            .map(|r| r.iter().map(|&i| i as u32).collect())
+            .collect();
+        // A graph that could not replay: that step eagerly (its KV rows are allocated), the
+        // rest one step at a time, each with its own fallbacks.
+        let mut eager = done < steps;
+        while out.len() < steps {
+            if let Some(last) = out.last() {
+                for (c, &id) in b.chunks.iter_mut().zip(last) {
+                    c.tokens = vec![id];
+                }
+            }
+            let ids = if std::mem::take(&mut eager) {
+                let n = self.run_eager(&b)?;
+                self.pick_rows(n)?
+            } else {
+                self.step_greedy(&b)?
+            };
+            out.push(ids);
+            for c in b.chunks.iter_mut() {
+                c.start_pos += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Session 18 A/B ([`Self::decode_greedy`]): queue greedy steps without a host round trip
+    /// between them (`true`, the default) or take [`Self::step_greedy`] one by one.
+    pub fn set_chain(&mut self, on: bool) {
+        self.chain = on;
     }
 
     /// Wait for queued work (for timing).
@@ -3214,6 +3365,14 @@ impl Backend for CudaBackend {
     /// instead of the rows (512 KB per row for a 128,256-token vocabulary).
     fn step_argmax(&mut self, batch: &StepBatch) -> Result<Vec<u32>, BackendError> {
         self.step_greedy(batch)
+    }
+
+    fn decode_greedy(
+        &mut self,
+        batch: &StepBatch,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        CudaBackend::decode_greedy(self, batch, steps)
     }
 
     fn release(&mut self, seq: SeqId) {

@@ -726,6 +726,21 @@ impl Gpu {
         }
     }
 
+    /// Copy `bytes` bytes from device address `src` to `dst`, ordered on the stream. Both ranges
+    /// must lie inside live allocations of this context (the callers pass addresses inside
+    /// their own [`DevBuf`]s).
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller keeps both ranges inside live allocations (see above); the copy
+        // is ordered on this context's stream.
+        unsafe {
+            drv_result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+                .map_err(drv("cuMemcpyDtoD"))
+        }
+    }
+
     /// Copy `out.len()` elements from `src` at byte offset `off` to the host; waits for the stream.
     pub fn read<T: Copy>(&self, src: &DevBuf, off: usize, out: &mut [T]) -> Result<(), CudaError> {
         let bytes = std::mem::size_of_val(out);

@@ -129,6 +129,13 @@ pub struct ActorConfig {
     /// no logits row is copied back). Default on (`CROSSOVER_DEVICE_PICK=0` turns it off in the
     /// CLI); the tokens are the same either way.
     pub device_pick: bool,
+    /// Most greedy decode steps taken at once ([`Backend::decode_greedy`]) while every running
+    /// sequence is greedy, none is in its prompt and none waits for admission: each step
+    /// feeds the last one's picks without the host in between (the CUDA backend queues them
+    /// all). Tokens then stream in bursts of this many and a new request waits up to that
+    /// many steps to be admitted. 1 takes one step at a time. Default 8 (the CLI's
+    /// `CROSSOVER_DECODE_CHAIN=N`).
+    pub decode_chain: usize,
 }
 
 impl Default for ActorConfig {
@@ -144,6 +151,7 @@ impl Default for ActorConfig {
             restart: RestartPolicy::default(),
             prefix_cache: true,
             device_pick: true,
+            decode_chain: 8,
         }
     }
 }
@@ -767,6 +775,7 @@ struct Actor<'t> {
     probe_interval: Duration,
     prefix_cache: bool,
     device_pick: bool,
+    decode_chain: usize,
     ctx: usize,
     waiting: VecDeque<Waiting>,
     running: Vec<Running<'t>>,
@@ -819,6 +828,7 @@ impl<'t> Actor<'t> {
             probe_interval: cfg.probe_interval,
             prefix_cache: cfg.prefix_cache,
             device_pick: cfg.device_pick,
+            decode_chain: cfg.decode_chain.max(1),
             ctx,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -1224,14 +1234,40 @@ impl<'t> Actor<'t> {
                 .iter()
                 .zip(&batch.chunks)
                 .all(|(&(i, _), c)| c.want != Want::Last || self.running[i].sampler.plain_greedy());
+        // Greedy decode of every running sequence with nobody waiting: several steps at once,
+        // each feeding the last one's picks ([`Backend::decode_greedy`]), no more than any of
+        // them may still generate or its context holds.
+        let chain = if greedy
+            && self.decode_chain > 1
+            && self.waiting.is_empty()
+            && plan.len() == self.running.len()
+            && batch
+                .chunks
+                .iter()
+                .all(|c| c.tokens.len() == 1 && c.want == Want::Last && c.prompt_len.is_none())
+        {
+            plan.iter()
+                .map(|&(i, _)| {
+                    let r = &self.running[i];
+                    let room = self.ctx.saturating_sub(r.fed);
+                    r.max_new.saturating_sub(r.generated).min(room)
+                })
+                .min()
+                .unwrap_or(1)
+                .clamp(1, self.decode_chain)
+        } else {
+            1
+        };
         let result = catch_unwind(AssertUnwindSafe(|| {
-            if greedy {
+            if chain > 1 {
+                self.backend.decode_greedy(&batch, chain).map(Picked::Chain)
+            } else if greedy {
                 self.backend.step_argmax(&batch).map(Picked::Ids)
             } else {
                 self.backend.step(&batch).map(Picked::Logits)
             }
         }));
-        self.status.steps += 1;
+        self.status.steps += chain as u64;
         let out = match result {
             Ok(Ok(out)) => out,
             Ok(Err(e @ BackendError::Device { .. })) => {
@@ -1261,12 +1297,17 @@ impl<'t> Actor<'t> {
         let got_rows = match &out {
             Picked::Logits(o) => o.n_rows(),
             Picked::Ids(ids) => ids.len(),
+            Picked::Chain(steps) if steps.len() == chain => {
+                steps.iter().map(Vec::len).min().unwrap_or(0)
+            }
+            Picked::Chain(_) => usize::MAX,
         };
         if got_rows != want_rows {
             self.status.consecutive_failures += 1;
             let what = match &out {
                 Picked::Logits(_) => "logit rows",
                 Picked::Ids(_) => "greedy picks",
+                Picked::Chain(_) => "greedy picks per chained step",
             };
             let msg = format!("step returned {got_rows} {what}, expected {want_rows}");
             let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
@@ -1288,25 +1329,43 @@ impl<'t> Actor<'t> {
                 sampled.push(i);
             }
         }
-        let (ids, logits) = match out {
+        let (steps, logits) = match out {
             Picked::Logits(mut o) => {
                 let ids = sample_rows(&mut self.running, &sampled, &mut o.logits, o.n_vocab);
-                (ids, Some(o.logits))
+                (vec![ids], Some(o.logits))
             }
-            Picked::Ids(ids) => (ids.into_iter().map(Some).collect(), None),
+            Picked::Ids(ids) => (vec![ids.into_iter().map(Some).collect()], None),
+            Picked::Chain(steps) => (
+                steps
+                    .into_iter()
+                    .map(|ids| ids.into_iter().map(Some).collect())
+                    .collect(),
+                None,
+            ),
         };
         let mut finished: Vec<(usize, Option<FinishReason>)> = Vec::new();
-        for (&i, id) in sampled.iter().zip(ids) {
-            let Some(id) = id else {
-                continue;
-            };
-            let r = &mut self.running[i];
-            if let Some(reason) = send_token(r, id, self.tok) {
-                finished.push((i, Some(reason)));
-            } else if r.events.is_closed() {
-                finished.push((i, None));
+        for (k, ids) in steps.into_iter().enumerate() {
+            for (&i, id) in sampled.iter().zip(ids) {
+                let Some(id) = id else {
+                    continue;
+                };
+                // A chained step's picks past a sequence's end are dropped (its KV rows go
+                // with the sequence).
+                if finished.iter().any(|f| f.0 == i) {
+                    continue;
+                }
+                let r = &mut self.running[i];
+                if k > 0 {
+                    // Step k fed the pick of step k - 1.
+                    r.fed += 1;
+                }
+                if let Some(reason) = send_token(r, id, self.tok) {
+                    finished.push((i, Some(reason)));
+                } else if r.events.is_closed() {
+                    finished.push((i, None));
+                }
+                self.status.tokens_generated += 1;
             }
-            self.status.tokens_generated += 1;
         }
         if let Some(l) = logits {
             self.backend.recycle(l);
@@ -1454,6 +1513,8 @@ fn sample_rows(
 enum Picked {
     Logits(StepOutput),
     Ids(Vec<u32>),
+    /// [`Backend::decode_greedy`]'s picks, step after step.
+    Chain(Vec<Vec<u32>>),
 }
 
 /// Record token `id` of `r`, send its event, and say whether the sequence is finished.

@@ -303,6 +303,30 @@ pub trait Backend {
         self.recycle(out.logits);
         Ok(ids)
     }
+    /// `steps` greedy decode steps at once: every chunk of `batch` feeds one token (`Want::Last`)
+    /// and step `k > 0` feeds each sequence its pick of step `k - 1` at the next position.
+    /// Returns the picks, `steps` rows of one id per chunk ([`Backend::step_argmax`]'s picks).
+    /// A backend may queue every step before the first pick comes back (the CUDA backend: no
+    /// host round trip between steps); the default runs [`Backend::step_argmax`] `steps` times.
+    /// On an error the sequences hold an unknown number of the steps' positions.
+    fn decode_greedy(
+        &mut self,
+        batch: &StepBatch,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        let mut b = batch.clone();
+        let mut out = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let ids = self.step_argmax(&b)?;
+            for (c, &id) in b.chunks.iter_mut().zip(&ids) {
+                c.start_pos += c.tokens.len();
+                c.tokens = vec![id];
+                c.prompt_len = None;
+            }
+            out.push(ids);
+        }
+        Ok(out)
+    }
 }
 
 impl fmt::Display for Support {

@@ -536,8 +536,16 @@ fn running_streams_keep_flowing_during_a_long_prefill() {
 /// The real CPU backend, counting which of its step entry points the actor takes.
 struct Counted {
     inner: Box<dyn runtime::Backend>,
-    steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    picks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    calls: std::sync::Arc<Calls>,
+}
+
+/// Calls of `step`, `step_argmax` and `decode_greedy` (and the steps the last one asked for).
+#[derive(Default)]
+struct Calls {
+    steps: std::sync::atomic::AtomicUsize,
+    picks: std::sync::atomic::AtomicUsize,
+    chains: std::sync::atomic::AtomicUsize,
+    chained_steps: std::sync::atomic::AtomicUsize,
 }
 
 impl runtime::Backend for Counted {
@@ -551,12 +559,26 @@ impl runtime::Backend for Counted {
         &mut self,
         b: &runtime::StepBatch,
     ) -> Result<runtime::StepOutput, runtime::BackendError> {
-        self.steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls
+            .steps
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.step(b)
     }
     fn step_argmax(&mut self, b: &runtime::StepBatch) -> Result<Vec<u32>, runtime::BackendError> {
-        self.picks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls
+            .picks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.step_argmax(b)
+    }
+    fn decode_greedy(
+        &mut self,
+        b: &runtime::StepBatch,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>, runtime::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.chains.fetch_add(1, SeqCst);
+        self.calls.chained_steps.fetch_add(steps, SeqCst);
+        self.inner.decode_greedy(b, steps)
     }
     fn release(&mut self, seq: runtime::SeqId) {
         self.inner.release(seq)
@@ -568,16 +590,16 @@ impl runtime::Backend for Counted {
 
 #[test]
 fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::Ordering::SeqCst;
     use std::sync::Arc;
     let (file, tok) = open();
     let prompt = chat_prompt(&tok, "Name three colors.");
-    let n = 12;
+    let n = 21;
     let want = direct_greedy(&file, &prompt, n, &|t| tok.is_eog(t));
-    // One actor per setting of `device_pick`, each over a counted real CPU backend.
-    let run = |device_pick: bool, params: SamplingParams| {
-        let (steps, picks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (s2, p2, f2) = (steps.clone(), picks.clone(), file.clone());
+    // One actor per configuration, each over a counted real CPU backend.
+    let run = |device_pick: bool, decode_chain: usize, params: SamplingParams| {
+        let calls = Arc::new(Calls::default());
+        let (c2, f2) = (calls.clone(), file.clone());
         let factory: runtime::RestartFactory = Arc::new(move || {
             let opts = cpu::CpuOptions {
                 threads: Some(1),
@@ -595,13 +617,13 @@ fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
             })?;
             Ok(Box::new(Counted {
                 inner: Box::new(be),
-                steps: s2.clone(),
-                picks: p2.clone(),
+                calls: c2.clone(),
             }) as Box<dyn runtime::Backend>)
         });
         let cfg = runtime::ActorConfig {
             name: Some("cpu".into()),
             device_pick,
+            decode_chain,
             ..runtime::ActorConfig::default()
         };
         let h = runtime::spawn(factory, tok.clone(), cfg).expect("actor starts");
@@ -612,19 +634,40 @@ fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
                 .unwrap(),
         );
         assert!(c.error.is_none(), "{:?}", c.error);
-        (c.ids, steps.load(SeqCst), picks.load(SeqCst))
+        let s = c.summary.expect("summary");
+        assert_eq!(s.usage.completion_tokens, c.ids.len());
+        (c.ids, calls)
     };
-    // Greedy: every step (prompt and generated tokens) is a pick; the same tokens as the solo
-    // run on the logits.
-    let (ids, steps, picks) = run(true, greedy(n));
+    // Greedy, one step at a time: every step (prompt and generated tokens) is a pick; the same
+    // tokens as the solo run on the logits.
+    let (ids, calls) = run(true, 1, greedy(n));
     assert_eq!(ids, want);
-    assert_eq!(steps, 0, "a greedy request copied logits");
-    assert!(picks >= ids.len(), "{picks} picks for {} tokens", ids.len());
-    // Switched off: logits every step, the same tokens.
-    let (ids, steps, picks) = run(false, greedy(n));
+    assert_eq!(
+        calls.steps.load(SeqCst),
+        0,
+        "a greedy request copied logits"
+    );
+    assert_eq!(calls.chains.load(SeqCst), 0);
+    assert!(calls.picks.load(SeqCst) >= ids.len());
+    // Greedy, chained (the default, 8): after the prompt's pick the decode steps go 8 at a
+    // time, the last chain cut to what max_tokens leaves; the same tokens.
+    let (ids, calls) = run(true, 8, greedy(n));
     assert_eq!(ids, want);
-    assert_eq!(picks, 0);
-    assert!(steps >= ids.len());
+    assert_eq!(calls.steps.load(SeqCst), 0);
+    if ids.len() == n {
+        assert_eq!(
+            calls.picks.load(SeqCst),
+            1,
+            "only the prompt's step is a single pick"
+        );
+        assert_eq!(calls.chains.load(SeqCst), (n - 1).div_ceil(8));
+        assert_eq!(calls.chained_steps.load(SeqCst), n - 1);
+    }
+    // Picks switched off: logits every step, the same tokens.
+    let (ids, calls) = run(false, 8, greedy(n));
+    assert_eq!(ids, want);
+    assert_eq!(calls.picks.load(SeqCst) + calls.chains.load(SeqCst), 0);
+    assert!(calls.steps.load(SeqCst) >= ids.len());
     // Penalties need the row on the host, and so does sampling at a temperature.
     for params in [
         SamplingParams {
@@ -637,8 +680,29 @@ fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
             ..greedy(n)
         },
     ] {
-        let (ids, steps, picks) = run(true, params);
-        assert_eq!(picks, 0);
-        assert!(steps >= ids.len() && !ids.is_empty());
+        let (ids, calls) = run(true, 8, params);
+        assert_eq!(calls.picks.load(SeqCst) + calls.chains.load(SeqCst), 0);
+        assert!(calls.steps.load(SeqCst) >= ids.len() && !ids.is_empty());
+    }
+    // A stop string inside a chain: the output ends where the solo run's text has it, and
+    // the picks after it are dropped.
+    let text = tok.decode(&want).expect("decode");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.len() > 4 {
+        let stop = words[words.len() / 2].to_string();
+        let at = text.find(&stop).expect("stop in text");
+        let (ids, _) = run(
+            true,
+            8,
+            SamplingParams {
+                stop: vec![stop.clone()],
+                ..greedy(n)
+            },
+        );
+        let got = tok.decode(&ids).expect("decode");
+        assert!(
+            got.starts_with(&text[..at]) && ids.len() <= want.len(),
+            "stop {stop:?}: {got:?} against {text:?}"
+        );
     }
 }
