@@ -611,9 +611,10 @@ fn one_token_split_classes_replay_the_eager_bits() {
     }
 }
 
-/// Session 18: `Backend::step_argmax` (the pick on the GPU, one id copied back) against the
-/// host's argmax of the rows `step` copies back, for greedy chains of one sequence (graph
-/// replays) and for batched steps of three. Twin sequences take the same tokens at the same
+/// Session 18: `Backend::step_argmax` (the pick on the GPU, one id copied back) and
+/// `decode_greedy` (steps queued with the picks fed back on the device) against the host's
+/// argmax of the rows `step` copies back, for greedy chains of one sequence (graph replays)
+/// and for batched steps of three. Twin sequences take the same tokens at the same
 /// positions in steps of the same shape, so their rows are the same bits and the picks must be
 /// the host's exactly (the lowest index of the largest logit).
 #[test]
@@ -687,12 +688,33 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
             gpu.release(seq);
         }
         assert_eq!(host, dev, "{}: greedy chains differ", path.display());
+        // Session 18: the same chain queued 8 steps at a time (decode_greedy: the picks fed
+        // back on the device, no host round trip between the steps), as seq 2.
+        {
+            let b = StepBatch {
+                chunks: vec![chunk(2, prompt.clone(), 0)],
+            };
+            let mut chained = vec![gpu.step_argmax(&b).expect("prefill pick")[0]];
+            while chained.len() < host.len() {
+                let pos = plen + chained.len() - 1;
+                let last = chained[chained.len() - 1];
+                let b = StepBatch {
+                    chunks: vec![chunk(2, vec![last], pos)],
+                };
+                let steps = (host.len() - chained.len()).min(8);
+                let out = gpu.decode_greedy(&b, steps).expect("chained steps");
+                assert_eq!(out.len(), steps);
+                chained.extend(out.iter().map(|r| r[0]));
+            }
+            gpu.release(2);
+            assert_eq!(host, chained, "{}: chained steps differ", path.display());
+        }
         // Three sequences per step (batched decode with padding to a bucket of 4).
         let prompts: Vec<Vec<u32>> = (0..3)
             .map(|_| (0..plen).map(|_| r.gen_range(0..nv)).collect())
             .collect();
-        let mut picks = [Vec::new(), Vec::new()];
-        for (side, base) in [(0usize, 10u64), (1, 20)] {
+        let mut picks = [Vec::new(), Vec::new(), Vec::new()];
+        for (side, base) in [(0usize, 10u64), (1, 20), (2, 30)] {
             let b = StepBatch {
                 chunks: (0..3)
                     .map(|i| chunk(base + i as u64, prompts[i].clone(), 0))
@@ -700,6 +722,24 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
             };
             gpu.step(&b).expect("batched prefill");
             let mut last: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
+            if side == 2 {
+                // The 12 steps as two chains of 6 (decode_greedy).
+                for k in [0usize, 6] {
+                    let b = StepBatch {
+                        chunks: (0..3)
+                            .map(|i| chunk(base + i as u64, vec![last[i]], plen + k))
+                            .collect(),
+                    };
+                    for ids in gpu.decode_greedy(&b, 6).expect("chained batched steps") {
+                        picks[side].extend_from_slice(&ids);
+                        last = ids;
+                    }
+                }
+                for i in 0..3 {
+                    gpu.release(base + i as u64);
+                }
+                continue;
+            }
             for k in 0..12 {
                 let b = StepBatch {
                     chunks: (0..3)
@@ -726,8 +766,14 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
             "{}: batched picks differ",
             path.display()
         );
+        assert_eq!(
+            picks[0],
+            picks[2],
+            "{}: chained batched picks differ",
+            path.display()
+        );
         eprintln!(
-            "{}: {} chain and {} batched picks equal the host's argmax",
+            "{}: {} chain and {} batched picks equal the host's argmax, stepped and chained",
             path.display(),
             host.len(),
             picks[0].len()
