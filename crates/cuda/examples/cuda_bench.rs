@@ -369,7 +369,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -915,6 +915,31 @@ fn main() {
         }
         b.gpu().q6a.set(true);
         b.reset_graphs();
+    }
+    // --ab-downss (session 18): the default down projection adding its row's squares for the
+    // next attention norm (the default) or not, alternating, decode chains of 8 and
+    // `step_greedy` steps both.
+    if args.iter().any(|a| a == "--ab-downss") {
+        for on in [true, false, true, false, true, false] {
+            b.set_down_ss(on);
+            for d in [0usize, depth] {
+                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
+                println!(
+                    "a/b down_ss={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+            ab_tg(
+                &mut b,
+                &power,
+                &mut toks,
+                &mut seq,
+                &[0, depth],
+                &format!("down_ss={on}"),
+            );
+        }
+        b.set_down_ss(true);
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
     // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the

@@ -362,6 +362,10 @@ pub struct CudaBackend {
     /// projection with `quantize_act` instead of `attn_merge_q` (the same bits): on unless
     /// `CROSSOVER_CUDA_ONE_DIRECT=0`.
     one_direct: bool,
+    /// Session 18: with [`Self::rms_ss`], the down projection of the default one-token path
+    /// also adds the squares of the row it writes, so the next attention norm takes its sum
+    /// from the slots: on unless `CROSSOVER_CUDA_DOWN_SS=0`.
+    down_ss: bool,
     /// One-token steps take each RMSNorm's sum of squares from partial sums the products that
     /// wrote the row added up (session 16, [`Gpu::rms_norm_ss`]): on unless
     /// `CROSSOVER_CUDA_RMS_SS=0`. The output projection always adds them (the FFN norm); the
@@ -817,6 +821,7 @@ impl CudaBackend {
             qkv_mixed: std::env::var("CROSSOVER_CUDA_QKV_MIXED").as_deref() != Ok("0"),
             one_early: std::env::var("CROSSOVER_CUDA_ATTN_EARLY").as_deref() != Ok("0"),
             one_direct: std::env::var("CROSSOVER_CUDA_ONE_DIRECT").as_deref() != Ok("0"),
+            down_ss: std::env::var("CROSSOVER_CUDA_DOWN_SS").as_deref() != Ok("0"),
             rms_ss: std::env::var("CROSSOVER_CUDA_RMS_SS").as_deref() != Ok("0"),
             fuse_gemm: std::env::var("CROSSOVER_CUDA_FUSE_GEMM").as_deref() != Ok("0"),
             ab_fast_merge: std::env::var("CROSSOVER_CUDA_AB_FASTMERGE").as_deref() == Ok("1"),
@@ -1371,6 +1376,13 @@ impl CudaBackend {
     /// attention writes the merged rows itself; drops captured graphs.
     pub fn set_one_direct(&mut self, on: bool) {
         self.one_direct = on;
+        self.graphs.clear();
+    }
+
+    /// Session 18's one-token choice ([`CudaBackend::down_ss`]'s field): the down projection
+    /// adds the squares of its row for the next attention norm; drops captured graphs.
+    pub fn set_down_ss(&mut self, on: bool) {
+        self.down_ss = on;
         self.graphs.clear();
     }
 
@@ -2190,6 +2202,8 @@ impl CudaBackend {
             }
         };
         let mut ss_full = 0u64;
+        // The slot set the default down product filled this layer (0: none).
+        let mut down_full = 0u64;
         // Batched steps on cuBLAS: Q/K/V and gate/up as one GEMM each on the fused copies (v10).
         let wide_gemm = self.fuse_gemm
             && tr.is_none()
@@ -2935,7 +2949,30 @@ impl CudaBackend {
                     o => o,
                 })?;
             } else {
-                Self::linear(gpu, o, s, &l.down, down_x, n, s.x.ptr(), true, st, &mut qc)?;
+                // Session 18: down adds the squares of the row it writes for the next layer's
+                // attention norm (before, only the fuse_quant path did, so that norm summed
+                // its row).
+                let ss = if self.down_ss {
+                    std::mem::take(&mut ss_clear)
+                } else {
+                    0
+                };
+                let wrote = Self::linear_ss(
+                    gpu,
+                    o,
+                    s,
+                    &l.down,
+                    down_x,
+                    n,
+                    s.x.ptr(),
+                    true,
+                    st,
+                    &mut qc,
+                    ss,
+                )?;
+                if wrote {
+                    down_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
+                }
             }
             if side_wide {
                 if let Some(nl) = layers.get(li + 1) {
@@ -2944,8 +2981,8 @@ impl CudaBackend {
             }
             // g and att are rewritten next layer: forget their quantized copies.
             qc = Acts::default();
-            // x was written by a product that took no slots.
-            ss_full = 0;
+            // x's sum: in the slots down wrote, or (0) in none.
+            ss_full = std::mem::take(&mut down_full);
             Self::trace_point(gpu, tr, s, &mut qc, ("l_out", li, 0), &s.x, n, e)?;
         }
         if n_out == 0 {
