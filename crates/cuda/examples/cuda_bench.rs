@@ -110,15 +110,7 @@ fn pick_on_gpu(b: &mut CudaBackend, batch: &StepBatch) -> u32 {
 /// greedy requests before session 18): `Backend::step`, then the lowest index of the largest.
 fn pick_on_host(b: &mut CudaBackend, batch: &StepBatch) -> u32 {
     let out = b.step(batch).unwrap_or_else(|e| panic!("{e}"));
-    let row = out.row(0).unwrap_or(&[]);
-    let (mut best, mut bl) = (0usize, f32::NEG_INFINITY);
-    for (i, &l) in row.iter().enumerate() {
-        if l > bl {
-            best = i;
-            bl = l;
-        }
-    }
-    best as u32
+    runtime::sampling::argmax(out.row(0).unwrap_or(&[]))
 }
 
 /// [`tg128`] as 128 / `k` chains of `k` greedy steps queued back to back

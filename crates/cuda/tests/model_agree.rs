@@ -633,16 +633,8 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
         });
     eprintln!("seed {seed}");
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let host_argmax = |row: &[f32]| {
-        let (mut best, mut bl) = (0usize, f32::NEG_INFINITY);
-        for (i, &l) in row.iter().enumerate() {
-            if l > bl {
-                best = i;
-                bl = l;
-            }
-        }
-        best as u32
-    };
+    // The host's greedy pick: what the actor's samplers take at temperature 0.
+    let host_argmax = runtime::sampling::argmax;
     let chunk = |seq: u64, tokens: Vec<u32>, start_pos: usize| SeqChunk {
         prompt_len: None,
         seq,

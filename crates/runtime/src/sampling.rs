@@ -449,8 +449,9 @@ fn top_k_sorted_reference(cand: &mut Vec<Cand>, logits: &[f32], k: usize) {
 }
 
 /// Index of the largest logit, lowest index on ties; NaN never wins (0 for a row of NaN or
-/// negative infinity, and for an empty row).
-pub(crate) fn argmax(logits: &[f32]) -> u32 {
+/// negative infinity, and for an empty row): the greedy pick ([`Sampler::sample`] at
+/// temperature 0 without penalties, and [`crate::Backend::step_argmax`]'s contract).
+pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_l = f32::NEG_INFINITY;
     for (i, &l) in logits.iter().enumerate() {
