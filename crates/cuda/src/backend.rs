@@ -3404,6 +3404,10 @@ impl Backend for CudaBackend {
         self.step_greedy(batch)
     }
 
+    fn pipelines_decode(&self) -> bool {
+        self.chain && self.opts.graphs && self.graph_failed.is_none()
+    }
+
     fn decode_greedy(
         &mut self,
         batch: &StepBatch,

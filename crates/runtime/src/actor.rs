@@ -130,11 +130,11 @@ pub struct ActorConfig {
     /// CLI); the tokens are the same either way.
     pub device_pick: bool,
     /// Most greedy decode steps taken at once ([`Backend::decode_greedy`]) while every running
-    /// sequence is greedy, none is in its prompt and none waits for admission: each step
-    /// feeds the last one's picks without the host in between (the CUDA backend queues them
-    /// all). Tokens then stream in bursts of this many and a new request waits up to that
-    /// many steps to be admitted. 1 takes one step at a time. Default 8 (the CLI's
-    /// `CROSSOVER_DECODE_CHAIN=N`).
+    /// sequence is greedy, none is in its prompt and none waits for admission, on a backend
+    /// whose steps then run without the host in between ([`Backend::pipelines_decode`]: the
+    /// CUDA backend queues them all). Tokens then stream in bursts of up to this many, and a
+    /// new request or a dropped stream waits up to that many steps. 1 takes one step at a
+    /// time. Default 8 (the CLI's `CROSSOVER_DECODE_CHAIN=N`).
     pub decode_chain: usize,
 }
 
@@ -1239,6 +1239,7 @@ impl<'t> Actor<'t> {
         // them may still generate or its context holds.
         let chain = if greedy
             && self.decode_chain > 1
+            && self.backend.pipelines_decode()
             && self.waiting.is_empty()
             && plan.len() == self.running.len()
             && batch

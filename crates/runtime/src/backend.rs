@@ -303,6 +303,13 @@ pub trait Backend {
         self.recycle(out.logits);
         Ok(ids)
     }
+    /// Whether [`Backend::decode_greedy`] queues its steps without waiting for each pick, so
+    /// that taking several at once pays (the CUDA backend). The actor chains steps only then:
+    /// a chain ends when its last step does, so a dropped stream stops within a chain rather
+    /// than within a step. The default (which loops [`Backend::step_argmax`]) says no.
+    fn pipelines_decode(&self) -> bool {
+        false
+    }
     /// `steps` greedy decode steps at once: every chunk of `batch` feeds one token (`Want::Last`)
     /// and step `k > 0` feeds each sequence its pick of step `k - 1` at the next position.
     /// Returns the picks, `steps` rows of one id per chunk ([`Backend::step_argmax`]'s picks).

@@ -171,6 +171,17 @@ impl Backend for Faulty {
         self.fault()?;
         self.inner.step_argmax(batch)
     }
+    fn pipelines_decode(&self) -> bool {
+        self.inner.pipelines_decode()
+    }
+    fn decode_greedy(
+        &mut self,
+        batch: &StepBatch,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        self.fault()?;
+        self.inner.decode_greedy(batch, steps)
+    }
     fn release(&mut self, seq: SeqId) {
         self.inner.release(seq)
     }

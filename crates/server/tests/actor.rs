@@ -537,6 +537,8 @@ fn running_streams_keep_flowing_during_a_long_prefill() {
 struct Counted {
     inner: Box<dyn runtime::Backend>,
     calls: std::sync::Arc<Calls>,
+    /// Say that `decode_greedy` pipelines (as the CUDA backend does), so the actor chains.
+    pipelines: bool,
 }
 
 /// Calls of `step`, `step_argmax` and `decode_greedy` (and the steps the last one asked for).
@@ -569,6 +571,9 @@ impl runtime::Backend for Counted {
             .picks
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.step_argmax(b)
+    }
+    fn pipelines_decode(&self) -> bool {
+        self.pipelines
     }
     fn decode_greedy(
         &mut self,
@@ -618,6 +623,7 @@ fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
             Ok(Box::new(Counted {
                 inner: Box::new(be),
                 calls: c2.clone(),
+                pipelines: decode_chain > 1,
             }) as Box<dyn runtime::Backend>)
         });
         let cfg = runtime::ActorConfig {
