@@ -13,6 +13,20 @@ use cuda::{CudaBackend, CudaOptions};
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
 
+/// Fresh random inputs every run; the seed is printed, and `CROSSOVER_TEST_SEED` replays it.
+fn test_rng() -> rand_chacha::ChaCha8Rng {
+    let seed = std::env::var("CROSSOVER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        });
+    eprintln!("seed {seed}");
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed)
+}
+
 fn models() -> Vec<std::path::PathBuf> {
     if let Ok(v) = std::env::var("CROSSOVER_CUDA_MODELS") {
         return v
@@ -86,17 +100,7 @@ fn gpu_logits_agree_with_cpu_backend() {
         eprintln!("SKIPPED gpu_logits_agree_with_cpu_backend: {e}");
         return;
     }
-    // Fresh tokens every run; CROSSOVER_TEST_SEED replays a run's.
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     for path in models() {
         assert!(
             path.exists(),
@@ -255,11 +259,7 @@ fn wide_batch_decode_agrees_with_single_sequence_decode() {
         eprintln!("SKIPPED wide_batch_decode_agrees_with_single_sequence_decode: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(11, |d| d.as_nanos() as u64);
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     let (p, steps, plen) = (20usize, 6usize, 8usize);
     for path in models() {
         let (mut gpu, prompts, toks) = decode_setup(&path, 2 * p, (p, steps, plen), &mut r);
@@ -412,11 +412,7 @@ fn side_prefetch_leaves_logits_unchanged() {
         eprintln!("SKIPPED side_prefetch_leaves_logits_unchanged: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(13, |d| d.as_nanos() as u64);
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     let (p, steps, plen) = (20usize, 5usize, 8usize);
     for path in models() {
         let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
@@ -469,11 +465,7 @@ fn rms_norm_from_partial_sums_leaves_logits_unchanged() {
         eprintln!("SKIPPED rms_norm_from_partial_sums_leaves_logits_unchanged: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(17, |d| d.as_nanos() as u64);
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     let (p, steps, plen) = (4usize, 12usize, 8usize);
     for path in models() {
         let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
@@ -533,11 +525,7 @@ fn one_token_split_classes_replay_the_eager_bits() {
         eprintln!("SKIPPED one_token_split_classes_replay_the_eager_bits: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(19, |d| d.as_nanos() as u64);
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     for path in models() {
         let opts = CudaOptions {
             ctx_size: 256,
@@ -623,16 +611,7 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
         eprintln!("SKIPPED greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows: {e}");
         return;
     }
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(23, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     // The host's greedy pick: what the actor's samplers take at temperature 0.
     let host_argmax = runtime::sampling::argmax;
     let chunk = |seq: u64, tokens: Vec<u32>, start_pos: usize| SeqChunk {
@@ -784,11 +763,7 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
         eprintln!("SKIPPED aligned_q6k_copies_leave_logits_unchanged: {e}");
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(29, |d| d.as_nanos() as u64);
-    eprintln!("seed {seed}");
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut r = test_rng();
     let (p, steps, plen) = (3usize, 10usize, 9usize);
     for path in models() {
         let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
