@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -932,6 +932,31 @@ fn main() {
             );
         }
         b.set_down_ss(true);
+    }
+    // --ab-mvsm (session 19): the one-token products of rows up to `Gpu::mvsm_cols` wide
+    // staging their rows in shared memory before the PDL wait or not, alternating over three
+    // rounds, decode chains of 8; then each mode's product-class timings.
+    if args.iter().any(|a| a == "--ab-mvsm") {
+        let orig = b.gpu().mvsm.get();
+        for on in [true, false, true, false, true, false] {
+            b.gpu().mvsm.set(on);
+            b.reset_graphs();
+            for d in [0usize, depth] {
+                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
+                println!(
+                    "a/b mvsm={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        for on in [true, false] {
+            b.gpu().mvsm.set(on);
+            b.reset_graphs();
+            ab_kernels(&mut b, &format!("mvsm={on}"), &[]);
+        }
+        b.gpu().mvsm.set(orig);
+        b.reset_graphs();
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU
     // product (fuse_quant; down then also writes the RMS slots) off and on, and on with the

@@ -690,6 +690,23 @@ __device__ __forceinline__ bool mvr_ptrs(int row, const u8* __restrict__ w0,
     return second;
 }
 
+// One warp's dot products of the rows at wr[0] and wr[1] (`units` units each) with the
+// activation: lane i takes units i, i + 32, ..., two per row per iteration, then a warp
+// reduction; every lane gets both sums.
+template <int T>
+__device__ __forceinline__ void mvr_dot(const u8* const* wr, int units, const i8* __restrict__ aq,
+                                        const float2* __restrict__ ad, float* acc) {
+    int u = threadIdx.x & 31;
+    acc[0] = acc[1] = 0.0f;
+    for (; u + 32 < units; u += 64) {
+        mvr_unit<T>(wr, u, aq, ad, acc);
+        mvr_unit<T>(wr, u + 32, aq, ad, acc);
+    }
+    if (u < units) mvr_unit<T>(wr, u, aq, ad, acc);
+    acc[0] = warp_sum(acc[0]);
+    acc[1] = warp_sum(acc[1]);
+}
+
 // The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU).
 template <int T, bool GLU>
 __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
@@ -702,15 +719,8 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
     int lane = threadIdx.x & 31;
     const u8* wr[2];
     bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
-    float acc[2] = {0.0f, 0.0f};
-    int u = lane;
-    for (; u + 32 < units; u += 64) {
-        mvr_unit<T>(wr, u, aq, ad, acc);
-        mvr_unit<T>(wr, u + 32, aq, ad, acc);
-    }
-    if (u < units) mvr_unit<T>(wr, u, aq, ad, acc);
-    acc[0] = warp_sum(acc[0]);
-    acc[1] = warp_sum(acc[1]);
+    float acc[2];
+    mvr_dot<T>(wr, units, aq, ad, acc);
     if (GLU) {
         if (lane == 0) y0[row] = ggml_swiglu(acc[0], acc[1]);
         // The down projection's activation, quantized as its groups complete (no launch).

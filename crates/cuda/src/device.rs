@@ -282,6 +282,18 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_Q6A=0` (then no copy is made). On the H200 the head took 100 us instead
     /// of 117, a down projection 9.5 instead of 11.4 (docs/perf/cuda.md session 18).
     pub q6a: std::cell::Cell<bool>,
+    /// Session 19: one-token products of at most [`crate::kernels::MVSM_MAX_BYTES`] weight bytes
+    /// per block (the output and down projections of a 3B model fit) stage their rows in
+    /// shared memory before the PDL wait (`mvsm_*`, the `mvr` kernels' bits where those take
+    /// the rows), up to [`Gpu::mvsm_cols`] columns: on unless `CROSSOVER_CUDA_MVSM=0`. On the
+    /// H200 the output projection staged took the 3B step from 1.466 to 1.457 ms at depth 4096
+    /// (equal at depth 0); the down projection staged too made it 0.02 ms slower
+    /// (docs/perf/cuda.md session 19).
+    pub mvsm: std::cell::Cell<bool>,
+    /// The widest rows [`Gpu::mvsm`] stages (`CROSSOVER_CUDA_MVSM_COLS`, default 4096: the
+    /// output projection, not the down projection's 8192 columns, whose staging slowed the
+    /// step on the H200, docs/perf/cuda.md session 19).
+    pub mvsm_cols: std::cell::Cell<usize>,
     /// One-token products of rows wider than the `mvr` kernels take (the down projection)
     /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
     /// (`mvq_*_1`): off unless `CROSSOVER_CUDA_MVD=1` (on the H200 down got slower: 8.8 -> 9.9
@@ -505,6 +517,8 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_Q6H").as_deref() == Ok("1"),
             ),
             q6a: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6A").as_deref() != Ok("0")),
+            mvsm: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVSM").as_deref() != Ok("0")),
+            mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
             wave_cap: std::cell::Cell::new(0),
             warp_rows: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),

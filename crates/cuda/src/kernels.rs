@@ -245,8 +245,19 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvr4_q6_ka".into());
     v.push("mvqp_q6_ka".into());
     v.push("q6k_pad".into());
+    for t in MVSM_TYPES {
+        v.push(format!("mvsm_{t}"));
+    }
     v
 }
+
+/// The `mvsm_*` kernels' types (session 19: blocks of 16-byte multiples, so staged rows stay
+/// aligned): Q4_K, Q5_K and the Q6_KA copies.
+pub const MVSM_TYPES: [&str; 3] = ["q4_k", "q5_k", "q6_ka"];
+
+/// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
+/// the H200 allows 227 KiB per block).
+pub const MVSM_MAX_BYTES: usize = 200 * 1024;
 
 /// Bytes of a Q6_K super-block (256 weights) in GGUF.
 pub const Q6K_BLOCK_BYTES: usize = 210;
@@ -899,6 +910,19 @@ impl Gpu {
         ss: u64,
     ) -> Result<bool, CudaError> {
         check_cols(ty, cols)?;
+        let sm_name = match ty {
+            GgmlType::Q4K => Some("q4_k"),
+            GgmlType::Q5K => Some("q5_k"),
+            _ => None,
+        };
+        if let (1, Some(name)) = (nt, sm_name) {
+            let rb = matrix_bytes(ty, 1, cols);
+            if let Some(ppb) = self.mvsm_pairs(rows, cols, rb) {
+                return self
+                    .mvsm_launch(name, w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
+                    .map(|_| ss != 0);
+            }
+        }
         if nt == 1 && self.q6_half_fits(ty, cols) {
             return self
                 .matvec_q6_half(w, rows, cols, qs, ds, y, accumulate)
@@ -1010,6 +1034,62 @@ impl Gpu {
             .map(|_| ())
     }
 
+    /// Row pairs per block of an `mvsm_*` launch of `rows` rows `rb` bytes each, one block
+    /// per multiprocessor, when [`Gpu::mvsm`] is on, PDL is on (the staging overlaps the wait
+    /// only then), the rows are at most [`Gpu::mvsm_cols`] wide, a block's rows fit
+    /// [`MVSM_MAX_BYTES`] and the rows stay 16-byte aligned.
+    fn mvsm_pairs(&self, rows: usize, cols: usize, rb: usize) -> Option<usize> {
+        if !self.mvsm.get()
+            || !self.pdl.get()
+            || cols > self.mvsm_cols.get()
+            || !rb.is_multiple_of(16)
+            || rows == 0
+        {
+            return None;
+        }
+        let ppb = rows.div_ceil(2).div_ceil(self.sms as usize);
+        (2 * ppb * rb <= MVSM_MAX_BYTES).then_some(ppb)
+    }
+
+    /// One token's `y (+)= W x` (and the squares into `ss` when not 0) by `mvsm_<name>` with
+    /// `ppb` row pairs per block ([`Gpu::mvsm_pairs`]): the bits of the `mvr` kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn mvsm_launch(
+        &self,
+        name: &str,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        rb: usize,
+        ppb: usize,
+        act: (u64, u64),
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<(), CudaError> {
+        if !w.is_multiple_of(16) {
+            return Err(CudaError::Arg(format!(
+                "staged product: weights at {w:#x}, not 16-byte aligned"
+            )));
+        }
+        let (qs, ds) = act;
+        let (rr, c, a, p) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            i32_of(ppb, "row pairs")?,
+        );
+        let blocks = rows.div_ceil(2 * ppb);
+        let threads = 32 * ppb.min(16) as u32;
+        self.launch_id_smem(
+            self.kernel_id(&format!("mvsm_{name}"))?,
+            (u32_of(blocks, "rows")?, 1, 1),
+            (threads, 1, 1),
+            u32_of(2 * ppb * rb, "staged bytes")?,
+            kargs![w, rr, c, qs, ds, y, a, p, ss],
+        )
+    }
+
     /// [`Gpu::matvec_q_ss`] for one token (`nt` = 1) on the Q6_KA copy `w` ([`Gpu::pad_q6k`])
     /// of a Q6_K matrix; `ty` is the copied matrix's type (Q6_K), so the arguments are
     /// [`Gpu::matvec_q_ss`]'s. Rows the `mvr` kernels take ([`Gpu::mvr_fits`]: the output
@@ -1048,6 +1128,12 @@ impl Gpu {
             return Err(CudaError::Arg(format!(
                 "Q6_KA product: weights at {w:#x}, not 16-byte aligned"
             )));
+        }
+        let rb = cols / 256 * 224;
+        if let Some(ppb) = self.mvsm_pairs(rows, cols, rb) {
+            return self
+                .mvsm_launch("q6_ka", w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
+                .map(|_| ss != 0);
         }
         if self.mvr_fits(cols) {
             let act = ActIn::Quantized { qs, ds };

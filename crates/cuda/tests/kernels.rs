@@ -3177,6 +3177,135 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
     g.mvr_warps_glu.set(8);
 }
 
+/// Session 19: the one-token products that stage their rows in shared memory before the PDL
+/// wait (`mvsm_*`: Q4_K, Q5_K and the Q6_KA copies) give the `mvr` kernels' bits where those
+/// take the rows (at most 4096 columns), and the CPU's scalar `vec_dot` within 5e-6 everywhere
+/// (the down projection's 8192 columns too, where the form without staging is `mvqp`), plain,
+/// accumulating and with the sums of squares; partial row pairs and blocks of 1 to 16 pairs,
+/// every output checked written (poisoned buffers).
+#[test]
+fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
+    let Some(g) = gpu_or_skip("mvsm") else {
+        return;
+    };
+    if !g.pdl.get() {
+        eprintln!("SKIPPED mvsm: the staged products need programmatic dependent launch");
+        return;
+    }
+    let mut r = rng("mvsm");
+    let slots = cuda::kernels::RMS_SLOTS;
+    // Every width, the down projection's too.
+    g.mvsm_cols.set(usize::MAX);
+    g.q6_half.set(false);
+    g.warp_rows.set(false);
+    g.mvr_lb4.set(true);
+    for &(rows, cols) in &[
+        (3072usize, 3072usize),
+        (301, 3072),
+        (37, 256),
+        (9, 4096),
+        (3072, 8192),
+        (5, 8192),
+        (4001, 1024),
+    ] {
+        let x = randn(&mut r, cols, 1.0);
+        let xb = g.upload(&x).unwrap();
+        let (qb, db) = act_bufs(&g, 1, cols);
+        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
+            .unwrap();
+        let mut buf = quant::dot::ActBuf::new();
+        quant::dot::quantize_acts_with_isa(GgmlType::Q4K, &x, 1, cols, &mut buf, Isa::Scalar)
+            .unwrap();
+        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let what = format!("{ty} {rows}x{cols}");
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
+            let rb = q.len() / rows;
+            let want: Vec<f64> = (0..rows)
+                .map(|i| {
+                    let a = buf.row(0).unwrap();
+                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
+                        as f64
+                })
+                .collect();
+            let y0 = randn(&mut r, rows, 1.0);
+            let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            for acc in [false, true] {
+                let run = |staged: bool, ss: u64| -> (Vec<f32>, bool) {
+                    g.mvsm.set(staged);
+                    let y = if acc {
+                        g.upload(&y0).unwrap()
+                    } else {
+                        poisoned(&g, rows)
+                    };
+                    let took = match &pad {
+                        Some(p) => g.matvec_q6ka_ss(
+                            ty,
+                            p.ptr(),
+                            rows,
+                            cols,
+                            qb.ptr(),
+                            db.ptr(),
+                            1,
+                            y.ptr(),
+                            acc,
+                            ss,
+                        ),
+                        None => g.matvec_q_ss(
+                            ty,
+                            w.ptr(),
+                            rows,
+                            cols,
+                            qb.ptr(),
+                            db.ptr(),
+                            1,
+                            y.ptr(),
+                            acc,
+                            ss,
+                        ),
+                    }
+                    .unwrap();
+                    (g.download(&y, rows).unwrap(), took)
+                };
+                let (plain, _) = run(false, 0);
+                let (staged, _) = run(true, 0);
+                let e = rel_err(&staged, if acc { &want_acc } else { &want });
+                assert!(e < 5e-6, "{what} accumulate={acc}: relative error {e:e}");
+                if g.mvr_fits(cols) {
+                    if let Some(i) = plain
+                        .iter()
+                        .zip(&staged)
+                        .position(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        panic!(
+                            "{what} accumulate={acc}: row {i}: staged {} mvr {}",
+                            staged[i], plain[i]
+                        );
+                    }
+                }
+                let ss = g.upload(&vec![0f64; slots]).unwrap();
+                let (y1, took) = run(true, ss.ptr());
+                assert!(took, "{what}: sums of squares not taken");
+                assert_eq!(
+                    y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    staged.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{what} accumulate={acc}: rows with and without the sums of squares"
+                );
+                let sums: Vec<f64> = g.download(&ss, slots).unwrap();
+                let want_ss: f64 = y1.iter().map(|&v| v as f64 * v as f64).sum();
+                let got_ss: f64 = sums.iter().sum();
+                assert!(
+                    (got_ss - want_ss).abs() <= 1e-12 * want_ss,
+                    "{what}: slots sum to {got_ss}, the rows' squares to {want_ss}"
+                );
+            }
+        }
+    }
+    g.mvsm.set(true);
+    g.mvsm_cols.set(4096);
+}
+
 /// v11: the one-token RMSNorm a warp per group (`rms_norm1`) gives `rms_norm`'s bits (f32 row,
 /// int8 values and scales in both formats, f16 operand), and the many-block argmax
 /// (`argmax_mb`) the single-block kernel's index (planted maxima, ties: the lowest index, NaN
@@ -3834,7 +3963,9 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
     };
     let mut r = rng("q6ka");
     let slots = cuda::kernels::RMS_SLOTS;
-    // The Q6_K twins: mvr4_q6_k and mvqp_q6_k (mvq_q6_k_1 without PDL).
+    // The Q6_K twins: mvr4_q6_k and mvqp_q6_k (mvq_q6_k_1 without PDL); the staged form has
+    // its own test.
+    g.mvsm.set(false);
     g.q6_half.set(false);
     g.warp_rows.set(false);
     g.mvr_lb4.set(true);
