@@ -8,9 +8,14 @@ the CUDA backend's prompt path rounds to f16 (weights, GEMM operands, Q/K/V, att
 probabilities) to see what that precision alone moves.
 
     python3 scripts/ref_forward.py MODEL.gguf 1,9690,198,... [--f16] [--top 5]
+    python3 scripts/ref_forward.py MODEL.gguf --fixture FIXTURE.json [--f16]
 
-Prints the top tokens with their logits and the lead of the first over the second. Slow but
-small models only need seconds (SmolLM2-135M, 27 tokens: ~15 s on 2 cores).
+The first form prints the last row's top tokens with their logits and the lead of the first over
+the second. The second feeds a teacher-forced fixture's tokens (scripts/ref_logits.py) and
+compares llama.cpp's top-1 at every position with this reference's: how often llama.cpp itself
+picks the float64 model's token, on all rows and on its decisive rows (its lead >= 0.1, the
+conformance suite's definition). Slow but small models need seconds to minutes (SmolLM2-135M:
+27 tokens ~15 s, the 453-token fixture ~1 min on 2 cores).
 """
 import argparse
 
@@ -22,11 +27,22 @@ from gguf.quants import dequantize
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("tokens", help="comma-separated token ids")
+    ap.add_argument("tokens", nargs="?", default="", help="comma-separated token ids")
+    ap.add_argument("--fixture", help="a teacher-forced logits fixture (scripts/ref_logits.py)")
     ap.add_argument("--f16", action="store_true", help="round as the CUDA prompt path does")
     ap.add_argument("--top", type=int, default=5)
     a = ap.parse_args()
-    toks = [int(t) for t in a.tokens.split(",") if t]
+    fx = None
+    if a.fixture:
+        import json
+
+        with open(a.fixture) as f:
+            fx = json.load(f)
+        toks = fx["tokens"]
+    else:
+        toks = [int(t) for t in a.tokens.split(",") if t]
+    if not toks:
+        ap.error("no tokens: give ids or --fixture")
     r = GGUFReader(a.model)
     fields = {f.name: f for f in r.fields.values()}
 
@@ -92,6 +108,21 @@ def main():
         h = rms(x, weight(p + "ffn_norm.weight"))
         gate, up = mm(h, weight(p + "ffn_gate.weight")), mm(h, weight(p + "ffn_up.weight"))
         x = x + mm(gate / (1 + np.exp(-gate)) * up, weight(p + "ffn_down.weight"))
+    if fx is not None:
+        logits = rms(x, weight("output_norm.weight")) @ out_w.T
+        ours = logits.argmax(-1)
+        rows = fx["positions"]
+        same = [int(ours[i]) == r["ids"][0] for i, r in enumerate(rows)]
+        dec = [s for s, r in zip(same, rows) if r["logits"][0] - r["logits"][1] >= 0.1]
+        srt = np.sort(logits, -1)
+        firm = [s for i, s in enumerate(same) if srt[i, -1] - srt[i, -2] >= 0.1]
+        print(
+            f"llama.cpp's top-1 = this reference's: {sum(same)}/{len(same)} rows "
+            f"({sum(same) / len(same):.4f}); on llama.cpp's decisive rows {sum(dec)}/{len(dec)} "
+            f"({sum(dec) / max(len(dec), 1):.4f}); on this reference's decisive rows "
+            f"{sum(firm)}/{len(firm)} ({sum(firm) / max(len(firm), 1):.4f})"
+        )
+        return
     logits = (rms(x[-1:], weight("output_norm.weight")) @ out_w.T)[0]
     top = np.argsort(-logits)[: a.top]
     print("top:", ", ".join(f"{int(t)} {logits[t]:.3f}" for t in top))
