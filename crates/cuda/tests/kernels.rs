@@ -61,6 +61,31 @@ fn poisoned(g: &Gpu, floats: usize) -> DevBuf {
     g.upload(&vec![f32::NAN; floats]).expect("alloc")
 }
 
+/// One token `x` quantized to Q8_K for the K-quant one-token products: on the GPU (int8 values,
+/// scales) and by the CPU's scalar code (the reference's activation).
+fn q8k_token(g: &Gpu, x: &[f32]) -> (DevBuf, DevBuf, quant::dot::ActBuf) {
+    let cols = x.len();
+    let xb = g.upload(x).unwrap();
+    let (qb, db) = act_bufs(g, 1, cols);
+    g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
+        .unwrap();
+    let mut buf = quant::dot::ActBuf::new();
+    quant::dot::quantize_acts_with_isa(GgmlType::Q4K, x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+    (qb, db, buf)
+}
+
+/// The CPU's scalar `vec_dot` of every row of the `ty` matrix `q` (`rows` x `cols`) with the
+/// first activation row of `a`.
+fn cpu_rows(ty: GgmlType, q: &[u8], rows: usize, cols: usize, a: &quant::dot::ActBuf) -> Vec<f64> {
+    let rb = q.len() / rows;
+    let a = a.row(0).unwrap();
+    (0..rows)
+        .map(|i| {
+            quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap() as f64
+        })
+        .collect()
+}
+
 #[test]
 fn get_rows_and_dequant_match_cpu_dequantizer_for_every_type() {
     let Some(g) = gpu_or_skip("get_rows") else {
@@ -3022,26 +3047,12 @@ fn q6_half_and_wave_products_match_cpu_scalar_vec_dot() {
         (301, 256),
         (37, 8192),
     ] {
-        let x = randn(&mut r, cols, 1.0);
-        let xb = g.upload(&x).unwrap();
-        let (qb, db) = act_bufs(&g, 1, cols);
-        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
-            .unwrap();
-        let mut buf = quant::dot::ActBuf::new();
-        quant::dot::quantize_acts_with_isa(GgmlType::Q6K, &x, 1, cols, &mut buf, Isa::Scalar)
-            .unwrap();
+        let (qb, db, buf) = q8k_token(&g, &randn(&mut r, cols, 1.0));
         for ty in [GgmlType::Q6K, GgmlType::Q4K] {
             let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let (qu, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let (w, wu) = (g.upload(&q).unwrap(), g.upload(&qu).unwrap());
-            let rb = q.len() / rows;
-            let want: Vec<f64> = (0..rows)
-                .map(|i| {
-                    let a = buf.row(0).unwrap();
-                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
-                        as f64
-                })
-                .collect();
+            let want = cpu_rows(ty, &q, rows, cols, &buf);
             let y0 = randn(&mut r, rows, 1.0);
             // (wave, cap, q6_half, mvr4 + mvqp, warps per block): the first is the reference
             // of the mvr and mvq bits.
@@ -3208,27 +3219,13 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
         (5, 8192),
         (4001, 1024),
     ] {
-        let x = randn(&mut r, cols, 1.0);
-        let xb = g.upload(&x).unwrap();
-        let (qb, db) = act_bufs(&g, 1, cols);
-        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
-            .unwrap();
-        let mut buf = quant::dot::ActBuf::new();
-        quant::dot::quantize_acts_with_isa(GgmlType::Q4K, &x, 1, cols, &mut buf, Isa::Scalar)
-            .unwrap();
+        let (qb, db, buf) = q8k_token(&g, &randn(&mut r, cols, 1.0));
         for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
             let what = format!("{ty} {rows}x{cols}");
             let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let w = g.upload(&q).unwrap();
             let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
-            let rb = q.len() / rows;
-            let want: Vec<f64> = (0..rows)
-                .map(|i| {
-                    let a = buf.row(0).unwrap();
-                    quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
-                        as f64
-                })
-                .collect();
+            let want = cpu_rows(ty, &q, rows, cols, &buf);
             let y0 = randn(&mut r, rows, 1.0);
             let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
             for acc in [false, true] {
@@ -3981,13 +3978,7 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
     ] {
         let what = format!("{rows}x{cols}");
         let ty = GgmlType::Q6K;
-        let x = randn(&mut r, cols, 1.0);
-        let xb = g.upload(&x).unwrap();
-        let (qb, db) = act_bufs(&g, 1, cols);
-        g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qb.ptr(), db.ptr())
-            .unwrap();
-        let mut buf = quant::dot::ActBuf::new();
-        quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+        let (qb, db, buf) = q8k_token(&g, &randn(&mut r, cols, 1.0));
         let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
         let w = g.upload(&q).unwrap();
 
@@ -4007,14 +3998,7 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
             );
         }
 
-        let rb = q.len() / rows;
-        let want: Vec<f64> = (0..rows)
-            .map(|i| {
-                let a = buf.row(0).unwrap();
-                quant::dot::vec_dot(ty, &q[i * rb..(i + 1) * rb], a, cols, Isa::Scalar).unwrap()
-                    as f64
-            })
-            .collect();
+        let want = cpu_rows(ty, &q, rows, cols, &buf);
         let y0 = randn(&mut r, rows, 1.0);
         let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
         let mvr = g.mvr_fits(cols);
