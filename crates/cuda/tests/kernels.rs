@@ -61,6 +61,17 @@ fn poisoned(g: &Gpu, floats: usize) -> DevBuf {
     g.upload(&vec![f32::NAN; floats]).expect("alloc")
 }
 
+/// The RMS slots at `ss` hold the sum of the squares of `y` (f64, to 1e-12 relative).
+fn assert_slots_hold_squares(g: &Gpu, ss: &DevBuf, y: &[f32], what: &str) {
+    let sums: Vec<f64> = g.download(ss, cuda::kernels::RMS_SLOTS).unwrap();
+    let want: f64 = y.iter().map(|&v| v as f64 * v as f64).sum();
+    let got: f64 = sums.iter().sum();
+    assert!(
+        (got - want).abs() <= 1e-12 * want,
+        "{what}: slots sum to {got}, the rows' squares to {want}"
+    );
+}
+
 /// One token `x` quantized to Q8_K for the K-quant one-token products: on the GPU (int8 values,
 /// scales) and by the CPU's scalar code (the reference's activation).
 fn q8k_token(g: &Gpu, x: &[f32]) -> (DevBuf, DevBuf, quant::dot::ActBuf) {
@@ -3289,13 +3300,7 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
                     staged.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "{what} accumulate={acc}: rows with and without the sums of squares"
                 );
-                let sums: Vec<f64> = g.download(&ss, slots).unwrap();
-                let want_ss: f64 = y1.iter().map(|&v| v as f64 * v as f64).sum();
-                let got_ss: f64 = sums.iter().sum();
-                assert!(
-                    (got_ss - want_ss).abs() <= 1e-12 * want_ss,
-                    "{what}: slots sum to {got_ss}, the rows' squares to {want_ss}"
-                );
+                assert_slots_hold_squares(&g, &ss, &y1, &what);
             }
         }
     }
@@ -4085,13 +4090,7 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
             e < 5e-6,
             "{what} with sums of squares: relative error {e:e}"
         );
-        let sums: Vec<f64> = g.download(&ss, slots).unwrap();
-        let want_ss: f64 = y1.iter().map(|&v| v as f64 * v as f64).sum();
-        let got_ss: f64 = sums.iter().sum();
-        assert!(
-            (got_ss - want_ss).abs() <= 1e-12 * want_ss,
-            "{what}: slots sum to {got_ss}, the rows' squares to {want_ss}"
-        );
+        assert_slots_hold_squares(&g, &ss, &y1, &what);
     }
 
     // Typed errors, no launch.
