@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-mvh] [--ab-q6u]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -956,6 +956,49 @@ fn main() {
             ab_kernels(&mut b, &format!("mvsm={on}"), &[]);
         }
         b.gpu().mvsm.set(orig);
+        b.reset_graphs();
+    }
+    // --ab-mvh (session 20): the one-token Q4_K SwiGLU product as the half-unit kernel on the
+    // FFN norm's permuted activation (`Gpu::mvh`, on the default path since session 20) or the
+    // unit kernel, alternating over three rounds, decode chains of 8.
+    if args.iter().any(|a| a == "--ab-mvh") {
+        let orig = b.gpu().mvh.get();
+        for on in [true, false, true, false, true, false] {
+            b.set_mvh(on);
+            for d in [0usize, depth] {
+                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
+                println!(
+                    "a/b mvh={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.set_mvh(orig);
+    }
+    // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in
+    // the mixed Q/K/V launch) with Q6_KU's decoding (the default) or Q6_KA's, alternating over
+    // three rounds, decode chains of 8; then each mode's product-class timings.
+    if args.iter().any(|a| a == "--ab-q6u") {
+        let orig = b.gpu().q6u.get();
+        for on in [true, false, true, false, true, false] {
+            b.gpu().q6u.set(on);
+            b.reset_graphs();
+            for d in [0usize, depth] {
+                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
+                println!(
+                    "a/b q6u={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        for on in [true, false] {
+            b.gpu().q6u.set(on);
+            b.reset_graphs();
+            ab_kernels(&mut b, &format!("q6u={on}"), &[]);
+        }
+        b.gpu().q6u.set(orig);
         b.reset_graphs();
     }
     // --ab-fq (session 17): the down projection's activation quantized inside the SwiGLU

@@ -65,3 +65,4 @@ __device__ void mvsm_impl(const u8* __restrict__ w, int rows, int cols, const i8
 DEF_MVSM(q4_k, T_Q4_K)
 DEF_MVSM(q5_k, T_Q5_K)
 DEF_MVSM(q6_ka, T_Q6_KA)
+DEF_MVSM(q6_ku, T_Q6_KU)

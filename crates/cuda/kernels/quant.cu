@@ -7,8 +7,9 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q5_1 = 6,
     T_Q8_0 = 7, T_Q2_K = 8, T_Q3_K = 9, T_Q4_K = 10, T_Q5_K = 11, T_Q6_K = 12,
-    // Not a GGUF type: Q6_K blocks padded to 16-byte slots (Q<T_Q6_KA>).
-    T_Q6_KA = 13
+    // Not GGUF types: Q6_K blocks padded to 16-byte slots (Q<T_Q6_KA>), and the same copy read
+    // by the one-token products with the - 32 taken from the activation's sums (Q<T_Q6_KU>).
+    T_Q6_KA = 13, T_Q6_KU = 14
 };
 
 template <int T> struct Q;
@@ -313,6 +314,10 @@ template <> struct Q<T_Q6_KA> {
         Q<T_Q6_K>::unit(b, j, v);
     }
 };
+
+// Q6_KU (session 20): the Q6_KA copy itself; only the one-token products' integer decoding
+// differs (QI<T_Q6_KU>, matvec_q.cu).
+template <> struct Q<T_Q6_KU> : Q<T_Q6_KA> {};
 
 // Unit u (0 .. cols/32) of row `row` of a matrix of `cols` columns.
 template <int T>

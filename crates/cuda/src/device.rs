@@ -282,6 +282,11 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_Q6A=0` (then no copy is made). On the H200 the head took 100 us instead
     /// of 117, a down projection 9.5 instead of 11.4 (docs/perf/cuda.md session 18).
     pub q6a: std::cell::Cell<bool>,
+    /// Session 20: the one-token products on the Q6_KA copies decode the 6-bit values unsigned
+    /// and take the - 32 from the activation's sums of 16 (`mvr4_q6_ku`, `mvqp_q6_ku`,
+    /// `mvsm_q6_ku`: the same int32 sums, so the same bits, with fewer operations per word): on
+    /// unless `CROSSOVER_CUDA_Q6U=0` (docs/perf/cuda.md session 20).
+    pub q6u: std::cell::Cell<bool>,
     /// Session 19: one-token products of at most [`crate::kernels::MVSM_MAX_BYTES`] weight bytes
     /// per block (the output and down projections of a 3B model fit) stage their rows in
     /// shared memory before the PDL wait (`mvsm_*`, the `mvr` kernels' bits where those take
@@ -517,6 +522,7 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_Q6H").as_deref() == Ok("1"),
             ),
             q6a: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6A").as_deref() != Ok("0")),
+            q6u: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6U").as_deref() != Ok("0")),
             mvsm: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVSM").as_deref() != Ok("0")),
             mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
             wave_cap: std::cell::Cell::new(0),

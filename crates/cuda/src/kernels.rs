@@ -230,6 +230,9 @@ pub fn all_kernel_names() -> Vec<String> {
     for (a, b) in QKV_PAIRS {
         let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map_or("", |q| q.1);
         v.push(format!("mvr4_rope2_{}_{}", name(a), name(b)));
+        // Session 20: V from its Q6_KA copy, Q6_KU's decoding.
+        v.push(format!("mvr_rope2_{}_q6_ku", name(a)));
+        v.push(format!("mvr4_rope2_{}_q6_ku", name(a)));
     }
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
@@ -244,6 +247,8 @@ pub fn all_kernel_names() -> Vec<String> {
     // The one-token Q6_K products on the 16-byte aligned copy ([`Gpu::pad_q6k`]).
     v.push("mvr4_q6_ka".into());
     v.push("mvqp_q6_ka".into());
+    v.push("mvr4_q6_ku".into());
+    v.push("mvqp_q6_ku".into());
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
         v.push(format!("mvsm_{t}"));
@@ -252,8 +257,8 @@ pub fn all_kernel_names() -> Vec<String> {
 }
 
 /// The `mvsm_*` kernels' types (session 19: blocks of 16-byte multiples, so staged rows stay
-/// aligned): Q4_K, Q5_K and the Q6_KA copies.
-pub const MVSM_TYPES: [&str; 3] = ["q4_k", "q5_k", "q6_ka"];
+/// aligned): Q4_K, Q5_K and the Q6_KA copies (with Q6_KA's and, session 20, Q6_KU's decoding).
+pub const MVSM_TYPES: [&str; 4] = ["q4_k", "q5_k", "q6_ka", "q6_ku"];
 
 /// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
 /// the H200 allows 227 KiB per block).
@@ -1130,9 +1135,11 @@ impl Gpu {
             )));
         }
         let rb = cols / 256 * 224;
+        // Session 20: Q6_KU's decoding of the same copy (the same bits) unless switched off.
+        let t = if self.q6u.get() { "q6_ku" } else { "q6_ka" };
         if let Some(ppb) = self.mvsm_pairs(rows, cols, rb) {
             return self
-                .mvsm_launch("q6_ka", w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
+                .mvsm_launch(t, w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
                 .map(|_| ss != 0);
         }
         if self.mvr_fits(cols) {
@@ -1141,7 +1148,7 @@ impl Gpu {
             Self::check_mvr_segs(&segs, cols, &act, ss)?;
             return self
                 .mvr_launch(
-                    self.kernel_id("mvr4_q6_ka")?,
+                    self.kernel_id(&format!("mvr4_{t}"))?,
                     &segs,
                     cols,
                     act,
@@ -1156,7 +1163,7 @@ impl Gpu {
             accumulate as i32,
         );
         self.launch_id(
-            self.kernel_id("mvqp_q6_ka")?,
+            self.kernel_id(&format!("mvqp_{t}"))?,
             (u32_of(rows, "rows")?, 1, 1),
             (self.mvqp_block(cols), 1, 1),
             kargs![w, rr, c, qs, ds, y, a, ss],
@@ -1865,6 +1872,7 @@ impl Gpu {
         &self,
         ty: GgmlType,
         tv: GgmlType,
+        v_copy: bool,
         w: [u64; 3],
         rows: [usize; 3],
         cols: usize,
@@ -1885,10 +1893,16 @@ impl Gpu {
             )));
         }
         check_cols(tv, cols)?;
+        if v_copy && (tv != GgmlType::Q6K || !w[2].is_multiple_of(16)) {
+            return Err(CudaError::Arg(format!(
+                "mixed Q/K/V launch: V of {tv} at {:#x} is not a 16-byte aligned Q6_KA copy",
+                w[2]
+            )));
+        }
         let a = ActIn::Quantized { qs, ds };
         self.qkv_rope(
             ty,
-            Some(tv),
+            Some((tv, v_copy)),
             w,
             rows,
             cols,
@@ -1913,7 +1927,7 @@ impl Gpu {
     fn qkv_rope(
         &self,
         ty: GgmlType,
-        tv: Option<GgmlType>,
+        tv: Option<(GgmlType, bool)>,
         w: [u64; 3],
         rows: [usize; 3],
         cols: usize,
@@ -1980,9 +1994,11 @@ impl Gpu {
         let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
-        if let Some(tv) = tv {
+        if let Some((tv, v_copy)) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
-            let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), name(tv), &act) else {
+            // Session 20: V from its Q6_KA copy takes Q6_KU's decoding (Q6_K's bits).
+            let vname = if v_copy { Some("q6_ku") } else { name(tv) };
+            let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), vname, &act) else {
                 return Err(CudaError::Arg(format!(
                     "mixed Q/K/V launch of {ty} and {tv}"
                 )));

@@ -911,16 +911,29 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             // v9: V of the other type in the same launch; v10: also with the one-wave grid
             // capped at 3 blocks (several pairs per warp), and the 64-register build of the
             // mixed kernel (mvr4_rope2).
-            // Session 17: blocks of fewer warps too.
-            for (cap, lb4, nw) in [
-                (0usize, false, 8usize),
-                (3, false, 8),
-                (0, true, 8),
-                (3, true, 8),
-                (0, true, 4),
-                (0, false, 1),
-                (2, true, 3),
-            ] {
+            // Session 17: blocks of fewer warps too. Session 20: V of Q6_K also from its
+            // Q6_KA copy (Q6_KU's decoding), which must give the same bits.
+            let vpad = (vty == GgmlType::Q6K).then(|| g.pad_q6k(wv.ptr(), rk, cols).unwrap());
+            let forms = [
+                (0usize, false, 8usize, false),
+                (3, false, 8, false),
+                (0, true, 8, false),
+                (3, true, 8, false),
+                (0, true, 4, false),
+                (0, false, 1, false),
+                (2, true, 3, false),
+                (0, true, 4, true),
+                (0, false, 8, true),
+                (2, true, 3, true),
+            ];
+            for (cap, lb4, nw, vc) in forms {
+                let Some(wv_ptr) = (if vc {
+                    vpad.as_ref().map(|p| p.ptr())
+                } else {
+                    Some(wv.ptr())
+                }) else {
+                    continue;
+                };
                 g.mvr_warps.set(nw);
                 g.wave_cap.set(cap);
                 g.wave.set(cap > 0);
@@ -933,7 +946,8 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 g.matvec_q_qkv_rope_mixed(
                     GgmlType::Q4K,
                     vty,
-                    [wq.ptr(), wk.ptr(), wv.ptr()],
+                    vc,
+                    [wq.ptr(), wk.ptr(), wv_ptr],
                     [rq, rk, rk],
                     cols,
                     qa.ptr(),
@@ -952,19 +966,19 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 let b: Vec<u32> = g.download(&q3, rq).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: rotated Q"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: rotated Q"
                 );
                 let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&kc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: K cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: K cache"
                 );
                 let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw}: V cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: V cache"
                 );
             }
             g.wave_cap.set(0);
@@ -4045,21 +4059,30 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
                     .unwrap();
                     g.download(&y, rows).unwrap()
                 };
-                let (plain, aligned) = (run(false), run(true));
-                let e = rel_err(&aligned, if acc { &want_acc } else { &want });
-                assert!(e < 5e-6, "{case} accumulate={acc}: relative error {e:e}");
-                if twin {
-                    if let Some(i) = plain
-                        .iter()
-                        .zip(&aligned)
-                        .position(|(a, b)| a.to_bits() != b.to_bits())
-                    {
-                        panic!(
-                            "{case} accumulate={acc}: row {i}: Q6_KA {} Q6_K {}",
-                            aligned[i], plain[i]
-                        );
+                let plain = run(false);
+                // Session 20: the copy read with Q6_KA's and with Q6_KU's decoding.
+                for q6u in [false, true] {
+                    g.q6u.set(q6u);
+                    let aligned = run(true);
+                    let e = rel_err(&aligned, if acc { &want_acc } else { &want });
+                    assert!(
+                        e < 5e-6,
+                        "{case} q6u={q6u} accumulate={acc}: relative error {e:e}"
+                    );
+                    if twin {
+                        if let Some(i) = plain
+                            .iter()
+                            .zip(&aligned)
+                            .position(|(a, b)| a.to_bits() != b.to_bits())
+                        {
+                            panic!(
+                                "{case} q6u={q6u} accumulate={acc}: row {i}: copy {} Q6_K {}",
+                                aligned[i], plain[i]
+                            );
+                        }
                     }
                 }
+                g.q6u.set(true);
             }
         }
         g.mvr_warps.set(4);
