@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-mvh] [--ab-q6u]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-pdl-early]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -958,41 +958,51 @@ fn main() {
         b.gpu().mvsm.set(orig);
         b.reset_graphs();
     }
-    // --ab-mvh (session 20): the one-token Q4_K SwiGLU product as the half-unit kernel on the
-    // FFN norm's permuted activation (`Gpu::mvh`, on the default path since session 20) or the
-    // unit kernel, alternating over three rounds, decode chains of 8.
-    if args.iter().any(|a| a == "--ab-mvh") {
-        let orig = b.gpu().mvh.get();
+    // --ab-pdl-early (session 20): every kernel letting its successor start before its own
+    // wait (`Gpu::set_pdl_early`) or after it, alternating over three rounds, decode chains of
+    // 8 and the eager steps' `step_greedy`.
+    if args.iter().any(|a| a == "--ab-pdl-early") {
+        let orig = b.gpu().pdl_early();
         for on in [true, false, true, false, true, false] {
-            b.set_mvh(on);
-            for d in [0usize, depth] {
-                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
-                println!(
-                    "a/b mvh={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
+            if let Err(e) = b.gpu().set_pdl_early(on) {
+                println!("a/b pdl_early: {e}");
+                break;
             }
-        }
-        b.set_mvh(orig);
-    }
-    // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in
-    // the mixed Q/K/V launch) with Q6_KU's decoding (the default) or Q6_KA's, alternating over
-    // three rounds, decode chains of 8; then each mode's product-class timings.
-    if args.iter().any(|a| a == "--ab-q6u") {
-        let orig = b.gpu().q6u.get();
-        for on in [true, false, true, false, true, false] {
-            b.gpu().q6u.set(on);
             b.reset_graphs();
             for d in [0usize, depth] {
                 let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
                 println!(
-                    "a/b q6u={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    "a/b pdl_early={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
             }
         }
+        let _ = b.gpu().set_pdl_early(orig);
+        b.reset_graphs();
+    }
+    // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in
+    // the mixed Q/K/V launch) with Q6_KU's decoding (the default), with it except for the
+    // rows wider than the mvr kernels take (the down projection, `Gpu::q6u_wide` off), or with
+    // Q6_KA's, alternating over three rounds, decode chains of 8; then the product-class
+    // timings of the first and last.
+    if args.iter().any(|a| a == "--ab-q6u") {
+        let (orig, orig_w) = (b.gpu().q6u.get(), b.gpu().q6u_wide.get());
+        let modes = [(true, true), (true, false), (false, false)];
+        for (on, wide) in modes.iter().chain(&modes).chain(&modes).copied() {
+            b.gpu().q6u.set(on);
+            b.gpu().q6u_wide.set(wide);
+            b.reset_graphs();
+            for d in [0usize, depth] {
+                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
+                println!(
+                    "a/b q6u={on} wide={wide} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    m * 1e3 / 128.0,
+                    128.0 / m
+                );
+            }
+        }
+        b.gpu().q6u_wide.set(orig_w);
         for on in [true, false] {
             b.gpu().q6u.set(on);
             b.reset_graphs();

@@ -181,8 +181,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         cp_async_commit();
     };
     if (!EARLY) {
-        pdl_wait();
-        pdl_launch();
+        pdl_sync();
     }
     // Tiles 0 and 1 take stages 0 and 1; tile k + 1 (k >= 1) is issued in iteration k.
     issue(0, 0);
@@ -193,8 +192,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // rows hold it).
     bool own_st = false;
     if (EARLY) {
-        pdl_wait();
-        pdl_launch();
+        pdl_sync();
         if (own < p1) {
             own_tile = (own - p0) / FA_BK;
             own_st = WP ? warp == (own - p0) % FA_BK / 16 && lane < CH : tid < CH;

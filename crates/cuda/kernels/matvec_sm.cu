@@ -31,8 +31,7 @@ __device__ void mvsm_impl(const u8* __restrict__ w, int rows, int cols, const i8
             cp_async16(smw + i, src + i, 16);
         cp_async_commit();
     }
-    pdl_wait();
-    pdl_launch();
+    pdl_sync();
     if (first >= last) return;
     cp_async_wait<0>();
     __syncthreads();

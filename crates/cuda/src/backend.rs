@@ -2717,24 +2717,13 @@ impl CudaBackend {
                 })
             };
             // Session 16: for the half-unit Q4_K product the norm stores the permuted layout.
-            // Session 20: also on the default path (no fused quantization of the down
-            // product's activation: quantize_act makes it from the SwiGLU row, as for the unit
-            // kernel).
-            let mvh_plain = n == 1
-                && matvec_path
-                && no_trace
-                && l.gate.host.is_none()
-                && l.up.host.is_none()
-                && l.gate.ty == l.up.ty
-                && l.gate.rows == ff;
             let perm_ffn = !prep_ffn
                 && gpu.mvh_fits(l.gate.ty, l.gate.cols)
-                && (mvh_plain
-                    || df_ok(&Acts {
-                        q: gf.map(|g| (s.xn.ptr(), g)),
-                        ..Acts::default()
-                    })
-                    .is_some());
+                && df_ok(&Acts {
+                    q: gf.map(|g| (s.xn.ptr(), g)),
+                    ..Acts::default()
+                })
+                .is_some();
             let mut perm_used = false;
             if !prep_ffn {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
@@ -2761,9 +2750,9 @@ impl CudaBackend {
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
             let df = df_ok(&qc);
-            if perm_used && df.is_none() && !mvh_plain {
+            if perm_used && df.is_none() {
                 return Err(CudaError::Arg(format!(
-                    "layer {li}: permuted FFN activation without a half-unit SwiGLU product"
+                    "layer {li}: permuted FFN activation without the fused SwiGLU product"
                 )));
             }
             // v10: gate and up as one GEMM on the fused copy (batched cuBLAS steps).
@@ -2830,21 +2819,7 @@ impl CudaBackend {
                 qc = Acts::default();
                 continue;
             }
-            if perm_used {
-                // Session 20: the half-unit SwiGLU product on the permuted activation; the
-                // buffers then hold that layout, which nothing after it reads.
-                gpu.matvec_q_swiglu_half(
-                    l.gate.q.ptr(),
-                    l.up.q.ptr(),
-                    ff,
-                    l.gate.cols,
-                    s.aq.ptr(),
-                    s.ad.ptr(),
-                    s.g.ptr(),
-                    None,
-                )?;
-                qc = Acts::default();
-            } else if prep_ffn {
+            if prep_ffn {
                 let ap = kernels::ActPrep {
                     x: s.x.ptr(),
                     norm: l.ffn_norm.ptr(),

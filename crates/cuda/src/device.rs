@@ -201,6 +201,10 @@ pub struct Gpu {
     /// Kernels are launched with programmatic dependent launch (sm_90 and later; every kernel
     /// waits for its predecessor itself, see common.cu): on unless `CROSSOVER_CUDA_PDL=0`.
     pub pdl: std::cell::Cell<bool>,
+    /// Session 20: every kernel lets its successor start before it waits for its own
+    /// predecessor (common.cu, `pdl_sync`), so pre-wait prologues may overlap the kernel two
+    /// back: set through [`Gpu::set_pdl_early`]; off unless `CROSSOVER_CUDA_PDL_EARLY=1`.
+    pdl_early: std::cell::Cell<bool>,
     /// One-token decode steps fuse RoPE and the KV store into the Q/K/V launch and (with
     /// `fuse_quant`) the activation quantizations into the SwiGLU product and the attention
     /// merge (v6): on unless `CROSSOVER_CUDA_FUSE=0`.
@@ -282,11 +286,17 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_Q6A=0` (then no copy is made). On the H200 the head took 100 us instead
     /// of 117, a down projection 9.5 instead of 11.4 (docs/perf/cuda.md session 18).
     pub q6a: std::cell::Cell<bool>,
-    /// Session 20: the one-token products on the Q6_KA copies decode the 6-bit values unsigned
-    /// and take the - 32 from the activation's sums of 16 (`mvr4_q6_ku`, `mvqp_q6_ku`,
-    /// `mvsm_q6_ku`: the same int32 sums, so the same bits, with fewer operations per word): on
-    /// unless `CROSSOVER_CUDA_Q6U=0` (docs/perf/cuda.md session 20).
+    /// Session 20: the one-token products on the Q6_KA copies (the output head, V in the mixed
+    /// Q/K/V launch) decode the 6-bit values unsigned and take the - 32 from the activation's
+    /// sums of 16 (`mvr4_q6_ku`, `mvr4_rope2_*_q6_ku`, `mvsm_q6_ku`: the same int32 sums, so the
+    /// same bits, with fewer operations per word): on unless `CROSSOVER_CUDA_Q6U=0` (on the
+    /// H200 -0.018 ms per token at depth 0, -0.015 at 4096, docs/perf/cuda.md session 20).
     pub q6u: std::cell::Cell<bool>,
+    /// With [`Gpu::q6u`], Q6_KU's decoding also for rows wider than the `mvr` kernels take (the
+    /// block-per-row down projection, `mvqp_q6_ku`): off unless `CROSSOVER_CUDA_Q6U_WIDE=1` (on
+    /// the H200 the 3B step took 1.265-1.269 ms with it against 1.258-1.259 without, at depth
+    /// 0, docs/perf/cuda.md session 20).
+    pub q6u_wide: std::cell::Cell<bool>,
     /// Session 19: one-token products of at most [`crate::kernels::MVSM_MAX_BYTES`] weight bytes
     /// per block (the output and down projections of a 3B model fit) stage their rows in
     /// shared memory before the PDL wait (`mvsm_*`, the `mvr` kernels' bits where those take
@@ -454,7 +464,7 @@ impl Gpu {
         } else {
             (None, blas_missing.clone())
         };
-        Ok(Gpu {
+        let gpu = Gpu {
             prof: RefCell::new(None),
             skip: RefCell::new(Vec::new()),
             lt,
@@ -469,6 +479,7 @@ impl Gpu {
             funcs,
             names,
             _module: module,
+            pdl_early: std::cell::Cell::new(false),
             blas,
             side,
             side_pending: std::cell::Cell::new(false),
@@ -523,6 +534,9 @@ impl Gpu {
             ),
             q6a: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6A").as_deref() != Ok("0")),
             q6u: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6U").as_deref() != Ok("0")),
+            q6u_wide: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_Q6U_WIDE").as_deref() == Ok("1"),
+            ),
             mvsm: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVSM").as_deref() != Ok("0")),
             mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
             wave_cap: std::cell::Cell::new(0),
@@ -549,7 +563,10 @@ impl Gpu {
             attn_wp: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
             ),
-        })
+        };
+        // Session 20: the PDL order of every kernel (common.cu, pdl_sync) from the start.
+        gpu.set_pdl_early(std::env::var("CROSSOVER_CUDA_PDL_EARLY").as_deref() == Ok("1"))?;
+        Ok(gpu)
     }
 
     /// The side stream and its events, or None when any of them cannot be made.
@@ -790,6 +807,34 @@ impl Gpu {
     }
 
     /// Wait for all queued work; reports errors of earlier kernels.
+    /// Session 20: whether every kernel lets its successor start before it waits for its own
+    /// predecessor (the `pdl_early_c` constant of common.cu, read by every kernel at its start;
+    /// graphs captured before keep working and take the new order from their next replay).
+    /// Waits for the stream first, so no running kernel sees the change.
+    pub fn set_pdl_early(&self, on: bool) -> Result<(), CudaError> {
+        self.sync()?;
+        let mut sym = self
+            ._module
+            .get_global("pdl_early_c", &self.stream)
+            .map_err(drv("the pdl_early_c constant"))?;
+        let mut v = unsafe {
+            // SAFETY: the symbol is one int (common.cu); the view is 4 bytes long.
+            sym.transmute_mut::<i32>(1)
+        }
+        .ok_or_else(|| CudaError::Arg("pdl_early_c is not one int".into()))?;
+        self.stream
+            .memcpy_htod(&[on as i32], &mut v)
+            .map_err(drv("setting pdl_early_c"))?;
+        self.sync()?;
+        self.pdl_early.set(on);
+        Ok(())
+    }
+
+    /// Whether [`Gpu::set_pdl_early`] is on.
+    pub fn pdl_early(&self) -> bool {
+        self.pdl_early.get()
+    }
+
     pub fn sync(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }

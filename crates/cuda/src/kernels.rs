@@ -1162,6 +1162,7 @@ impl Gpu {
             i32_of(cols, "cols")?,
             accumulate as i32,
         );
+        let t = if self.q6u_wide.get() { t } else { "q6_ka" };
         self.launch_id(
             self.kernel_id(&format!("mvqp_{t}"))?,
             (u32_of(rows, "rows")?, 1, 1),

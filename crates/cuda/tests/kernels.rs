@@ -3986,6 +3986,7 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
     g.warp_rows.set(false);
     g.mvr_lb4.set(true);
     g.mvq_pf.set(true);
+    let (q6u0, q6w0) = (g.q6u.get(), g.q6u_wide.get());
     for &(rows, cols) in &[
         (301usize, 3072usize),
         (64, 8192),
@@ -4063,6 +4064,7 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
                 // Session 20: the copy read with Q6_KA's and with Q6_KU's decoding.
                 for q6u in [false, true] {
                     g.q6u.set(q6u);
+                    g.q6u_wide.set(q6u);
                     let aligned = run(true);
                     let e = rel_err(&aligned, if acc { &want_acc } else { &want });
                     assert!(
@@ -4082,7 +4084,8 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
                         }
                     }
                 }
-                g.q6u.set(true);
+                g.q6u.set(q6u0);
+                g.q6u_wide.set(q6w0);
             }
         }
         g.mvr_warps.set(4);

@@ -778,37 +778,76 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
         let a = run(&mut gpu, true);
         let b = run(&mut gpu, false);
         let c = run(&mut gpu, true);
-        let same = |x: &[Vec<f32>], y: &[Vec<f32>]| {
-            x.iter()
-                .zip(y)
-                .filter(|(u, v)| {
-                    u.iter()
-                        .zip(v.iter())
-                        .all(|(s, t)| s.to_bits() == t.to_bits())
-                })
-                .count()
+        assert_forms_agree(&path, (&a, &b, &c), steps * (1 + p), "the aligned copies");
+    }
+}
+
+/// Two forms of the same decode (`a` and `c` one form, `b` the other) differ by no more than
+/// two runs of one form do: the check of the bit-identity tests above and below.
+fn assert_forms_agree(
+    path: &std::path::Path,
+    (a, b, c): (&[Vec<f32>], &[Vec<f32>], &[Vec<f32>]),
+    rows: usize,
+    what: &str,
+) {
+    let same = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        x.iter()
+            .zip(y)
+            .filter(|(u, v)| {
+                u.iter()
+                    .zip(v.iter())
+                    .all(|(s, t)| s.to_bits() == t.to_bits())
+            })
+            .count()
+    };
+    eprintln!(
+        "{}: {} rows; {} equal with and without {what}, {} between two runs with",
+        path.display(),
+        a.len(),
+        same(a, b),
+        same(a, c)
+    );
+    assert_eq!(a.len(), rows);
+    assert!(a.iter().flatten().all(|v| v.is_finite()));
+    let diff = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        x.iter()
+            .zip(y)
+            .flat_map(|(u, v)| u.iter().zip(v).map(|(s, t)| (s - t).abs()))
+            .fold(0.0f32, f32::max)
+    };
+    let (d_form, d_same) = (diff(a, b), diff(a, c));
+    eprintln!("largest difference between the forms {d_form:e}, between runs {d_same:e}");
+    assert!(
+        d_form <= d_same,
+        "{what} changed the logits by {d_form:e} (runs differ by {d_same:e})"
+    );
+}
+
+/// Session 20: every kernel letting its successor start before its own wait
+/// (`Gpu::set_pdl_early`) changes only when kernels start, never what they compute: the same
+/// prompts and tokens with it on, off and on again (one sequence, then `p` together, every
+/// decode step from a graph) must agree as two runs of one form do.
+#[test]
+fn early_dependent_launch_leaves_logits_unchanged() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED early_dependent_launch_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (3usize, 10usize, 9usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let orig = gpu.gpu().pdl_early();
+        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
+            gpu.gpu().set_pdl_early(on).expect("set_pdl_early");
+            gpu.reset_graphs();
+            decode_rows(gpu, &prompts, &toks, (p, steps, plen), &format!("pdl_early {on}"))
         };
-        eprintln!(
-            "{}: {} rows; {} equal with and without the aligned copies, {} between two runs with",
-            path.display(),
-            a.len(),
-            same(&a, &b),
-            same(&a, &c)
-        );
-        assert_eq!(a.len(), steps * (1 + p));
-        assert!(a.iter().flatten().all(|v| v.is_finite()));
-        let diff = |x: &[Vec<f32>], y: &[Vec<f32>]| {
-            x.iter()
-                .zip(y)
-                .flat_map(|(u, v)| u.iter().zip(v).map(|(s, t)| (s - t).abs()))
-                .fold(0.0f32, f32::max)
-        };
-        let (d_form, d_same) = (diff(&a, &b), diff(&a, &c));
-        eprintln!("largest difference between the forms {d_form:e}, between runs {d_same:e}");
-        assert!(
-            d_form <= d_same,
-            "the aligned copies changed the logits by {d_form:e} (runs differ by {d_same:e})"
-        );
+        let a = run(&mut gpu, true);
+        let b = run(&mut gpu, false);
+        let c = run(&mut gpu, true);
+        gpu.gpu().set_pdl_early(orig).expect("set_pdl_early");
+        assert_forms_agree(&path, (&a, &b, &c), steps * (1 + p), "the early launches");
     }
 }
 
