@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-pdl-early]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -958,27 +958,24 @@ fn main() {
         b.gpu().mvsm.set(orig);
         b.reset_graphs();
     }
-    // --ab-pdl-early (session 20): every kernel letting its successor start before its own
-    // wait (`Gpu::set_pdl_early`) or after it, alternating over three rounds, decode chains of
-    // 8 and the eager steps' `step_greedy`.
-    if args.iter().any(|a| a == "--ab-pdl-early") {
-        let orig = b.gpu().pdl_early();
+    // --ab-mvsm-prep (session 20): the staged output projection quantizing the attention's
+    // merged rows itself (`Gpu::mvsm_prep`, no quantize_act / no quantizing merge before it) or
+    // not, alternating over three rounds, decode chains of 8.
+    if args.iter().any(|a| a == "--ab-mvsm-prep") {
+        let orig = b.gpu().mvsm_prep.get();
         for on in [true, false, true, false, true, false] {
-            if let Err(e) = b.gpu().set_pdl_early(on) {
-                println!("a/b pdl_early: {e}");
-                break;
-            }
+            b.gpu().mvsm_prep.set(on);
             b.reset_graphs();
             for d in [0usize, depth] {
                 let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
                 println!(
-                    "a/b pdl_early={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
+                    "a/b mvsm_prep={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
                     m * 1e3 / 128.0,
                     128.0 / m
                 );
             }
         }
-        let _ = b.gpu().set_pdl_early(orig);
+        b.gpu().mvsm_prep.set(orig);
         b.reset_graphs();
     }
     // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in

@@ -181,7 +181,8 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
         cp_async_commit();
     };
     if (!EARLY) {
-        pdl_sync();
+        pdl_wait();
+        pdl_launch();
     }
     // Tiles 0 and 1 take stages 0 and 1; tile k + 1 (k >= 1) is issued in iteration k.
     issue(0, 0);
@@ -192,7 +193,8 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // rows hold it).
     bool own_st = false;
     if (EARLY) {
-        pdl_sync();
+        pdl_wait();
+        pdl_launch();
         if (own < p1) {
             own_tile = (own - p0) / FA_BK;
             own_st = WP ? warp == (own - p0) % FA_BK / 16 && lane < CH : tid < CH;

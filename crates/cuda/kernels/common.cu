@@ -38,24 +38,11 @@ __device__ __forceinline__ void pdl_launch() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Session 20 (`Gpu::set_pdl_early`, off unless CROSSOVER_CUDA_PDL_EARLY=1): let the successor
-// start *before* waiting for the predecessor, so a kernel's pre-wait prologue (weight prefetches
-// and copies, early KV copies) may overlap the kernel two back as well. Safe for the data: a
-// kernel still touches produced data only after its own wait, which returns once its
-// predecessor has finished, and that one finished only after its own wait. The successor's
-// blocks launch only once every block of this kernel has started, so the chain runs ahead only
-// as far as the SMs have room. Read before the wait: a constant the host sets between steps.
-__constant__ int pdl_early_c;
-__device__ __forceinline__ void pdl_sync() {
-    if (pdl_early_c) {
-        pdl_launch();
-        pdl_wait();
-    } else {
-        pdl_wait();
-        pdl_launch();
-    }
-}
-#define PDL_ENTRY() pdl_sync()
+#define PDL_ENTRY() \
+    do { \
+        pdl_wait(); \
+        pdl_launch(); \
+    } while (0)
 
 // One step of a (value, index) argmax: the larger value wins, the lower index among equals, and
 // a NaN never wins (every comparison with it is false).

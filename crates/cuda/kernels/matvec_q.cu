@@ -870,7 +870,8 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
             }
         }
     }
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     if (PREP) {
         __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
         __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
@@ -970,7 +971,8 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             if (a < b) prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
         }
     }
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
         if (row >= total) return;
@@ -1019,7 +1021,8 @@ __device__ void mvw_impl(const u8* __restrict__ w, int rows, int cols,
     int first = blockIdx.x * MVW_ROWS;
     int nr = min(MVW_ROWS, rows - first);
     if (prefetch) prefetch_l2(w + (long long)first * rb, (long long)nr * rb);
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     if (px) {
         mvr_prep<T>(px, (const float*)0, 0.0f, cols, sq, sd, shd);
         aq = sq;
@@ -1168,7 +1171,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         int a = g0 * MV6_ROWS, e = min((g0 + nw * min(loops, 2)) * MV6_ROWS, rows);
         if (a < e) prefetch_l2(w + (long long)a * rb, (long long)(e - a) * rb);
     }
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     for (int k = 0; k < loops; k++) {
         int grp = g0 + warp + k * nw;
         if (grp >= groups) return;
@@ -1229,7 +1233,8 @@ __device__ void mvd_impl(const u8* __restrict__ w, int rows, int cols, const i8*
     long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
     const u8* wr = w + (long long)row * rb;
     if (prefetch & 1) warp_prefetch_l2(wr, rb);
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     float acc = 0.0f;
     for (int u0 = lane; u0 < units; u0 += 32 * MVD_U) {
         int q[MVD_U][8];
@@ -1321,7 +1326,8 @@ extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
         prefetch_l2(wg + first * rb, (last - first) * rb);
         prefetch_l2(wu + first * rb, (last - first) * rb);
     }
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     if (row >= rows) return;
     const u8* g0 = wg + (long long)row * rb;
     const u8* u0 = wu + (long long)row * rb;

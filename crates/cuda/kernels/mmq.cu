@@ -127,7 +127,8 @@ __device__ void mmq_impl(const u8* __restrict__ w, int rows, int cols, const i8*
     // per load: v7's first version ran at 0.1 TB/s).
     int lr = tid >> 1, lu = (tid & 1) * 4;
     bool lrow_ok = row0 + lr < rows;
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     auto issue = [&](int k0, int st) {
         u8* As = stages + st * STG;
         float2* Ds = (float2*)(As + NTOK * MMQ_AS);

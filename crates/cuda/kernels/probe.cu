@@ -39,7 +39,8 @@ __device__ void probe_ld_impl(const uint4* __restrict__ p, long long n16, long l
     long long b0 = (long long)blockIdx.x * per_block;
     long long b1 = min(n16, b0 + per_block);
     if (prefetch && b0 < b1) prefetch_l2((const u8*)(p + b0), (b1 - b0) * 16);
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     u32 acc = 0;
     long long step = blockDim.x;
     long long i = b0 + threadIdx.x;
@@ -88,7 +89,8 @@ extern "C" __global__ void __launch_bounds__(256) probe_cp(const uint4* p, long 
         issue(c + (long long)s * nw, s);
         cp_async_commit();
     }
-    pdl_sync();
+    pdl_wait();
+    pdl_launch();
     u32 acc = 0;
     for (int s = 0; c < chunks; c += nw, s = (s + 1) % PROBE_CP_D) {
         cp_async_wait<PROBE_CP_D - 1>();

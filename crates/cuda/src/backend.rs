@@ -2244,6 +2244,9 @@ impl CudaBackend {
                 && qf.is_some();
             // ... with the RMSNorm and quantization inside that launch too.
             let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
+            // Session 20: whether the output projection takes the attention's f32 rows and
+            // quantizes them itself (set with the one-token attention below).
+            let mut o_from_f32 = false;
             let ss_in = std::mem::take(&mut ss_full);
             let mut ss_clear = 0u64;
             if !prep_qkv {
@@ -2483,10 +2486,14 @@ impl CudaBackend {
                 // Session 18: one split (a context of one tile) writes the merged rows from the
                 // attention itself, then quantize_act: merge_q's bits, a lighter launch.
                 let direct = mq.filter(|_| ns1 == 1 && self.one_direct && self.one_early);
+                // Session 20: the staged output projection quantizes the merged rows itself.
+                o_from_f32 = mq.is_some() && gpu.mvsm_prep_fits(l.wo.ty, l.wo.rows, l.wo.cols);
                 if let Some(f) = direct {
                     gpu.attn_one_direct(n, qkv, kv, nh, nkv, hd, a)?;
-                    gpu.quantize_act(a, n, qd, f, s.aq.ptr(), s.ad.ptr())?;
-                    qc.q = Some((a, f));
+                    if !o_from_f32 {
+                        gpu.quantize_act(a, n, qd, f, s.aq.ptr(), s.ad.ptr())?;
+                        qc.q = Some((a, f));
+                    }
                 } else {
                     let attn = if self.one_early {
                         Gpu::attn_one
@@ -2497,7 +2504,7 @@ impl CudaBackend {
                         gpu, n, qkv.0, qkv.1, qkv.2, kv.0, kv.1, kv.2, kv.3, kv.4, nh, nkv, hd,
                         ns1, p,
                     )?;
-                    if let Some(f) = mq {
+                    if let Some(f) = mq.filter(|_| !o_from_f32) {
                         gpu.attn_merge_q(n, p, tp, nh, hd, ns1, 0, a, f, s.aq.ptr(), s.ad.ptr())?;
                         qc.q = Some((a, f));
                     } else if self.one_merge && ns1 <= kernels::ATTN_MERGE_MAX_SPLIT {
@@ -2659,6 +2666,25 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wo.name)),
                     o => o,
                 })?;
+            } else if o_from_f32 {
+                let wrote = gpu
+                    .matvec_q_staged_prep(
+                        l.wo.ty,
+                        l.wo.q.ptr(),
+                        l.wo.rows,
+                        l.wo.cols,
+                        s.att.ptr(),
+                        s.x.ptr(),
+                        true,
+                        std::mem::take(&mut ss_clear),
+                    )
+                    .map_err(|e| match e {
+                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wo.name)),
+                        o => o,
+                    })?;
+                if wrote {
+                    ss_full = s.ss.at(SS_FFN * kernels::RMS_SLOTS * 8);
+                }
             } else {
                 let wrote = Self::linear_ss(
                     gpu,

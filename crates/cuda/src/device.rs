@@ -201,10 +201,6 @@ pub struct Gpu {
     /// Kernels are launched with programmatic dependent launch (sm_90 and later; every kernel
     /// waits for its predecessor itself, see common.cu): on unless `CROSSOVER_CUDA_PDL=0`.
     pub pdl: std::cell::Cell<bool>,
-    /// Session 20: every kernel lets its successor start before it waits for its own
-    /// predecessor (common.cu, `pdl_sync`), so pre-wait prologues may overlap the kernel two
-    /// back: set through [`Gpu::set_pdl_early`]; off unless `CROSSOVER_CUDA_PDL_EARLY=1`.
-    pdl_early: std::cell::Cell<bool>,
     /// One-token decode steps fuse RoPE and the KV store into the Q/K/V launch and (with
     /// `fuse_quant`) the activation quantizations into the SwiGLU product and the attention
     /// merge (v6): on unless `CROSSOVER_CUDA_FUSE=0`.
@@ -309,6 +305,11 @@ pub struct Gpu {
     /// output projection, not the down projection's 8192 columns, whose staging slowed the
     /// step on the H200, docs/perf/cuda.md session 19).
     pub mvsm_cols: std::cell::Cell<usize>,
+    /// Session 20: the one-token output projection, where it is staged ([`Gpu::mvsm`]),
+    /// quantizes the attention's merged rows itself ([`Gpu::matvec_q_staged_prep`]; the same
+    /// bits), so the attention's merge writes f32 rows only and no `quantize_act` runs between
+    /// them: `CROSSOVER_CUDA_MVSM_PREP` (docs/perf/cuda.md session 20).
+    pub mvsm_prep: std::cell::Cell<bool>,
     /// One-token products of rows wider than the `mvr` kernels take (the down projection)
     /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
     /// (`mvq_*_1`): off unless `CROSSOVER_CUDA_MVD=1` (on the H200 down got slower: 8.8 -> 9.9
@@ -464,7 +465,7 @@ impl Gpu {
         } else {
             (None, blas_missing.clone())
         };
-        let gpu = Gpu {
+        Ok(Gpu {
             prof: RefCell::new(None),
             skip: RefCell::new(Vec::new()),
             lt,
@@ -479,7 +480,6 @@ impl Gpu {
             funcs,
             names,
             _module: module,
-            pdl_early: std::cell::Cell::new(false),
             blas,
             side,
             side_pending: std::cell::Cell::new(false),
@@ -539,6 +539,9 @@ impl Gpu {
             ),
             mvsm: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVSM").as_deref() != Ok("0")),
             mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
+            mvsm_prep: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVSM_PREP").as_deref() == Ok("1"),
+            ),
             wave_cap: std::cell::Cell::new(0),
             warp_rows: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
@@ -563,10 +566,7 @@ impl Gpu {
             attn_wp: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
             ),
-        };
-        // Session 20: the PDL order of every kernel (common.cu, pdl_sync) from the start.
-        gpu.set_pdl_early(std::env::var("CROSSOVER_CUDA_PDL_EARLY").as_deref() == Ok("1"))?;
-        Ok(gpu)
+        })
     }
 
     /// The side stream and its events, or None when any of them cannot be made.
@@ -807,34 +807,6 @@ impl Gpu {
     }
 
     /// Wait for all queued work; reports errors of earlier kernels.
-    /// Session 20: whether every kernel lets its successor start before it waits for its own
-    /// predecessor (the `pdl_early_c` constant of common.cu, read by every kernel at its start;
-    /// graphs captured before keep working and take the new order from their next replay).
-    /// Waits for the stream first, so no running kernel sees the change.
-    pub fn set_pdl_early(&self, on: bool) -> Result<(), CudaError> {
-        self.sync()?;
-        let mut sym = self
-            ._module
-            .get_global("pdl_early_c", &self.stream)
-            .map_err(drv("the pdl_early_c constant"))?;
-        let mut v = unsafe {
-            // SAFETY: the symbol is one int (common.cu); the view is 4 bytes long.
-            sym.transmute_mut::<i32>(1)
-        }
-        .ok_or_else(|| CudaError::Arg("pdl_early_c is not one int".into()))?;
-        self.stream
-            .memcpy_htod(&[on as i32], &mut v)
-            .map_err(drv("setting pdl_early_c"))?;
-        self.sync()?;
-        self.pdl_early.set(on);
-        Ok(())
-    }
-
-    /// Whether [`Gpu::set_pdl_early`] is on.
-    pub fn pdl_early(&self) -> bool {
-        self.pdl_early.get()
-    }
-
     pub fn sync(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }

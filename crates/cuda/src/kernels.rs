@@ -252,6 +252,7 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
         v.push(format!("mvsm_{t}"));
+        v.push(format!("mvsmp_{t}"));
     }
     v
 }
@@ -1054,6 +1055,76 @@ impl Gpu {
         }
         let ppb = rows.div_ceil(2).div_ceil(self.sms as usize);
         (2 * ppb * rb <= MVSM_MAX_BYTES).then_some(ppb)
+    }
+
+    /// Whether [`Gpu::matvec_q_staged_prep`] takes a one-token product of `ty` (`rows` x
+    /// `cols`): [`Gpu::mvsm_prep`] on, Q4_K or Q5_K, whole 256-element groups of at most
+    /// `MVR_PREP_MAX` columns, and rows the staged products take ([`Gpu::mvsm_pairs`]).
+    pub fn mvsm_prep_fits(&self, ty: GgmlType, rows: usize, cols: usize) -> bool {
+        self.mvsm_prep.get()
+            && matches!(ty, GgmlType::Q4K | GgmlType::Q5K)
+            && cols.is_multiple_of(256)
+            && cols <= MVR_PREP_MAX
+            && self
+                .mvsm_pairs(rows, cols, matrix_bytes(ty, 1, cols))
+                .is_some()
+    }
+
+    /// Session 20: one token's `y (+)= W x` (and the squares into `ss` when not 0) by
+    /// `mvsmp_<type>`, the staged product that quantizes its f32 activation `px` itself (a
+    /// warp per 256-element group into shared memory: quantize_act's bytes), so the product
+    /// needs no quantization launch before it: the bits of [`Gpu::matvec_q_ss`] on
+    /// [`Gpu::quantize_act`]'s output (Q8_K). Only where [`Gpu::mvsm_prep_fits`]; returns
+    /// whether `ss` was added to.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_staged_prep(
+        &self,
+        ty: GgmlType,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        px: u64,
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<bool, CudaError> {
+        check_cols(ty, cols)?;
+        let rb = matrix_bytes(ty, 1, cols);
+        let ppb = match (
+            self.mvsm_prep_fits(ty, rows, cols),
+            self.mvsm_pairs(rows, cols, rb),
+        ) {
+            (true, Some(p)) => p,
+            _ => {
+                return Err(CudaError::Arg(format!(
+                    "staged product preparing its activation: {ty} {rows}x{cols} (Q4_K or Q5_K, \
+                     whole 256-column groups up to {MVR_PREP_MAX}, staged rows, switched on)"
+                )))
+            }
+        };
+        if !w.is_multiple_of(16) || !px.is_multiple_of(16) {
+            return Err(CudaError::Arg(format!(
+                "staged product preparing its activation: weights at {w:#x} or activation at \
+                 {px:#x} not 16-byte aligned"
+            )));
+        }
+        let name = if ty == GgmlType::Q4K { "q4_k" } else { "q5_k" };
+        let (rr, c, a, p) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+            i32_of(ppb, "row pairs")?,
+        );
+        let blocks = rows.div_ceil(2 * ppb);
+        let threads = 32 * ppb.min(16) as u32;
+        self.launch_id_smem(
+            self.kernel_id(&format!("mvsmp_{name}"))?,
+            (u32_of(blocks, "rows")?, 1, 1),
+            (threads, 1, 1),
+            u32_of(2 * ppb * rb, "staged bytes")?,
+            kargs![w, rr, c, px, y, a, p, ss],
+        )
+        .map(|_| ss != 0)
     }
 
     /// One token's `y (+)= W x` (and the squares into `ss` when not 0) by `mvsm_<name>` with

@@ -3244,7 +3244,9 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
         (5, 8192),
         (4001, 1024),
     ] {
-        let (qb, db, buf) = q8k_token(&g, &randn(&mut r, cols, 1.0));
+        let x = randn(&mut r, cols, 1.0);
+        let (qb, db, buf) = q8k_token(&g, &x);
+        let xb = g.upload(&x).unwrap();
         for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
             let what = format!("{ty} {rows}x{cols}");
             let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
@@ -3315,6 +3317,62 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
                     "{what} accumulate={acc}: rows with and without the sums of squares"
                 );
                 assert_slots_hold_squares(&g, &ss, &y1, &what);
+                // Session 20: the staged form quantizing its f32 activation itself gives the
+                // bits of the staged form on quantize_act's bytes, squares included.
+                g.mvsm_prep.set(true);
+                if pad.is_none() && cols <= 4096 {
+                    assert!(
+                        g.mvsm_prep_fits(ty, rows, cols),
+                        "{what}: the prep form fits"
+                    );
+                    let y = if acc {
+                        g.upload(&y0).unwrap()
+                    } else {
+                        poisoned(&g, rows)
+                    };
+                    let ss2 = g.upload(&vec![0f64; slots]).unwrap();
+                    let took = g
+                        .matvec_q_staged_prep(
+                            ty,
+                            w.ptr(),
+                            rows,
+                            cols,
+                            xb.ptr(),
+                            y.ptr(),
+                            acc,
+                            ss2.ptr(),
+                        )
+                        .unwrap();
+                    assert!(took, "{what}: prep form, sums of squares not taken");
+                    let y2: Vec<f32> = g.download(&y, rows).unwrap();
+                    if let Some(i) = y1
+                        .iter()
+                        .zip(&y2)
+                        .position(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        panic!(
+                            "{what} accumulate={acc}: row {i}: prep {} staged {}",
+                            y2[i], y1[i]
+                        );
+                    }
+                    assert_slots_hold_squares(&g, &ss2, &y2, &what);
+                } else {
+                    let y = poisoned(&g, rows);
+                    assert!(
+                        g.matvec_q_staged_prep(ty, w.ptr(), rows, cols, xb.ptr(), y.ptr(), acc, 0)
+                            .is_err(),
+                        "{what}: the prep form takes Q4_K and Q5_K up to 4096 columns"
+                    );
+                }
+                g.mvsm_prep.set(false);
+                if !matches!(ty, GgmlType::Q6K) && cols <= 4096 {
+                    let y = poisoned(&g, rows);
+                    assert!(
+                        g.matvec_q_staged_prep(ty, w.ptr(), rows, cols, xb.ptr(), y.ptr(), acc, 0)
+                            .is_err(),
+                        "{what}: the prep form switched off"
+                    );
+                }
             }
         }
     }

@@ -78,7 +78,8 @@ fn decode_setup(
         path.display()
     );
     let opts = CudaOptions {
-        ctx_size: 64,
+        // 64 positions, or whole tiles of 64 for longer prompts.
+        ctx_size: (plen + steps + 1).max(64).next_multiple_of(64),
         max_seqs: seqs,
         max_batch_tokens: 128,
         ..Default::default()
@@ -778,18 +779,14 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
         let a = run(&mut gpu, true);
         let b = run(&mut gpu, false);
         let c = run(&mut gpu, true);
-        assert_forms_agree(&path, (&a, &b, &c), steps * (1 + p), "the aligned copies");
+        assert_forms_agree(&path, [&a, &b, &c], steps * (1 + p), "the aligned copies");
     }
 }
 
 /// Two forms of the same decode (`a` and `c` one form, `b` the other) differ by no more than
 /// two runs of one form do: the check of the bit-identity tests above and below.
-fn assert_forms_agree(
-    path: &std::path::Path,
-    (a, b, c): (&[Vec<f32>], &[Vec<f32>], &[Vec<f32>]),
-    rows: usize,
-    what: &str,
-) {
+fn assert_forms_agree(path: &std::path::Path, runs: [&[Vec<f32>]; 3], rows: usize, what: &str) {
+    let [a, b, c] = runs;
     let same = |x: &[Vec<f32>], y: &[Vec<f32>]| {
         x.iter()
             .zip(y)
@@ -823,31 +820,42 @@ fn assert_forms_agree(
     );
 }
 
-/// Session 20: every kernel letting its successor start before its own wait
-/// (`Gpu::set_pdl_early`) changes only when kernels start, never what they compute: the same
-/// prompts and tokens with it on, off and on again (one sequence, then `p` together, every
-/// decode step from a graph) must agree as two runs of one form do.
+/// Session 20: the staged output projection quantizing the attention's merged rows itself
+/// (`Gpu::mvsm_prep`: no quantization launch between them) gives the bits of the merge that
+/// quantizes (or the one-split attention followed by quantize_act): the same prompts and tokens
+/// with it on, off and on again (one sequence, then `p` together, every decode step from a
+/// graph, contexts of one tile and of several) must agree as two runs of one form do.
 #[test]
-fn early_dependent_launch_leaves_logits_unchanged() {
+fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED early_dependent_launch_leaves_logits_unchanged: {e}");
+        eprintln!("SKIPPED output_projection_quantizing_its_rows_leaves_logits_unchanged: {e}");
         return;
     }
     let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 9usize);
+    let (p, steps) = (3usize, 10usize);
     for path in models() {
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
-        let orig = gpu.gpu().pdl_early();
-        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
-            gpu.gpu().set_pdl_early(on).expect("set_pdl_early");
-            gpu.reset_graphs();
-            decode_rows(gpu, &prompts, &toks, (p, steps, plen), &format!("pdl_early {on}"))
-        };
-        let a = run(&mut gpu, true);
-        let b = run(&mut gpu, false);
-        let c = run(&mut gpu, true);
-        gpu.gpu().set_pdl_early(orig).expect("set_pdl_early");
-        assert_forms_agree(&path, (&a, &b, &c), steps * (1 + p), "the early launches");
+        // Prompts of 9 positions (one attention split) and of 70 (several, merged).
+        for plen in [9usize, 70] {
+            let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+            let orig = gpu.gpu().mvsm_prep.get();
+            let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
+                gpu.gpu().mvsm_prep.set(on);
+                gpu.reset_graphs();
+                decode_rows(
+                    gpu,
+                    &prompts,
+                    &toks,
+                    (p, steps, plen),
+                    &format!("mvsm_prep {on}"),
+                )
+            };
+            let a = run(&mut gpu, true);
+            let b = run(&mut gpu, false);
+            let c = run(&mut gpu, true);
+            gpu.gpu().mvsm_prep.set(orig);
+            let what = format!("the output projection quantizing its rows (prompts of {plen})");
+            assert_forms_agree(&path, [&a, &b, &c], steps * (1 + p), &what);
+        }
     }
 }
 
