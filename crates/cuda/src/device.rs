@@ -305,10 +305,11 @@ pub struct Gpu {
     /// output projection, not the down projection's 8192 columns, whose staging slowed the
     /// step on the H200, docs/perf/cuda.md session 19).
     pub mvsm_cols: std::cell::Cell<usize>,
-    /// Session 20: the one-token output projection, where it is staged ([`Gpu::mvsm`]),
-    /// quantizes the attention's merged rows itself ([`Gpu::matvec_q_staged_prep`]; the same
-    /// bits), so the attention's merge writes f32 rows only and no `quantize_act` runs between
-    /// them: `CROSSOVER_CUDA_MVSM_PREP` (docs/perf/cuda.md session 20).
+    /// Session 20: after a one-token attention of one split (contexts of up to 64 positions),
+    /// the output projection, where it is staged ([`Gpu::mvsm`]), quantizes the attention's
+    /// rows itself ([`Gpu::matvec_q_staged_prep`]; the same bits), so no `quantize_act` runs
+    /// between them: on unless `CROSSOVER_CUDA_MVSM_PREP=0` (on the H200 the 3B step at depth
+    /// 0 took 1.235-1.238 ms with it against 1.263-1.264, docs/perf/cuda.md session 20).
     pub mvsm_prep: std::cell::Cell<bool>,
     /// One-token products of rows wider than the `mvr` kernels take (the down projection)
     /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
@@ -540,7 +541,7 @@ impl Gpu {
             mvsm: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVSM").as_deref() != Ok("0")),
             mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
             mvsm_prep: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVSM_PREP").as_deref() == Ok("1"),
+                std::env::var("CROSSOVER_CUDA_MVSM_PREP").as_deref() != Ok("0"),
             ),
             wave_cap: std::cell::Cell::new(0),
             warp_rows: std::cell::Cell::new(

@@ -3232,6 +3232,7 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
     let slots = cuda::kernels::RMS_SLOTS;
     // Every width, the down projection's too.
     g.mvsm_cols.set(usize::MAX);
+    let prep0 = g.mvsm_prep.get();
     g.q6_half.set(false);
     g.warp_rows.set(false);
     g.mvr_lb4.set(true);
@@ -3365,7 +3366,8 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
                     );
                 }
                 g.mvsm_prep.set(false);
-                if !matches!(ty, GgmlType::Q6K) && cols <= 4096 {
+                let switched_off = !matches!(ty, GgmlType::Q6K) && cols <= 4096;
+                if switched_off {
                     let y = poisoned(&g, rows);
                     assert!(
                         g.matvec_q_staged_prep(ty, w.ptr(), rows, cols, xb.ptr(), y.ptr(), acc, 0)
@@ -3373,6 +3375,7 @@ fn staged_products_equal_mvr_products_and_cpu_scalar_vec_dot() {
                         "{what}: the prep form switched off"
                     );
                 }
+                g.mvsm_prep.set(prep0);
             }
         }
     }
