@@ -27,6 +27,16 @@ fn test_rng() -> rand_chacha::ChaCha8Rng {
     rand_chacha::ChaCha8Rng::seed_from_u64(seed)
 }
 
+/// Session 21: the tests of this file take the GPU one at a time. Run side by side (the test
+/// harness's threads), backends of one process share the device's primary context, and a
+/// cuBLAS GEMM in one thread while another thread captured a graph failed with
+/// CUBLAS_STATUS_EXECUTION_FAILED, and a capture failed in turn (docs/perf/cuda.md session 21).
+/// The runtime never does that: one actor owns each GPU.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn models() -> Vec<std::path::PathBuf> {
     if let Ok(v) = std::env::var("CROSSOVER_CUDA_MODELS") {
         return v
@@ -97,6 +107,7 @@ fn decode_setup(
 
 #[test]
 fn gpu_logits_agree_with_cpu_backend() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED gpu_logits_agree_with_cpu_backend: {e}");
         return;
@@ -256,6 +267,7 @@ fn gpu_logits_agree_with_cpu_backend() {
 /// teacher-forced on the same random tokens: mean KL <= 0.01 and top-1 >= 0.99 on decisive rows.
 #[test]
 fn wide_batch_decode_agrees_with_single_sequence_decode() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED wide_batch_decode_agrees_with_single_sequence_decode: {e}");
         return;
@@ -409,6 +421,7 @@ fn decode_rows(
 /// each other (zero where the products are deterministic).
 #[test]
 fn side_prefetch_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED side_prefetch_leaves_logits_unchanged: {e}");
         return;
@@ -462,6 +475,7 @@ fn side_prefetch_leaves_logits_unchanged() {
 /// the products are deterministic: the f64 sums are exact but for rare last-bit roundings).
 #[test]
 fn rms_norm_from_partial_sums_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED rms_norm_from_partial_sums_leaves_logits_unchanged: {e}");
         return;
@@ -522,6 +536,7 @@ fn rms_norm_from_partial_sums_leaves_logits_unchanged() {
 /// against them, not asserted: another float order of the merge.
 #[test]
 fn one_token_split_classes_replay_the_eager_bits() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED one_token_split_classes_replay_the_eager_bits: {e}");
         return;
@@ -608,6 +623,7 @@ fn one_token_split_classes_replay_the_eager_bits() {
 /// the host's exactly (the lowest index of the largest logit).
 #[test]
 fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows: {e}");
         return;
@@ -760,6 +776,7 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
 /// runs of one form do (zero but for the RMS slots' rare last-bit roundings of their f64 sums).
 #[test]
 fn aligned_q6k_copies_leave_logits_unchanged() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED aligned_q6k_copies_leave_logits_unchanged: {e}");
         return;
@@ -827,6 +844,7 @@ fn assert_forms_agree(path: &std::path::Path, runs: [&[Vec<f32>]; 3], rows: usiz
 /// graph, contexts of one tile and of several) must agree as two runs of one form do.
 #[test]
 fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED output_projection_quantizing_its_rows_leaves_logits_unchanged: {e}");
         return;
@@ -856,6 +874,47 @@ fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
             let what = format!("the output projection quantizing its rows (prompts of {plen})");
             assert_forms_agree(&path, [&a, &b, &c], steps * (1 + p), &what);
         }
+    }
+}
+
+/// Session 21: the down projection quantizing the SwiGLU output itself on thread block
+/// clusters (`Gpu::down_cl`: no quantize_act launch before it) gives the bits of quantize_act
+/// then the block-per-row product: the same prompts and tokens with it on, off and on again
+/// (one sequence, then `p` together, every decode step from a graph) must agree as two runs of
+/// one form do.
+#[test]
+fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED down_projection_quantizing_its_activation_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (3usize, 10usize, 20usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let orig = gpu.gpu().down_cl.get();
+        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
+            gpu.gpu().down_cl.set(on);
+            gpu.reset_graphs();
+            decode_rows(
+                gpu,
+                &prompts,
+                &toks,
+                (p, steps, plen),
+                &format!("down_cl {on}"),
+            )
+        };
+        let a = run(&mut gpu, true);
+        let b = run(&mut gpu, false);
+        let c = run(&mut gpu, true);
+        gpu.gpu().down_cl.set(orig);
+        assert_forms_agree(
+            &path,
+            [&a, &b, &c],
+            steps * (1 + p),
+            "the down projection quantizing its activation",
+        );
     }
 }
 
@@ -889,6 +948,7 @@ fn lead(l: &[f32]) -> f32 {
 /// 19, docs/perf/cuda.md). Random-weight files seldom have firm rows; the real file has many.
 #[test]
 fn real_prompts_and_greedy_steps_pick_the_cpus_firm_tokens() {
+    let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED real_prompts_and_greedy_steps_pick_the_cpus_firm_tokens: {e}");
         return;
