@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -978,6 +978,40 @@ fn main() {
         b.gpu().mvsm_prep.set(orig);
         b.reset_graphs();
     }
+    // --ab-downcl (session 21): the down projection quantizing the SwiGLU output itself on
+    // thread block clusters (`Gpu::down_cl`, no quantize_act launch) or not, alternating over
+    // three rounds, decode chains of 8.
+    // Modes: (on, blocks per cluster, blocks per SM looping over rows; 0: a block per row).
+    if args.iter().any(|a| a == "--ab-downcl") {
+        let g = b.gpu();
+        let orig = (g.down_cl.get(), g.mvqc_cluster.get(), g.mvqc_per_sm.get());
+        let modes = [
+            (false, 8u32, 0usize),
+            (true, 8, 0),
+            (true, 4, 0),
+            (true, 2, 0),
+            (true, 1, 0),
+            (true, 8, 4),
+            (true, 8, 8),
+            (true, 4, 8),
+        ];
+        for (on, cl, per_sm) in modes.iter().chain(&modes).copied() {
+            b.gpu().down_cl.set(on);
+            b.gpu().mvqc_cluster.set(cl);
+            b.gpu().mvqc_per_sm.set(per_sm);
+            b.reset_graphs();
+            let m = tg128_chain(&mut b, &mut toks, &mut seq, 0, 4, 8);
+            println!(
+                "a/b down_cl={on} cluster={cl} per_sm={per_sm} chain=8: tg128 @ depth 0: {:.3} ms/token ({:.0} tok/s)",
+                m * 1e3 / 128.0,
+                128.0 / m
+            );
+        }
+        b.gpu().down_cl.set(orig.0);
+        b.gpu().mvqc_cluster.set(orig.1);
+        b.gpu().mvqc_per_sm.set(orig.2);
+        b.reset_graphs();
+    }
     // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in
     // the mixed Q/K/V launch) with Q6_KU's decoding (the default), with it except for the
     // rows wider than the mvr kernels take (the down projection, `Gpu::q6u_wide` off), or with
@@ -1133,7 +1167,11 @@ fn main() {
             "mvr_q",
             "mvr_swiglu",
             "mvqp_",
+            "mvqc_",
+            "mvsm",
         ];
+        // Session 21: the staged output projection (mvsm*), the cluster down (mvqc_) and the
+        // greedy pick (argmax) have classes of their own.
         let sets: &[&[&str]] = &[
             &[],
             &["rms_norm"],
@@ -1141,10 +1179,11 @@ fn main() {
             &["attn_one"],
             &["attn_merge"],
             &["mvr4_rope", "mvr_rope"],
-            &["mvr4_q4_k", "mvr_q4_k"],
+            &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
             &["mvr_swiglu"],
-            &["mvqp_", "mvq_"],
+            &["mvqp_", "mvq_", "mvqc_"],
             &["mvr4_q6_k", "mvr_q6_k"],
+            &["argmax"],
             &[],
             small,
             products,

@@ -557,12 +557,14 @@ __device__ __forceinline__ float unit_dot(const int* q, const typename QI<T>::P&
 // The block's threads (blockDim.x, a multiple of 32, at most 128) share one row (two for the
 // SwiGLU form): thread i takes units i, i + blockDim.x, ... so a row's bytes are read by many
 // warps at once (more loads in flight than one warp per row gives), then a block reduction.
+// `row` < 0: the block's own row, blockIdx.x; a block calling it for several rows (session 21's
+// persistent mvqc_*) synchronizes its threads between calls.
 template <int T, int NT, bool GLU>
 __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8* aq,
                          const float2* ad, int nt, float* y, int accumulate,
-                         double* ss = nullptr) {
+                         double* ss = nullptr, int row = -1) {
     __shared__ float sh[2][4][NT];
-    int row = blockIdx.x;
+    if (row < 0) row = blockIdx.x;
     if (row >= rows) return;
     int units = cols / 32;
     constexpr int UPB = Q<T>::BE / 32;

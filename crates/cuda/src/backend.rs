@@ -1887,8 +1887,27 @@ impl CudaBackend {
             }
         }
         let fmt = kernels::act_format(m.ty);
+        // Session 18: one token on the aligned Q6_K copy (the same bits), unless a switch
+        // picks one of the Q6_K forms that copy has no kernel for.
+        let q6a = m.q6a.as_ref().filter(|_| {
+            n == 1
+                && gpu.q6a.get()
+                && !gpu.q6_half.get()
+                && !gpu.warp_rows.get()
+                && gpu.mvr_lb4.get()
+                && gpu.pdl.get()
+                && gpu.mvq_pf.get()
+        });
         if let Some(f) = fmt {
             if acts.q != Some((x, f)) {
+                // Session 21: one token on a row too wide for the mvr kernels (the down
+                // projection): the product quantizes x itself on clusters (the same bits).
+                if n == 1 && gpu.mvqc_takes(m.ty, m.rows, m.cols, q6a.is_some()) {
+                    let w = q6a.map_or(m.q.ptr(), |b| b.ptr());
+                    return gpu
+                        .matvec_q_cluster(m.ty, q6a.is_some(), w, m.rows, m.cols, x, y, acc, ss)
+                        .map_err(name);
+                }
                 gpu.quantize_act(x, n, m.cols, f, s.aq.ptr(), s.ad.ptr())
                     .map_err(name)?;
                 acts.q = Some((x, f));
@@ -1899,17 +1918,6 @@ impl CudaBackend {
         while t0 < n {
             let nt = (n - t0).min(MV_MAX_NT);
             let yt = y + (t0 * m.rows * 4) as u64;
-            // Session 18: one token on the aligned Q6_K copy (the same bits), unless a switch
-            // picks one of the Q6_K forms that copy has no kernel for.
-            let q6a = m.q6a.as_ref().filter(|_| {
-                n == 1
-                    && gpu.q6a.get()
-                    && !gpu.q6_half.get()
-                    && !gpu.warp_rows.get()
-                    && gpu.mvr_lb4.get()
-                    && gpu.pdl.get()
-                    && gpu.mvq_pf.get()
-            });
             wrote = match (fmt, q6a) {
                 (Some(_), Some(wa)) => gpu.matvec_q6ka_ss(
                     m.ty,

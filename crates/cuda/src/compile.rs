@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("matvec_q.cu", include_str!("../kernels/matvec_q.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("matvec_sm.cu", include_str!("../kernels/matvec_sm.cu")),
+    ("matvec_cl.cu", include_str!("../kernels/matvec_cl.cu")),
     ("prefill.cu", include_str!("../kernels/prefill.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),

@@ -346,6 +346,19 @@ pub struct Gpu {
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
     pub mvq_pf: std::cell::Cell<bool>,
+    /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
+    /// projection) quantize their own f32 activation on thread block clusters of
+    /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
+    /// `quantize_act` then `mvqp_*`), so no quantization launch runs before them: off unless
+    /// `CROSSOVER_CUDA_DOWN_CL=1` (on the H200 the 3B step took 1.589-1.594 ms with a block per
+    /// row in clusters of 8 against 1.226-1.238 without, docs/perf/cuda.md session 21).
+    pub down_cl: std::cell::Cell<bool>,
+    /// Blocks per cluster of the `mvqc_*` products ([`Gpu::down_cl`]; 1 to 8, default
+    /// [`crate::kernels::MVQC_CLUSTER`]; `CROSSOVER_CUDA_MVQC_CL`).
+    pub mvqc_cluster: std::cell::Cell<u32>,
+    /// Blocks per multiprocessor of the `mvqc_*` grid, each looping over rows (0, the default:
+    /// one block per row; `CROSSOVER_CUDA_MVQC_PER_SM`).
+    pub mvqc_per_sm: std::cell::Cell<usize>,
     /// One-token RMSNorm (with its quantization) runs as one warp per 256-element group
     /// (`rms_norm1`, v11: no block barrier, rms_norm's bits): off unless
     /// `CROSSOVER_CUDA_RMS1=1` (on the H200 the step got slower: tg128 1.598 against 1.549 ms
@@ -559,6 +572,17 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
+            down_cl: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
+            ),
+            mvqc_cluster: std::cell::Cell::new(
+                env_usize(
+                    "CROSSOVER_CUDA_MVQC_CL",
+                    crate::kernels::MVQC_CLUSTER as usize,
+                )
+                .clamp(1, 8) as u32,
+            ),
+            mvqc_per_sm: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVQC_PER_SM", 0)),
             rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
             argmax_mb: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
@@ -947,6 +971,20 @@ impl Gpu {
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
+        self.launch_id_cluster(id, grid, block, smem, 1, args)
+    }
+
+    /// [`Gpu::launch_id_smem`] in thread block clusters of `cluster` blocks along x (session 21;
+    /// sm_90; `grid.0` a multiple of `cluster`); 1: no cluster.
+    pub(crate) fn launch_id_cluster(
+        &self,
+        id: usize,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        cluster: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
         let f = self
             .funcs
             .get(id)
@@ -979,14 +1017,31 @@ impl Gpu {
         // SAFETY: the argument list matches the kernel's C signature (each launch site in
         // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
         // size the kernel indexes, and the stream belongs to this context.
-        if self.pdl.get() {
+        if cluster > 1 && !grid.0.is_multiple_of(cluster) {
+            return Err(CudaError::Arg(format!(
+                "{name}: grid of {} blocks in clusters of {cluster}",
+                grid.0
+            )));
+        }
+        if self.pdl.get() || cluster > 1 {
             use cudarc::driver::sys;
             // SAFETY: an all-zero launch attribute is a valid (empty) value; the fields set
-            // below are the id and the one union member that id reads.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            // below are each one's id and the one union member that id reads.
+            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+            let mut na = 0;
+            if self.pdl.get() {
+                attrs[na].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[na].value.programmaticStreamSerializationAllowed = 1;
+                na += 1;
+            }
+            if cluster > 1 {
+                attrs[na].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[na].value.clusterDim.x = cluster;
+                attrs[na].value.clusterDim.y = 1;
+                attrs[na].value.clusterDim.z = 1;
+                na += 1;
+            }
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -996,10 +1051,10 @@ impl Gpu {
                 blockDimZ: block.2,
                 sharedMemBytes: smem,
                 hStream: self.stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: na as u32,
             };
-            // SAFETY: as for the plain launch below; `cfg` and `attr` outlive the call, and
+            // SAFETY: as for the plain launch below; `cfg` and `attrs` outlive the call, and
             // every kernel starts with griddepcontrol.wait (common.cu), so starting it before
             // its predecessor ends is safe.
             unsafe {

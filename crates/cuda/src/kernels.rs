@@ -254,6 +254,12 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvsm_{t}"));
         v.push(format!("mvsmp_{t}"));
     }
+    // Session 21: the one-token wide products that quantize their activation on a cluster.
+    for (_, t) in QTYPES {
+        v.push(format!("mvqc_{t}"));
+    }
+    v.push("mvqc_q6_ka".into());
+    v.push("mvqc_q6_ku".into());
     v
 }
 
@@ -264,6 +270,13 @@ pub const MVSM_TYPES: [&str; 4] = ["q4_k", "q5_k", "q6_ka", "q6_ku"];
 /// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
 /// the H200 allows 227 KiB per block).
 pub const MVSM_MAX_BYTES: usize = 200 * 1024;
+
+/// Blocks per thread block cluster of the `mvqc_*` products (session 21, [`Gpu::down_cl`]): the
+/// portable maximum, so each block quantizes an eighth of the row.
+pub const MVQC_CLUSTER: u32 = 8;
+
+/// Widest row an `mvqc_*` product quantizes into shared memory (cols + cols / 4 bytes).
+pub const MVQC_MAX_COLS: usize = 16384;
 
 /// Bytes of a Q6_K super-block (256 weights) in GGUF.
 pub const Q6K_BLOCK_BYTES: usize = 210;
@@ -1164,6 +1177,99 @@ impl Gpu {
             u32_of(2 * ppb * rb, "staged bytes")?,
             kargs![w, rr, c, qs, ds, y, a, p, ss],
         )
+    }
+
+    /// Whether a one-token product of `ty` (`rows` x `cols`; `q6a`: on its Q6_KA copy) whose
+    /// activation is not quantized yet takes [`Gpu::matvec_q_cluster`] (session 21): where
+    /// [`Gpu::matvec_q_ss`] / [`Gpu::matvec_q6ka_ss`] would run the block-per-row `mvqp_*`
+    /// kernel (rows wider than the `mvr` kernels take, with PDL and its L2 prefetch), on sm_90
+    /// and later, [`Gpu::down_cl`] on, at most [`MVQC_MAX_COLS`] columns.
+    pub fn mvqc_takes(&self, ty: GgmlType, rows: usize, cols: usize, q6a: bool) -> bool {
+        let Some(f) = act_format(ty) else {
+            return false;
+        };
+        let rb = if q6a {
+            cols / 256 * 224
+        } else {
+            matrix_bytes(ty, 1, cols)
+        };
+        self.down_cl.get()
+            && self.cc.0 >= 9
+            && self.pdl.get()
+            && self.mvq_pf.get()
+            && !self.warp_rows.get()
+            && !self.q6_half_fits(ty, cols)
+            && !self.mvr_fits(cols)
+            && (!q6a || ty == GgmlType::Q6K)
+            && rows > 0
+            && cols.is_multiple_of(f.block())
+            && cols <= MVQC_MAX_COLS
+            && self.mvsm_pairs(rows, cols, rb).is_none()
+    }
+
+    /// One token's `y (+)= W x` on rows too wide for the `mvr` kernels (the down projection),
+    /// `x` an f32 row: the product quantizes it in `fmt` itself, each block of a cluster of
+    /// [`MVQC_CLUSTER`] an eighth of it into all eight blocks' shared memory (`mvqc_*`, session
+    /// 21), then runs `mvqp_*`'s row product on that copy: the bits of [`Gpu::quantize_act`]
+    /// followed by [`Gpu::matvec_q_ss`] (or, `q6a`, [`Gpu::matvec_q6ka_ss`] on the Q6_KA copy
+    /// `w`), without the quantization's launch. Adds the outputs' squares into the slot set
+    /// `ss` unless it is 0; returns whether it did. See [`Gpu::mvqc_takes`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_cluster(
+        &self,
+        ty: GgmlType,
+        q6a: bool,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<bool, CudaError> {
+        check_cols(ty, cols)?;
+        let fmt = act_format(ty)
+            .ok_or_else(|| CudaError::Arg(format!("cluster product: weights of type {ty}")))?;
+        if !self.mvqc_takes(ty, rows, cols, q6a) {
+            return Err(CudaError::Arg(format!(
+                "cluster product: {rows} x {cols} {ty} (switched off, before sm_90, without \
+                 PDL, or a shape another one-token kernel takes)"
+            )));
+        }
+        if x == 0 {
+            return Err(CudaError::Arg("cluster product: no activation row".into()));
+        }
+        let t = if q6a {
+            if self.q6u.get() && self.q6u_wide.get() {
+                "q6_ku"
+            } else {
+                "q6_ka"
+            }
+        } else {
+            QTYPES[qtype_index(ty)?].1
+        };
+        let (rr, c, f, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            fmt as i32,
+            accumulate as i32,
+        );
+        let cl = self.mvqc_cluster.get().clamp(1, MVQC_CLUSTER) as usize;
+        let per_row = rows.div_ceil(cl) * cl;
+        let blocks = match self.mvqc_per_sm.get() {
+            0 => per_row,
+            k => (k * self.sms as usize).div_ceil(cl).max(1) * cl,
+        }
+        .min(per_row);
+        self.launch_id_cluster(
+            self.kernel_id(&format!("mvqc_{t}"))?,
+            (u32_of(blocks, "rows")?, 1, 1),
+            (self.mvqp_block(cols), 1, 1),
+            u32_of(cols + cols / 32 * 8, "activation bytes")?,
+            cl as u32,
+            kargs![w, rr, c, x, f, y, a, ss],
+        )
+        .map(|_| ss != 0)
     }
 
     /// [`Gpu::matvec_q_ss`] for one token (`nt` = 1) on the Q6_KA copy `w` ([`Gpu::pad_q6k`])

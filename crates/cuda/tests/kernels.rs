@@ -4196,3 +4196,167 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
     assert!(fails(GgmlType::Q6K, p + 2, 256, 1), "unaligned weights");
     g.sync().unwrap();
 }
+
+/// Session 21: the one-token wide product that quantizes its f32 activation on a thread block
+/// cluster (`mvqc_*`, [`Gpu::matvec_q_cluster`]) gives the bits of `quantize_act` followed by
+/// the block-per-row product on the quantized row (`mvqp_*`, on the Q6_KA copy for Q6_K as the
+/// backend runs it): every quantized type, plain and accumulating, with and without the RMS
+/// slots, row counts that leave the last cluster partly empty, and 32-element blocks whose rows
+/// end inside a 256-element group; and it agrees with the CPU's scalar `vec_dot` on the CPU's
+/// own quantized activation.
+#[test]
+fn cluster_product_equals_quantize_then_product() {
+    let Some(g) = gpu_or_skip("cluster_product") else {
+        return;
+    };
+    if g.cc.0 < 9 || !g.pdl.get() {
+        eprintln!(
+            "SKIPPED cluster_product: needs sm_90 and PDL (cc {:?})",
+            g.cc
+        );
+        return;
+    }
+    let mut r = rng("cluster_product");
+    let slots = cuda::kernels::RMS_SLOTS;
+    g.warp_rows.set(false);
+    g.q6_half.set(false);
+    g.mvq_pf.set(true);
+    g.down_cl.set(true);
+    for &(ty, name) in QTYPES {
+        let fmt = act_format(ty).unwrap();
+        let widths: &[usize] = if fmt == ActFormat::Q8K {
+            &[8192, 11008]
+        } else {
+            &[8192, 8224]
+        };
+        for &cols in widths {
+            // The 3B model's down projection (3072 x 8192, Q4_K and Q6_K) as well as odd sizes.
+            let rows = if cols == 8192 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+                3072
+            } else {
+                r.gen_range(41..90usize)
+            };
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let q6a = if ty == GgmlType::Q6K {
+                Some(g.pad_q6k(w.ptr(), rows, cols).unwrap())
+            } else {
+                None
+            };
+            let wp = q6a.as_ref().map_or(w.ptr(), |b| b.ptr());
+            assert!(
+                g.mvqc_takes(ty, rows, cols, q6a.is_some()),
+                "{name} {rows}x{cols}: the cluster product does not take it"
+            );
+            let mut x = randn(&mut r, cols, 1.0);
+            for _ in 0..3 {
+                let i = r.gen_range(0..cols);
+                x[i] *= 30.0;
+            }
+            let mut buf = quant::dot::ActBuf::new();
+            quant::dot::quantize_acts_with_isa(ty, &x, 1, cols, &mut buf, Isa::Scalar).unwrap();
+            let want = cpu_rows(ty, &q, rows, cols, &buf);
+            let xb = g.upload(&x).unwrap();
+            let (qb, db) = act_bufs(&g, 1, cols);
+            g.quantize_act(xb.ptr(), 1, cols, fmt, qb.ptr(), db.ptr())
+                .unwrap();
+            for acc in [false, true] {
+                for with_ss in [false, true] {
+                    let what = format!("{name} {rows}x{cols} accumulate={acc} slots={with_ss}");
+                    let y0 = randn(&mut r, rows, 1.0);
+                    let y1 = if acc {
+                        g.upload(&y0).unwrap()
+                    } else {
+                        poisoned(&g, rows)
+                    };
+                    let s1 = g.upload(&vec![0f64; slots]).unwrap();
+                    let sp = |s: &DevBuf| if with_ss { s.ptr() } else { 0 };
+                    let took_ref = match &q6a {
+                        Some(a) => g.matvec_q6ka_ss(
+                            ty,
+                            a.ptr(),
+                            rows,
+                            cols,
+                            qb.ptr(),
+                            db.ptr(),
+                            1,
+                            y1.ptr(),
+                            acc,
+                            sp(&s1),
+                        ),
+                        None => g.matvec_q_ss(
+                            ty,
+                            w.ptr(),
+                            rows,
+                            cols,
+                            qb.ptr(),
+                            db.ptr(),
+                            1,
+                            y1.ptr(),
+                            acc,
+                            sp(&s1),
+                        ),
+                    }
+                    .unwrap();
+                    assert_eq!(took_ref, with_ss, "{what}: block-per-row product's slots");
+                    let a: Vec<u32> = g.download(&y1, rows).unwrap();
+                    // Blocks per cluster, and blocks per multiprocessor looping over the rows
+                    // (0: a block per row).
+                    for (cl, per_sm) in [(8u32, 0usize), (4, 0), (1, 0), (8, 1), (2, 3)] {
+                        g.mvqc_cluster.set(cl);
+                        g.mvqc_per_sm.set(per_sm);
+                        let what = format!("{what} cluster={cl} per_sm={per_sm}");
+                        let (y2, s2) = if acc {
+                            (
+                                g.upload(&y0).unwrap(),
+                                g.upload(&vec![0f64; slots]).unwrap(),
+                            )
+                        } else {
+                            (poisoned(&g, rows), g.upload(&vec![0f64; slots]).unwrap())
+                        };
+                        let took = g
+                            .matvec_q_cluster(
+                                ty,
+                                q6a.is_some(),
+                                wp,
+                                rows,
+                                cols,
+                                xb.ptr(),
+                                y2.ptr(),
+                                acc,
+                                sp(&s2),
+                            )
+                            .unwrap();
+                        assert_eq!(took, with_ss, "{what}: cluster product's slots");
+                        let b: Vec<u32> = g.download(&y2, rows).unwrap();
+                        if let Some(i) = a.iter().zip(&b).position(|(p, q)| p != q) {
+                            panic!(
+                                "{what}: row {i}: cluster {} quantize-then-product {}",
+                                f32::from_bits(b[i]),
+                                f32::from_bits(a[i])
+                            );
+                        }
+                        if with_ss {
+                            let got: Vec<f32> = g.download(&y2, rows).unwrap();
+                            assert_slots_hold_squares(&g, &s2, &got, &what);
+                        }
+                    }
+                    g.mvqc_cluster.set(cuda::kernels::MVQC_CLUSTER);
+                    g.mvqc_per_sm.set(0);
+                    let got: Vec<f32> = g.download(&y1, rows).unwrap();
+                    let w2: Vec<f64> = want
+                        .iter()
+                        .zip(&y0)
+                        .map(|(v, &b)| if acc { v + b as f64 } else { *v })
+                        .collect();
+                    let e = rel_err(&got, &w2);
+                    assert!(e < 5e-6, "{what}: relative error {e:e} against the CPU");
+                }
+            }
+        }
+    }
+    // Switched off, the product refuses (the backend then quantizes and runs mvqp).
+    g.down_cl.set(false);
+    assert!(!g.mvqc_takes(GgmlType::Q4K, 64, 8192, false));
+    g.down_cl.set(true);
+}
