@@ -788,16 +788,38 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
         // The staged down products (session 19) exist for the copies only, with other sums
         // than the unstaged Q6_K kernel: this test compares the layouts, so without them.
         gpu.gpu().mvsm.set(false);
-        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
-            gpu.gpu().q6a.set(on);
-            gpu.reset_graphs();
-            decode_rows(gpu, &prompts, &toks, (p, steps, plen), &format!("q6a {on}"))
-        };
-        let a = run(&mut gpu, true);
-        let b = run(&mut gpu, false);
-        let c = run(&mut gpu, true);
-        assert_forms_agree(&path, [&a, &b, &c], steps * (1 + p), "the aligned copies");
+        let shape = (p, steps, plen);
+        let set = |g: &cuda::Gpu, on: bool| g.q6a.set(on);
+        switch_keeps_bits(
+            &mut gpu,
+            &path,
+            (&prompts, &toks),
+            shape,
+            "the aligned copies",
+            set,
+        );
     }
+}
+
+/// Decode the same prompts and tokens (`shape` = (p, steps, plen), as [`decode_rows`]) with a
+/// switch on, off and on again (`set` flips it), every decode step from a graph, and check
+/// that the two forms agree as two runs of one form do ([`assert_forms_agree`]).
+fn switch_keeps_bits(
+    gpu: &mut CudaBackend,
+    path: &std::path::Path,
+    (prompts, toks): (&[Vec<u32>], &[Vec<u32>]),
+    shape: (usize, usize, usize),
+    what: &str,
+    set: impl Fn(&cuda::Gpu, bool),
+) {
+    let mut run = |on: bool| -> Vec<Vec<f32>> {
+        set(gpu.gpu(), on);
+        gpu.reset_graphs();
+        decode_rows(gpu, prompts, toks, shape, &format!("{what}: {on}"))
+    };
+    let (a, b, c) = (run(true), run(false), run(true));
+    let (p, steps, _) = shape;
+    assert_forms_agree(path, [&a, &b, &c], steps * (1 + p), what);
 }
 
 /// Two forms of the same decode (`a` and `c` one form, `b` the other) differ by no more than
@@ -854,25 +876,13 @@ fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     for path in models() {
         // Prompts of 9 positions (one attention split) and of 70 (several, merged).
         for plen in [9usize, 70] {
-            let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+            let shape = (p, steps, plen);
+            let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
             let orig = gpu.gpu().mvsm_prep.get();
-            let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
-                gpu.gpu().mvsm_prep.set(on);
-                gpu.reset_graphs();
-                decode_rows(
-                    gpu,
-                    &prompts,
-                    &toks,
-                    (p, steps, plen),
-                    &format!("mvsm_prep {on}"),
-                )
-            };
-            let a = run(&mut gpu, true);
-            let b = run(&mut gpu, false);
-            let c = run(&mut gpu, true);
-            gpu.gpu().mvsm_prep.set(orig);
             let what = format!("the output projection quantizing its rows (prompts of {plen})");
-            assert_forms_agree(&path, [&a, &b, &c], steps * (1 + p), &what);
+            let set = |g: &cuda::Gpu, on: bool| g.mvsm_prep.set(on);
+            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
+            gpu.gpu().mvsm_prep.set(orig);
         }
     }
 }
@@ -892,29 +902,13 @@ fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
     let mut r = test_rng();
     let (p, steps, plen) = (3usize, 10usize, 20usize);
     for path in models() {
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let shape = (p, steps, plen);
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
         let orig = gpu.gpu().down_cl.get();
-        let run = |gpu: &mut CudaBackend, on: bool| -> Vec<Vec<f32>> {
-            gpu.gpu().down_cl.set(on);
-            gpu.reset_graphs();
-            decode_rows(
-                gpu,
-                &prompts,
-                &toks,
-                (p, steps, plen),
-                &format!("down_cl {on}"),
-            )
-        };
-        let a = run(&mut gpu, true);
-        let b = run(&mut gpu, false);
-        let c = run(&mut gpu, true);
+        let what = "the down projection quantizing its activation";
+        let set = |g: &cuda::Gpu, on: bool| g.down_cl.set(on);
+        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
         gpu.gpu().down_cl.set(orig);
-        assert_forms_agree(
-            &path,
-            [&a, &b, &c],
-            steps * (1 + p),
-            "the down projection quantizing its activation",
-        );
     }
 }
 
