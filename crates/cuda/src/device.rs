@@ -1014,15 +1014,15 @@ impl Gpu {
             .result()
             .map_err(drv(format!("shared memory limit of {name}")))?;
         }
-        // SAFETY: the argument list matches the kernel's C signature (each launch site in
-        // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
-        // size the kernel indexes, and the stream belongs to this context.
         if cluster > 1 && !grid.0.is_multiple_of(cluster) {
             return Err(CudaError::Arg(format!(
                 "{name}: grid of {} blocks in clusters of {cluster}",
                 grid.0
             )));
         }
+        // SAFETY: the argument list matches the kernel's C signature (each launch site in
+        // kernels.rs mirrors the .cu declaration), every pointer is a live device buffer of the
+        // size the kernel indexes, and the stream belongs to this context.
         if self.pdl.get() || cluster > 1 {
             use cudarc::driver::sys;
             // SAFETY: an all-zero launch attribute is a valid (empty) value; the fields set
