@@ -28,10 +28,10 @@ fn test_rng() -> rand_chacha::ChaCha8Rng {
 }
 
 /// Session 21: the tests of this file take the GPU one at a time. Run side by side (the test
-/// harness's threads), backends of one process share the device's primary context, and a
-/// cuBLAS GEMM in one thread while another thread captured a graph failed with
-/// CUBLAS_STATUS_EXECUTION_FAILED, and a capture failed in turn (docs/perf/cuda.md session 21).
-/// The runtime never does that: one actor owns each GPU.
+/// harness's threads, backends of one process sharing the device's primary context), two
+/// cuBLAS GEMMs failed with CUBLAS_STATUS_EXECUTION_FAILED and one graph capture failed on the
+/// H200; one at a time, none did (docs/perf/cuda.md session 21; the cause is not proven). The
+/// runtime never runs two backends on one GPU: one actor owns each.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
     GPU.lock().unwrap_or_else(|e| e.into_inner())
