@@ -28,7 +28,7 @@ pub struct BackendArgs {
     #[arg(long = "cpu-threads", value_delimiter = ',')]
     pub cpu_threads: Vec<usize>,
     /// GPUs to start an actor for: `all` (every CUDA device found; none is fine), `none`, or
-    /// device indices such as `0,1` (then a missing device is an error).
+    /// device indices such as `0,1` (then a missing or repeated device is an error).
     #[arg(long = "gpus", default_value = "all")]
     pub gpus: String,
     /// Leave the CPU backend out (with a GPU present).
@@ -102,15 +102,25 @@ fn parse_gpus(s: &str) -> Result<GpuChoice> {
     match s.trim() {
         "all" => Ok(GpuChoice::All),
         "none" | "" => Ok(GpuChoice::None),
-        list => list
-            .split(',')
-            .map(|p| {
-                p.trim()
-                    .parse::<usize>()
-                    .with_context(|| format!("--gpus: `{p}` is not a device index"))
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(GpuChoice::These),
+        list => {
+            let v = list
+                .split(',')
+                .map(|p| {
+                    p.trim()
+                        .parse::<usize>()
+                        .with_context(|| format!("--gpus: `{p}` is not a device index"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // One actor owns each GPU: two backends on one device would share its context
+            // (docs/perf/cuda.md session 21 saw cuBLAS and graph-capture failures that way).
+            if let Some((i, d)) = v.iter().enumerate().find(|(i, d)| v[..*i].contains(d)) {
+                bail!(
+                    "--gpus: device {d} is named twice (entry {}); one actor owns each GPU",
+                    i + 1
+                );
+            }
+            Ok(GpuChoice::These(v))
+        }
     }
 }
 

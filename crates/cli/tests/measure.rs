@@ -158,6 +158,14 @@ fn bench_refuses_what_cannot_run() {
     assert!(text(&out.stderr).contains("no backend named \"cuda:7\"; available: cpu"));
     let out = crossover(&["bench", "--gpus", "none", "--workload", "prompt=4,turbo=1"]);
     assert!(text(&out.stderr).contains("unknown key `turbo`"));
+    // Session 21: a device named twice would give one GPU two actors.
+    let out = crossover(&["bench", "--gpus", "0,1,0", "--runs", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--gpus: device 0 is named twice (entry 3)"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -1259,11 +1259,31 @@ impl<'t> Actor<'t> {
         } else {
             1
         };
+        // Every sampled row reads only its k best logits (top-k without penalties), on a
+        // backend that selects them on its device: those come back instead of the rows.
+        let top_k = if !greedy && self.device_pick && self.backend.selects_top_k() {
+            let n_vocab = self.tok.vocab_size();
+            plan.iter()
+                .zip(&batch.chunks)
+                .filter(|(_, c)| c.want == Want::Last)
+                .map(|(&(i, _), _)| {
+                    self.running[i]
+                        .sampler
+                        .top_k_only()
+                        .filter(|&k| k < n_vocab && k <= MAX_DEVICE_TOP_K)
+                })
+                .try_fold(0usize, |m, k| k.map(|k| m.max(k)))
+                .filter(|&k| k > 0)
+        } else {
+            None
+        };
         let result = catch_unwind(AssertUnwindSafe(|| {
             if chain > 1 {
                 self.backend.decode_greedy(&batch, chain).map(Picked::Chain)
             } else if greedy {
                 self.backend.step_argmax(&batch).map(Picked::Ids)
+            } else if let Some(k) = top_k {
+                self.backend.step_top_k(&batch, k).map(Picked::TopK)
             } else {
                 self.backend.step(&batch).map(Picked::Logits)
             }
@@ -1298,6 +1318,7 @@ impl<'t> Actor<'t> {
         let got_rows = match &out {
             Picked::Logits(o) => o.n_rows(),
             Picked::Ids(ids) => ids.len(),
+            Picked::TopK(rows) => rows.len(),
             Picked::Chain(steps) if steps.len() == chain => {
                 steps.iter().map(Vec::len).min().unwrap_or(0)
             }
@@ -1308,6 +1329,7 @@ impl<'t> Actor<'t> {
             let what = match &out {
                 Picked::Logits(_) => "logit rows",
                 Picked::Ids(_) => "greedy picks",
+                Picked::TopK(_) => "top-k lists",
                 Picked::Chain(_) => "greedy picks per chained step",
             };
             let msg = format!("step returned {got_rows} {what}, expected {want_rows}");
@@ -1336,6 +1358,14 @@ impl<'t> Actor<'t> {
                 (vec![ids], Some(o.logits))
             }
             Picked::Ids(ids) => (vec![ids.into_iter().map(Some).collect()], None),
+            Picked::TopK(rows) => {
+                let ids = sampled
+                    .iter()
+                    .zip(&rows)
+                    .map(|(&i, best)| Some(self.running[i].sampler.sample_top_k(best)))
+                    .collect();
+                (vec![ids], None)
+            }
             Picked::Chain(steps) => (
                 steps
                     .into_iter()
@@ -1419,6 +1449,10 @@ impl<'t> Actor<'t> {
         }
     }
 }
+
+/// Largest top-k the actor asks a backend to select on its device ([`Backend::step_top_k`]);
+/// samplers keeping more read the whole row.
+pub const MAX_DEVICE_TOP_K: usize = 256;
 
 /// Rows of a step at least this many are sampled on several threads.
 const PARALLEL_SAMPLE_ROWS: usize = 8;
@@ -1514,6 +1548,8 @@ fn sample_rows(
 enum Picked {
     Logits(StepOutput),
     Ids(Vec<u32>),
+    /// [`Backend::step_top_k`]'s lists, one per sampled row.
+    TopK(Vec<Vec<(u32, f32)>>),
     /// [`Backend::decode_greedy`]'s picks, step after step.
     Chain(Vec<Vec<u32>>),
 }

@@ -303,6 +303,34 @@ pub trait Backend {
         self.recycle(out.logits);
         Ok(ids)
     }
+    /// Whether [`Backend::step_top_k`] selects on the backend's own device, so that asking for
+    /// each row's best logits saves copying the rows (the actor then takes it for sampled
+    /// rows whose sampler reads only those, [`crate::Sampler::top_k_only`]). The default says
+    /// no: its `step_top_k` selects on the host, on the actor's thread, where copying the rows
+    /// and sampling them on several threads is as fast.
+    fn selects_top_k(&self) -> bool {
+        false
+    }
+    /// Run one step like [`Backend::step`] and return, per logits row in row order, its `k`
+    /// best logits as [`crate::sampling::top_k`] lists them: `(token, logit)`, descending, the
+    /// lower id first among equals, NaN as negative infinity (the whole row so ordered when
+    /// `k` is not below its length). [`crate::Sampler::sample_top_k`] draws from such a list
+    /// the token [`crate::Sampler::sample`] draws from the row. The default runs
+    /// [`Backend::step`] and selects on the host.
+    fn step_top_k(
+        &mut self,
+        batch: &StepBatch,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
+        let out = self.step(batch)?;
+        let rows = out
+            .logits
+            .chunks_exact(out.n_vocab.max(1))
+            .map(|r| crate::sampling::top_k(r, k))
+            .collect();
+        self.recycle(out.logits);
+        Ok(rows)
+    }
     /// Whether [`Backend::decode_greedy`] queues its steps without waiting for each pick, so
     /// that taking several at once pays (the CUDA backend). The actor chains steps only then:
     /// a chain ends when its last step does, so a dropped stream stops within a chain rather

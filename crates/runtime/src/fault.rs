@@ -171,6 +171,17 @@ impl Backend for Faulty {
         self.fault()?;
         self.inner.step_argmax(batch)
     }
+    fn selects_top_k(&self) -> bool {
+        self.inner.selects_top_k()
+    }
+    fn step_top_k(
+        &mut self,
+        batch: &StepBatch,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
+        self.fault()?;
+        self.inner.step_top_k(batch, k)
+    }
     fn pipelines_decode(&self) -> bool {
         self.inner.pipelines_decode()
     }

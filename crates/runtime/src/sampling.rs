@@ -224,6 +224,32 @@ impl Sampler {
         self.params.temperature <= 0.0 && !self.params.penalties_active()
     }
 
+    /// `Some(k)` when [`Sampler::sample`] on a row of more than `k` logits reads only the row's
+    /// `k` best ([`top_k`]): temperature above 0, no penalties, top-k on. A backend may then
+    /// return those instead of the row ([`crate::Backend::step_top_k`]) and
+    /// [`Sampler::sample_top_k`] picks the token `sample` would.
+    pub fn top_k_only(&self) -> Option<usize> {
+        let p = &self.params;
+        (p.temperature > 0.0 && !p.penalties_active() && p.top_k > 0).then_some(p.top_k)
+    }
+
+    /// [`Sampler::sample`] from the best logits of a row of more than
+    /// [`Sampler::top_k_only`]'s `k` logits, as [`top_k`] lists them (at least `k` of them; the
+    /// first `k` are read): the token `sample` picks from the whole row, with the same draw
+    /// from the random stream. Only for a sampler whose `top_k_only` is `Some`.
+    pub fn sample_top_k(&mut self, best: &[(u32, f32)]) -> u32 {
+        let k = self.params.top_k.min(best.len());
+        self.cand.clear();
+        self.cand.extend(best[..k].iter().map(|&(id, l)| Cand {
+            id,
+            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+        }));
+        self.narrow(true);
+        // `sample` falls back to the row's argmax, which is the list's first entry (a row of
+        // only -inf and NaN lists id 0 first, and argmax gives 0).
+        draw(&self.cand, &mut self.rng).unwrap_or_else(|| best.first().map_or(0, |b| b.0))
+    }
+
     /// Pick the next token from one row of logits. `history` is every token of the sequence so
     /// far (prompt then generated); the penalties read its last `repeat_last_n` entries. The
     /// logits are modified in place (penalties). NaN logits count as impossible; ids in `history`
@@ -295,6 +321,13 @@ impl Sampler {
                     logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
                 }));
         }
+        self.narrow(sorted);
+    }
+
+    /// Top-p, min-p and temperature on the candidates in `self.cand` (`sorted`: in
+    /// [`by_logit_desc`] order).
+    fn narrow(&mut self, sorted: bool) {
+        let p = &self.params;
         if p.top_p < 1.0 {
             let keep = top_p_len(&mut self.cand, p.top_p, sorted);
             self.cand.truncate(keep);
@@ -386,6 +419,27 @@ fn top_k_sorted(cand: &mut Vec<Cand>, logits: &[f32], k: usize) {
         scan.offer(base + j, l);
     }
     scan.finish();
+}
+
+/// The `k` best logits of `logits` as `(token, logit)`, in the order [`Sampler::sample`]'s top-k
+/// keeps them: descending logit, the lower id first among equals, NaN counted (and returned) as
+/// negative infinity; the whole row so ordered when `k` is not below its length. What
+/// [`crate::Backend::step_top_k`] returns per row.
+pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut cand = Vec::new();
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < logits.len() {
+        top_k_sorted(&mut cand, logits, k);
+    } else {
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| Cand {
+            id: i as u32,
+            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+        }));
+        cand.sort_unstable_by(by_logit_desc);
+    }
+    cand.into_iter().map(|c| (c.id, c.logit)).collect()
 }
 
 /// Logits per block of the skipping scan in [`top_k_sorted`].

@@ -539,13 +539,18 @@ struct Counted {
     calls: std::sync::Arc<Calls>,
     /// Say that `decode_greedy` pipelines (as the CUDA backend does), so the actor chains.
     pipelines: bool,
+    /// Say that `step_top_k` selects on the device, so the actor asks for top-k lists.
+    selects: bool,
 }
 
-/// Calls of `step`, `step_argmax` and `decode_greedy` (and the steps the last one asked for).
+/// Calls of `step`, `step_argmax`, `step_top_k` (and the largest k asked) and `decode_greedy`
+/// (and the steps the last one asked for).
 #[derive(Default)]
 struct Calls {
     steps: std::sync::atomic::AtomicUsize,
     picks: std::sync::atomic::AtomicUsize,
+    top_ks: std::sync::atomic::AtomicUsize,
+    max_k: std::sync::atomic::AtomicUsize,
     chains: std::sync::atomic::AtomicUsize,
     chained_steps: std::sync::atomic::AtomicUsize,
 }
@@ -572,6 +577,19 @@ impl runtime::Backend for Counted {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.step_argmax(b)
     }
+    fn selects_top_k(&self) -> bool {
+        self.selects
+    }
+    fn step_top_k(
+        &mut self,
+        b: &runtime::StepBatch,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, runtime::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.top_ks.fetch_add(1, SeqCst);
+        self.calls.max_k.fetch_max(k, SeqCst);
+        self.inner.step_top_k(b, k)
+    }
     fn pipelines_decode(&self) -> bool {
         self.pipelines
     }
@@ -593,56 +611,123 @@ impl runtime::Backend for Counted {
     }
 }
 
+/// One request through an actor over a counted real CPU backend (`device_pick`, `decode_chain`:
+/// the actor's settings; `selects`: the backend says it selects top-k lists on its device):
+/// the tokens and the backend's calls.
+fn counted_run(
+    (file, tok): (
+        &std::sync::Arc<gguf::GgufFile>,
+        &std::sync::Arc<tokenizer::Tokenizer>,
+    ),
+    prompt: &[u32],
+    (device_pick, decode_chain, selects): (bool, usize, bool),
+    params: SamplingParams,
+) -> (Vec<u32>, std::sync::Arc<Calls>) {
+    use std::sync::Arc;
+    let calls = Arc::new(Calls::default());
+    let (c2, f2) = (calls.clone(), file.clone());
+    let factory: runtime::RestartFactory = Arc::new(move || {
+        let opts = cpu::CpuOptions {
+            threads: Some(1),
+            ctx_size: 512,
+            max_seqs: 2,
+            block_tokens: 16,
+            max_batch_tokens: 256,
+            ..cpu::CpuOptions::default()
+        };
+        let be = cpu::CpuBackend::from_file(f2.clone(), "smollm2", &opts).map_err(|e| {
+            runtime::BackendError::Unsupported {
+                backend: "cpu".into(),
+                why: e.to_string(),
+            }
+        })?;
+        Ok(Box::new(Counted {
+            inner: Box::new(be),
+            calls: c2.clone(),
+            pipelines: decode_chain > 1,
+            selects,
+        }) as Box<dyn runtime::Backend>)
+    });
+    let cfg = runtime::ActorConfig {
+        name: Some("cpu".into()),
+        device_pick,
+        decode_chain,
+        ..runtime::ActorConfig::default()
+    };
+    let h = runtime::spawn(factory, tok.clone(), cfg).expect("actor starts");
+    let coord = Coordinator::new(vec![h], RoutingPolicy::default()).unwrap();
+    let c = collect(
+        coord
+            .submit(GenerateRequest::new(prompt.to_vec(), params))
+            .unwrap(),
+    );
+    assert!(c.error.is_none(), "{:?}", c.error);
+    let s = c.summary.expect("summary");
+    assert_eq!(s.usage.completion_tokens, c.ids.len());
+    (c.ids, calls)
+}
+
+#[test]
+fn sampled_steps_take_top_k_lists_from_a_backend_that_selects_them() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (file, tok) = open();
+    let prompt = chat_prompt(&tok, "Write a short poem about rain.");
+    let n = 24;
+    let sampled = |top_k: usize, repeat_penalty: f32| SamplingParams {
+        temperature: 0.9,
+        top_k,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty,
+        seed: Some(rand::random()),
+        max_tokens: Some(n),
+        ..SamplingParams::default()
+    };
+    for params in [sampled(40, 1.0), sampled(1, 1.0), sampled(256, 1.0)] {
+        // The rows copied and sampled on the host, against top-k lists (the CPU backend's
+        // default `step_top_k`, selecting on the host): the same seed, the same tokens.
+        let (rows, calls_rows) =
+            counted_run((&file, &tok), &prompt, (true, 8, false), params.clone());
+        let (lists, calls) = counted_run((&file, &tok), &prompt, (true, 8, true), params.clone());
+        assert_eq!(
+            lists, rows,
+            "top_k {}: lists and rows sample apart",
+            params.top_k
+        );
+        assert!(!lists.is_empty());
+        assert_eq!(calls_rows.top_ks.load(SeqCst), 0);
+        assert_eq!(calls.steps.load(SeqCst), 0, "a top-k request copied rows");
+        assert!(calls.top_ks.load(SeqCst) >= lists.len());
+        assert_eq!(calls.max_k.load(SeqCst), params.top_k);
+    }
+    // Penalties read the whole row, and so does a top-k above what the actor asks a device
+    // for; the device pick switched off copies rows too.
+    for (params, pick) in [
+        (sampled(40, 1.3), true),
+        (sampled(runtime::actor::MAX_DEVICE_TOP_K + 1, 1.0), true),
+        (sampled(40, 1.0), false),
+    ] {
+        let (ids, calls) = counted_run((&file, &tok), &prompt, (pick, 8, true), params);
+        assert_eq!(calls.top_ks.load(SeqCst), 0);
+        assert!(calls.steps.load(SeqCst) >= ids.len() && !ids.is_empty());
+    }
+}
+
 #[test]
 fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
     use std::sync::atomic::Ordering::SeqCst;
-    use std::sync::Arc;
     let (file, tok) = open();
     let prompt = chat_prompt(&tok, "Name three colors.");
     let n = 21;
     let want = direct_greedy(&file, &prompt, n, &|t| tok.is_eog(t));
     // One actor per configuration, each over a counted real CPU backend.
     let run = |device_pick: bool, decode_chain: usize, params: SamplingParams| {
-        let calls = Arc::new(Calls::default());
-        let (c2, f2) = (calls.clone(), file.clone());
-        let factory: runtime::RestartFactory = Arc::new(move || {
-            let opts = cpu::CpuOptions {
-                threads: Some(1),
-                ctx_size: 512,
-                max_seqs: 2,
-                block_tokens: 16,
-                max_batch_tokens: 256,
-                ..cpu::CpuOptions::default()
-            };
-            let be = cpu::CpuBackend::from_file(f2.clone(), "smollm2", &opts).map_err(|e| {
-                runtime::BackendError::Unsupported {
-                    backend: "cpu".into(),
-                    why: e.to_string(),
-                }
-            })?;
-            Ok(Box::new(Counted {
-                inner: Box::new(be),
-                calls: c2.clone(),
-                pipelines: decode_chain > 1,
-            }) as Box<dyn runtime::Backend>)
-        });
-        let cfg = runtime::ActorConfig {
-            name: Some("cpu".into()),
-            device_pick,
-            decode_chain,
-            ..runtime::ActorConfig::default()
-        };
-        let h = runtime::spawn(factory, tok.clone(), cfg).expect("actor starts");
-        let coord = Coordinator::new(vec![h], RoutingPolicy::default()).unwrap();
-        let c = collect(
-            coord
-                .submit(GenerateRequest::new(prompt.clone(), params))
-                .unwrap(),
-        );
-        assert!(c.error.is_none(), "{:?}", c.error);
-        let s = c.summary.expect("summary");
-        assert_eq!(s.usage.completion_tokens, c.ids.len());
-        (c.ids, calls)
+        counted_run(
+            (&file, &tok),
+            &prompt,
+            (device_pick, decode_chain, false),
+            params,
+        )
     };
     // Greedy, one step at a time: every step (prompt and generated tokens) is a pick; the same
     // tokens as the solo run on the logits.

@@ -573,3 +573,88 @@ fn random_streams_match_a_whole_text_search() {
         );
     }
 }
+
+#[test]
+fn sampling_from_the_top_k_list_picks_what_the_whole_row_picks() {
+    // Fresh rows each run (the seed is printed to replay a failure): real-looking spreads,
+    // coarse grids full of ties, NaN and infinities sprinkled in, rows of only -inf and NaN;
+    // random chains of top-k, top-p, min-p and temperature. The same seed must draw the same
+    // token from `top_k`'s list as from the whole row, step after step.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    eprintln!("sampling_from_the_top_k_list: seed {seed}");
+    let mut r = rng(seed);
+    for case in 0..300 {
+        let n = [50usize, 700, 4096, 49152][case % 4];
+        let mut row = random_logits(&mut r, n);
+        if case % 3 == 1 {
+            for x in &mut row {
+                *x = (*x * 2.0).round() / 2.0;
+            }
+        }
+        for _ in 0..case % 4 {
+            let i = r.gen_range(0..n);
+            row[i] = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY][r.gen_range(0..3)];
+        }
+        if case % 50 == 7 {
+            for x in &mut row {
+                *x = if r.gen_bool(0.5) {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        let k = [1usize, 2, 40, 64, 100, 256][r.gen_range(0..6)].min(n - 1);
+        let p = SamplingParams {
+            temperature: [0.2f32, 0.7, 1.0, 1.5][r.gen_range(0..4)],
+            top_k: k,
+            top_p: [1.0f32, 0.95, 0.5, 0.05][r.gen_range(0..4)],
+            min_p: [0.0f32, 0.05, 0.3][r.gen_range(0..3)],
+            seed: Some(r.gen()),
+            ..Default::default()
+        };
+        let mut whole = Sampler::new(&p).unwrap();
+        let mut listed = Sampler::new(&p).unwrap();
+        assert_eq!(listed.top_k_only(), Some(k), "case {case}");
+        let best = top_k(&row, k);
+        assert_eq!(best.len(), k, "case {case}");
+        for step in 0..4 {
+            let a = whole.sample(&mut row.clone(), &[]);
+            // A longer list (a backend asked for the largest k of its rows) reads the same.
+            let b = if step % 2 == 0 {
+                listed.sample_top_k(&best)
+            } else {
+                listed.sample_top_k(&top_k(&row, (k + 7).min(n)))
+            };
+            assert_eq!(a, b, "case {case} step {step}: n {n}, {p:?}");
+        }
+    }
+    // Whole-row lists: every logit, NaN as -inf, descending, lower id first among equals.
+    let row = [1.0f32, f32::NAN, 3.0, 1.0, f32::NEG_INFINITY];
+    assert_eq!(
+        top_k(&row, 9),
+        vec![
+            (2, 3.0),
+            (0, 1.0),
+            (3, 1.0),
+            (1, f32::NEG_INFINITY),
+            (4, f32::NEG_INFINITY)
+        ]
+    );
+    assert_eq!(top_k(&row, 2), vec![(2, 3.0), (0, 1.0)]);
+    assert!(top_k(&row, 0).is_empty());
+    // Penalties or temperature 0 read the whole row.
+    let mut p = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    assert_eq!(Sampler::new(&p).unwrap().top_k_only(), None);
+    p.temperature = 0.8;
+    p.repeat_penalty = 1.1;
+    assert_eq!(Sampler::new(&p).unwrap().top_k_only(), None);
+    p.repeat_penalty = 1.0;
+    p.top_k = 0;
+    assert_eq!(Sampler::new(&p).unwrap().top_k_only(), None);
+}
