@@ -185,3 +185,67 @@ extern "C" __global__ void __launch_bounds__(256) argmax_mb(const float* x, int 
         cnt[row] = 0;
     }
 }
+
+// Session 21: the k best logits of each row (top-k sampling without copying the rows back),
+// in runtime::sampling::top_k's order: descending logit, the lower id first among equals, NaN
+// as -inf, +0 above -0 (Rust's total order). Each (logit, id) is one u64 key whose descending
+// order is that order: the logit's bits made order-preserving in the high word, ~id in the
+// low word. topk_slice: block (s, row) sorts the keys of slice s (`slice` logits, a power of
+// two; past the row end key 0, below every real key) descending in shared memory (bitonic)
+// and writes its best k; topk_merge: block row sorts the S * k keys of its slices (`m`, a
+// power of two >= S * k, padded with 0) and writes the row's k best keys, which the host
+// decodes (topk_key_id / topk_key_logit in kernels.rs). Dynamic shared memory: slice * 8 and
+// m * 8 bytes.
+__device__ __forceinline__ unsigned long long topk_key(float v, int id) {
+    if (isnan(v)) v = NEG_INF;
+    u32 b = __float_as_uint(v);
+    u32 o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)o << 32) | (unsigned long long)(0xffffffffu - (u32)id);
+}
+
+// Bitonic sort of s[0..m) (m a power of two) into descending order by the block's threads.
+__device__ void topk_sort_desc(unsigned long long* s, int m) {
+    for (int k = 2; k <= m; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < m; i += blockDim.x) {
+                int ixj = i ^ j;
+                if (ixj > i) {
+                    unsigned long long a = s[i], b = s[ixj];
+                    bool desc = (i & k) == 0;
+                    if (desc ? (a < b) : (a > b)) {
+                        s[i] = b;
+                        s[ixj] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void topk_slice(const float* x, int n, int slice, int k,
+                                      unsigned long long* part) { PDL_ENTRY();
+    extern __shared__ unsigned long long tks[];
+    int s = blockIdx.x, row = blockIdx.y, ns = gridDim.x;
+    const float* xr = x + (long long)row * n;
+    int base = s * slice;
+    for (int i = threadIdx.x; i < slice; i += blockDim.x) {
+        int c = base + i;
+        tks[i] = c < n ? topk_key(xr[c], c) : 0ull;
+    }
+    __syncthreads();
+    topk_sort_desc(tks, slice);
+    unsigned long long* o = part + ((long long)row * ns + s) * k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = tks[i];
+}
+
+extern "C" __global__ void topk_merge(const unsigned long long* part, int ns, int k, int m,
+                                      unsigned long long* out) { PDL_ENTRY();
+    extern __shared__ unsigned long long tkm[];
+    int row = blockIdx.x;
+    const unsigned long long* p = part + (long long)row * ns * k;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) tkm[i] = i < ns * k ? p[i] : 0ull;
+    __syncthreads();
+    topk_sort_desc(tkm, m);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[(long long)row * k + i] = tkm[i];
+}

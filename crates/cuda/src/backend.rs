@@ -3450,6 +3450,38 @@ impl Backend for CudaBackend {
         self.step_greedy(batch)
     }
 
+    /// Session 21: with [`Gpu::top_k_dev`] on, up to [`kernels::TOPK_MAX`].
+    fn device_top_k(&self) -> usize {
+        if self.gpu.top_k_dev.get() {
+            kernels::TOPK_MAX
+        } else {
+            0
+        }
+    }
+
+    /// Session 21: each row's k best logits selected on the GPU ([`Gpu::top_k_rows`]: k pairs
+    /// per row cross the bus instead of the row); where that is off or does not take `k`, the
+    /// rows are copied and selected on the host (the trait's default).
+    fn step_top_k(
+        &mut self,
+        batch: &StepBatch,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
+        let nv = self.cfg.n_vocab;
+        if !self.gpu.top_k_dev.get() || !Gpu::top_k_fits(nv, k) {
+            let out = self.step(batch)?;
+            return Ok(out
+                .logits
+                .chunks_exact(nv.max(1))
+                .map(|r| runtime::sampling::top_k(r, k))
+                .collect());
+        }
+        let rows = self.run_step(batch)?;
+        self.gpu
+            .top_k_rows(self.s.logits.ptr(), nv, rows, k)
+            .map_err(dev)
+    }
+
     fn pipelines_decode(&self) -> bool {
         self.chain && self.opts.graphs && self.graph_failed.is_none()
     }

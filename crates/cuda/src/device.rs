@@ -376,6 +376,13 @@ pub struct Gpu {
     /// on unless `CROSSOVER_CUDA_ARGMAX_MB=0` (on the H200 tg128 1.549 -> 1.511 ms per token at
     /// depth 0, 1.690 -> 1.659 at 4096, docs/perf/cuda.md v11).
     pub argmax_mb: std::cell::Cell<bool>,
+    /// Session 21: the CUDA backend selects each sampled row's top-k on the GPU
+    /// ([`Gpu::top_k_rows`], `runtime::Backend::step_top_k`), k pairs copied back instead of
+    /// the row: off unless `CROSSOVER_CUDA_TOPK=1` (written without a GPU; its kernel test has
+    /// not run on one yet, docs/perf/cuda.md session 21).
+    pub top_k_dev: std::cell::Cell<bool>,
+    /// [`Gpu::top_k_rows`]' scratch (u64 keys) and its length.
+    pub(crate) topk_ws: RefCell<Option<(DevBuf, usize)>>,
     /// `argmax_mb`'s partial values, partial indices and per-row counters (zero between
     /// launches), for up to the row count kept with them.
     #[allow(clippy::type_complexity)]
@@ -588,6 +595,10 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
             ),
             argmax_ws: RefCell::new(None),
+            top_k_dev: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_TOPK").as_deref() == Ok("1"),
+            ),
+            topk_ws: RefCell::new(None),
             attn_wp: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
             ),

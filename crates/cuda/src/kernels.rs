@@ -260,6 +260,8 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     v.push("mvqc_q6_ka".into());
     v.push("mvqc_q6_ku".into());
+    v.push("topk_slice".into());
+    v.push("topk_merge".into());
     v
 }
 
@@ -270,6 +272,29 @@ pub const MVSM_TYPES: [&str; 4] = ["q4_k", "q5_k", "q6_ka", "q6_ku"];
 /// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
 /// the H200 allows 227 KiB per block).
 pub const MVSM_MAX_BYTES: usize = 200 * 1024;
+
+/// Largest k [`Gpu::top_k_rows`] selects.
+pub const TOPK_MAX: usize = 256;
+/// Most keys one `topk_merge` block sorts in shared memory (128 KiB).
+pub const TOPK_MERGE_MAX: usize = 16384;
+
+/// Logits per `topk_slice` block: 4096 (32 KiB of keys), or the row's length rounded up to a
+/// power of two when shorter.
+fn topk_slice(n: usize) -> usize {
+    n.next_power_of_two().clamp(2, 4096)
+}
+
+/// `(token, logit)` of a `topk_*` key: the logit's order-preserving bits in the high word,
+/// `u32::MAX - id` in the low word (decode.cu's topk_key).
+pub fn topk_key_decode(key: u64) -> (u32, f32) {
+    let o = (key >> 32) as u32;
+    let bits = if o & 0x8000_0000 != 0 {
+        o & 0x7fff_ffff
+    } else {
+        !o
+    };
+    (u32::MAX - key as u32, f32::from_bits(bits))
+}
 
 /// Blocks per thread block cluster of the `mvqc_*` products (session 21, [`Gpu::down_cl`]): the
 /// portable maximum, so each block quantizes an eighth of the row.
@@ -2849,6 +2874,84 @@ impl Gpu {
             (1024, 1, 1),
             kargs![x, nn, out],
         )
+    }
+
+    /// Whether [`Gpu::top_k_rows`] takes rows of `n` logits with `k`: 1 <= k <= [`TOPK_MAX`],
+    /// k < n, and the slices' best lists fit one merge ([`TOPK_MERGE_MAX`] keys).
+    pub fn top_k_fits(n: usize, k: usize) -> bool {
+        (1..=TOPK_MAX).contains(&k)
+            && k < n
+            && (n.div_ceil(topk_slice(n)) * k).next_power_of_two() <= TOPK_MERGE_MAX
+    }
+
+    /// Session 21: the `k` best logits of each of `rows` rows of `n` at `x`, on the GPU
+    /// (`topk_slice`, `topk_merge`, decode.cu: keys sorted in shared memory), as
+    /// `runtime::sampling::top_k` lists them: `(token, logit)`, descending, the lower id first
+    /// among equals, NaN as negative infinity. `rows * k` keys are copied back (waits for the
+    /// stream). Only where [`Gpu::top_k_fits`].
+    pub fn top_k_rows(
+        &self,
+        x: u64,
+        n: usize,
+        rows: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, CudaError> {
+        if !Self::top_k_fits(n, k) {
+            return Err(CudaError::Arg(format!(
+                "top-k of rows of {n}: k = {k} (1 to {TOPK_MAX}, below the row length)"
+            )));
+        }
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let slice = topk_slice(n);
+        let ns = n.div_ceil(slice);
+        let m = (ns * k).next_power_of_two();
+        let need = rows * ns * k + rows * k;
+        let ws = {
+            let mut w = self.topk_ws.borrow_mut();
+            if w.as_ref().is_none_or(|w| w.1 < need) {
+                *w = Some((self.alloc(need * 8)?, need));
+            }
+            w.as_ref()
+                .map(|w| w.0.ptr())
+                .ok_or_else(|| CudaError::Arg("top-k scratch".into()))?
+        };
+        let out = ws + (rows * ns * k * 8) as u64;
+        let (nn, sl, kk, mm, nsi) = (
+            i32_of(n, "width")?,
+            i32_of(slice, "slice")?,
+            i32_of(k, "k")?,
+            i32_of(m, "merge keys")?,
+            i32_of(ns, "slices")?,
+        );
+        self.launch_id_smem(
+            self.kernel_id("topk_slice")?,
+            (ns as u32, u32_of(rows, "rows")?, 1),
+            (512, 1, 1),
+            u32_of(slice * 8, "slice bytes")?,
+            kargs![x, nn, sl, kk, ws],
+        )?;
+        self.launch_id_smem(
+            self.kernel_id("topk_merge")?,
+            (u32_of(rows, "rows")?, 1, 1),
+            (512, 1, 1),
+            u32_of(m * 8, "merge bytes")?,
+            kargs![ws, nsi, kk, mm, out],
+        )?;
+        let mut keys = vec![0u64; rows * k];
+        {
+            let w = self.topk_ws.borrow();
+            let buf = w
+                .as_ref()
+                .map(|w| &w.0)
+                .ok_or_else(|| CudaError::Arg("top-k scratch".into()))?;
+            self.read(buf, rows * ns * k * 8, &mut keys)?;
+        }
+        Ok(keys
+            .chunks_exact(k)
+            .map(|r| r.iter().map(|&key| topk_key_decode(key)).collect())
+            .collect())
     }
 
     /// [`Gpu::argmax_rows`] with up to 64 blocks per row (`argmax_mb`, v11): each block the

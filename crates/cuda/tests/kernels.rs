@@ -4360,3 +4360,102 @@ fn cluster_product_equals_quantize_then_product() {
     assert!(!g.mvqc_takes(GgmlType::Q4K, 64, 8192, false));
     g.down_cl.set(true);
 }
+
+/// Session 21: the GPU's top-k of each logits row (`Gpu::top_k_rows`) is the sampler's own list
+/// (`runtime::sampling::top_k`: ids and logit bits, NaN as -inf), on fresh rows full of ties,
+/// with NaN, infinities and both zeros, for vocabularies of one slice and of many, k from 1 to
+/// the most it takes; and it refuses a k it does not take.
+#[test]
+fn top_k_rows_equal_the_samplers_lists() {
+    let Some(g) = gpu_or_skip("top_k_rows") else {
+        return;
+    };
+    let mut r = rng("top_k_rows");
+    for &(n, k) in &[
+        (128_256usize, 40usize),
+        (128_256, 256),
+        (49_152, 1),
+        (49_152, 64),
+        (5000, 200),
+        (300, 255),
+        (4096, 40),
+    ] {
+        assert!(Gpu::top_k_fits(n, k), "n {n} k {k}");
+        let rows = 3usize;
+        let mut x = randn(&mut r, rows * n, 4.0);
+        for v in x.iter_mut() {
+            // A coarse grid: many equal logits, ordered by id.
+            *v = (*v * 4.0).round() / 4.0;
+        }
+        for _ in 0..rows * 6 {
+            let i = r.gen_range(0..rows * n);
+            x[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0][r.gen_range(0..5)];
+        }
+        let xb = g.upload(&x).unwrap();
+        let got = g.top_k_rows(xb.ptr(), n, rows, k).unwrap();
+        assert_eq!(got.len(), rows);
+        for (row, list) in got.iter().enumerate() {
+            let want = runtime::sampling::top_k(&x[row * n..(row + 1) * n], k);
+            let bits = |l: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                l.iter().map(|&(i, v)| (i, v.to_bits())).collect()
+            };
+            assert_eq!(bits(list), bits(&want), "n {n} k {k} row {row}");
+        }
+    }
+    for &(n, k) in &[(100usize, 0usize), (100, 100), (200_000, 257)] {
+        assert!(!Gpu::top_k_fits(n, k));
+        let xb = g.upload(&vec![0f32; n]).unwrap();
+        assert!(g.top_k_rows(xb.ptr(), n, 1, k).is_err(), "n {n} k {k}");
+    }
+}
+
+/// decode.cu's topk_key, mirrored: the logit's bits made order-preserving (NaN as -inf) in the
+/// high word, `u32::MAX - id` in the low word.
+fn topk_key_host(v: f32, id: u32) -> u64 {
+    let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let b = v.to_bits();
+    let o = if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    };
+    ((o as u64) << 32) | (u32::MAX - id) as u64
+}
+
+/// Without a GPU: the top-k kernels' keys, sorted descending as their bitonic sort leaves them
+/// and decoded by `kernels::topk_key_decode`, are the sampler's own list (order and bits) on
+/// rows with ties, NaN, infinities and both zeros.
+#[test]
+fn top_k_keys_sort_and_decode_to_the_samplers_lists() {
+    let mut r = rng("top_k_keys");
+    for case in 0..50 {
+        let n = [10usize, 300, 5000][case % 3];
+        let mut x: Vec<f32> = randn(&mut r, n, 4.0)
+            .into_iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        for _ in 0..case % 7 {
+            let i = r.gen_range(0..n);
+            x[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0][r.gen_range(0..5)];
+        }
+        let k = r.gen_range(1..n);
+        let mut keys: Vec<u64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| topk_key_host(v, i as u32))
+            .collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        let got: Vec<(u32, u32)> = keys[..k]
+            .iter()
+            .map(|&key| {
+                let (i, v) = cuda::kernels::topk_key_decode(key);
+                (i, v.to_bits())
+            })
+            .collect();
+        let want: Vec<(u32, u32)> = runtime::sampling::top_k(&x, k)
+            .into_iter()
+            .map(|(i, v)| (i, v.to_bits()))
+            .collect();
+        assert_eq!(got, want, "case {case}: n {n} k {k}");
+    }
+}

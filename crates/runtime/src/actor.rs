@@ -1261,7 +1261,8 @@ impl<'t> Actor<'t> {
         };
         // Every sampled row reads only its k best logits (top-k without penalties), on a
         // backend that selects them on its device: those come back instead of the rows.
-        let top_k = if !greedy && self.device_pick && self.backend.selects_top_k() {
+        let most = self.backend.device_top_k();
+        let top_k = if !greedy && self.device_pick && most > 0 {
             let n_vocab = self.tok.vocab_size();
             plan.iter()
                 .zip(&batch.chunks)
@@ -1270,7 +1271,7 @@ impl<'t> Actor<'t> {
                     self.running[i]
                         .sampler
                         .top_k_only()
-                        .filter(|&k| k < n_vocab && k <= MAX_DEVICE_TOP_K)
+                        .filter(|&k| k < n_vocab && k <= most)
                 })
                 .try_fold(0usize, |m, k| k.map(|k| m.max(k)))
                 .filter(|&k| k > 0)
@@ -1449,10 +1450,6 @@ impl<'t> Actor<'t> {
         }
     }
 }
-
-/// Largest top-k the actor asks a backend to select on its device ([`Backend::step_top_k`]);
-/// samplers keeping more read the whole row.
-pub const MAX_DEVICE_TOP_K: usize = 256;
 
 /// Rows of a step at least this many are sampled on several threads.
 const PARALLEL_SAMPLE_ROWS: usize = 8;

@@ -303,13 +303,13 @@ pub trait Backend {
         self.recycle(out.logits);
         Ok(ids)
     }
-    /// Whether [`Backend::step_top_k`] selects on the backend's own device, so that asking for
-    /// each row's best logits saves copying the rows (the actor then takes it for sampled
-    /// rows whose sampler reads only those, [`crate::Sampler::top_k_only`]). The default says
-    /// no: its `step_top_k` selects on the host, on the actor's thread, where copying the rows
-    /// and sampling them on several threads is as fast.
-    fn selects_top_k(&self) -> bool {
-        false
+    /// The largest `k` for which [`Backend::step_top_k`] selects on the backend's own device,
+    /// so that asking for each row's best logits saves copying the rows (the actor then takes
+    /// it for sampled rows whose sampler reads only those, [`crate::Sampler::top_k_only`]);
+    /// 0: none. The default is 0: its `step_top_k` selects on the host, on the actor's
+    /// thread, where copying the rows and sampling them on several threads is as fast.
+    fn device_top_k(&self) -> usize {
+        0
     }
     /// Run one step like [`Backend::step`] and return, per logits row in row order, its `k`
     /// best logits as [`crate::sampling::top_k`] lists them: `(token, logit)`, descending, the

@@ -171,8 +171,8 @@ impl Backend for Faulty {
         self.fault()?;
         self.inner.step_argmax(batch)
     }
-    fn selects_top_k(&self) -> bool {
-        self.inner.selects_top_k()
+    fn device_top_k(&self) -> usize {
+        self.inner.device_top_k()
     }
     fn step_top_k(
         &mut self,

@@ -539,8 +539,9 @@ struct Counted {
     calls: std::sync::Arc<Calls>,
     /// Say that `decode_greedy` pipelines (as the CUDA backend does), so the actor chains.
     pipelines: bool,
-    /// Say that `step_top_k` selects on the device, so the actor asks for top-k lists.
-    selects: bool,
+    /// The largest k `step_top_k` says it selects on the device (0: none), so the actor asks
+    /// for top-k lists up to it.
+    selects: usize,
 }
 
 /// Calls of `step`, `step_argmax`, `step_top_k` (and the largest k asked) and `decode_greedy`
@@ -577,7 +578,7 @@ impl runtime::Backend for Counted {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.step_argmax(b)
     }
-    fn selects_top_k(&self) -> bool {
+    fn device_top_k(&self) -> usize {
         self.selects
     }
     fn step_top_k(
@@ -612,7 +613,7 @@ impl runtime::Backend for Counted {
 }
 
 /// One request through an actor over a counted real CPU backend (`device_pick`, `decode_chain`:
-/// the actor's settings; `selects`: the backend says it selects top-k lists on its device):
+/// the actor's settings; `selects`: the largest k the backend says it selects on its device):
 /// the tokens and the backend's calls.
 fn counted_run(
     (file, tok): (
@@ -620,7 +621,7 @@ fn counted_run(
         &std::sync::Arc<tokenizer::Tokenizer>,
     ),
     prompt: &[u32],
-    (device_pick, decode_chain, selects): (bool, usize, bool),
+    (device_pick, decode_chain, selects): (bool, usize, usize),
     params: SamplingParams,
 ) -> (Vec<u32>, std::sync::Arc<Calls>) {
     use std::sync::Arc;
@@ -686,9 +687,8 @@ fn sampled_steps_take_top_k_lists_from_a_backend_that_selects_them() {
     for params in [sampled(40, 1.0), sampled(1, 1.0), sampled(256, 1.0)] {
         // The rows copied and sampled on the host, against top-k lists (the CPU backend's
         // default `step_top_k`, selecting on the host): the same seed, the same tokens.
-        let (rows, calls_rows) =
-            counted_run((&file, &tok), &prompt, (true, 8, false), params.clone());
-        let (lists, calls) = counted_run((&file, &tok), &prompt, (true, 8, true), params.clone());
+        let (rows, calls_rows) = counted_run((&file, &tok), &prompt, (true, 8, 0), params.clone());
+        let (lists, calls) = counted_run((&file, &tok), &prompt, (true, 8, 256), params.clone());
         assert_eq!(
             lists, rows,
             "top_k {}: lists and rows sample apart",
@@ -704,10 +704,10 @@ fn sampled_steps_take_top_k_lists_from_a_backend_that_selects_them() {
     // for; the device pick switched off copies rows too.
     for (params, pick) in [
         (sampled(40, 1.3), true),
-        (sampled(runtime::actor::MAX_DEVICE_TOP_K + 1, 1.0), true),
+        (sampled(257, 1.0), true),
         (sampled(40, 1.0), false),
     ] {
-        let (ids, calls) = counted_run((&file, &tok), &prompt, (pick, 8, true), params);
+        let (ids, calls) = counted_run((&file, &tok), &prompt, (pick, 8, 256), params);
         assert_eq!(calls.top_ks.load(SeqCst), 0);
         assert!(calls.steps.load(SeqCst) >= ids.len() && !ids.is_empty());
     }
@@ -725,7 +725,7 @@ fn greedy_steps_pick_on_the_backend_and_sampled_steps_copy_logits() {
         counted_run(
             (&file, &tok),
             &prompt,
-            (device_pick, decode_chain, false),
+            (device_pick, decode_chain, 0),
             params,
         )
     };
