@@ -3469,12 +3469,7 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
         let nv = self.cfg.n_vocab;
         if !self.gpu.top_k_dev.get() || !Gpu::top_k_fits(nv, k) {
-            let out = self.step(batch)?;
-            return Ok(out
-                .logits
-                .chunks_exact(nv.max(1))
-                .map(|r| runtime::sampling::top_k(r, k))
-                .collect());
+            return Ok(self.step(batch)?.top_k_rows(k));
         }
         let rows = self.run_step(batch)?;
         self.gpu

@@ -200,6 +200,14 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
+    /// Each row's `k` best logits as [`crate::sampling::top_k`] lists them (what
+    /// [`Backend::step_top_k`] returns when it selects on the host).
+    pub fn top_k_rows(&self, k: usize) -> Vec<Vec<(u32, f32)>> {
+        self.logits
+            .chunks_exact(self.n_vocab.max(1))
+            .map(|r| crate::sampling::top_k(r, k))
+            .collect()
+    }
     /// Row `i` of the logits.
     pub fn row(&self, i: usize) -> Option<&[f32]> {
         let a = i.checked_mul(self.n_vocab)?;
@@ -323,11 +331,7 @@ pub trait Backend {
         k: usize,
     ) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
         let out = self.step(batch)?;
-        let rows = out
-            .logits
-            .chunks_exact(out.n_vocab.max(1))
-            .map(|r| crate::sampling::top_k(r, k))
-            .collect();
+        let rows = out.top_k_rows(k);
         self.recycle(out.logits);
         Ok(rows)
     }
