@@ -227,8 +227,12 @@ impl CpuBackend {
                 opts.decode_order.name(),
                 if opts.no_repack {
                     "memory-mapped (no repack)"
-                } else {
+                } else if dot::best_isa() == dot::Isa::Avx512 {
                     "repacked"
+                } else {
+                    // `PackedMat` has AVX-512 layouts only; elsewhere the weights are copied
+                    // into owned memory as they are (`Weights::own`).
+                    "copied into memory (not repacked: no packed kernels on this level)"
                 }
             ),
             max_batch_tokens: opts.max_batch_tokens,

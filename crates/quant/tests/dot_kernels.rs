@@ -774,43 +774,69 @@ fn dot_matmul_smollm2_shapes_match_scalar() {
     }
 }
 
-/// The AVX-512 kernels of the quantized types reproduce the scalar references bit for bit:
-/// both follow llama.cpp's order of float operations (the teacher-forced tests rely on it),
-/// including the separate order of the tokens left over from groups of 4 (Q4_K).
+/// The AVX-512 and NEON kernels of the quantized types reproduce the scalar references bit for
+/// bit: all follow llama.cpp's order of float operations (the teacher-forced tests rely on it),
+/// including the separate order of the tokens left over from groups of 4 (Q4_K), in both
+/// summation orders of the 32-element types.
 #[test]
-fn dot_avx512_matmul_is_bit_identical_to_scalar() {
-    if !Isa::Avx512.available() {
-        println!("skipping: AVX-512 not available on this CPU");
-        return;
+fn dot_avx512_and_neon_matmul_are_bit_identical_to_scalar() {
+    for isa in [Isa::Avx512, Isa::Neon] {
+        if isa.available() {
+            matmul_is_bit_identical_to_scalar(isa);
+        } else {
+            println!("skipping {}: not available on this CPU", isa.name());
+        }
     }
-    let mut rng = Rng(0x5eed_0b17);
+}
+
+/// A seed for this run (fresh inputs every run; `CROSSOVER_TEST_SEED` replays a printed one).
+fn run_seed(test: &str) -> u64 {
+    let seed = std::env::var("CROSSOVER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("{test}: seed {seed} (CROSSOVER_TEST_SEED={seed} replays it)");
+    seed
+}
+
+fn matmul_is_bit_identical_to_scalar(isa: Isa) {
+    let mut rng = Rng(run_seed(isa.name()));
     let pool = Pool::new(2).unwrap();
     for ty in &WEIGHT_TYPES[3..] {
         let ty = *ty;
-        for &(rows, cols, n_tokens) in &[
-            (13usize, 512usize, 7usize),
-            (8, 256, 1),
-            (70, 768, 9),
-            (5, 256, 16),
-            (9, 256, 47),
+        for &(rows, cols, n_tokens, random_bytes) in &[
+            (13usize, 512usize, 7usize, false),
+            (8, 256, 1, false),
+            (70, 768, 9, false),
+            (5, 256, 16, true),
+            (9, 256, 47, false),
+            (6, 512, 5, true),
         ] {
             let w: Vec<u8> = (0..rows)
-                .flat_map(|_| weight_row(&mut rng, ty, cols, false))
+                .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
                 .collect();
             let x = rng.acts(n_tokens * cols);
-            let mut outs = Vec::new();
-            for isa in [Isa::Scalar, Isa::Avx512] {
-                let acts = quantized_acts(ty, &x, n_tokens, cols, isa);
-                let mut out = vec![f32::NAN; rows * n_tokens];
-                dot::matmul_with_isa(ty, &w, rows, cols, &acts, &mut out, &pool, isa).unwrap();
-                outs.push(out);
-            }
-            for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{ty} {rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs avx512 {b}"
-                );
+            for order in dot::SumOrder::ALL {
+                let mut outs = Vec::new();
+                for level in [Isa::Scalar, isa] {
+                    let acts = quantized_acts(ty, &x, n_tokens, cols, level);
+                    let mut out = vec![f32::NAN; rows * n_tokens];
+                    dot::matmul_ordered(ty, &w, rows, cols, &acts, &mut out, &pool, level, order)
+                        .unwrap();
+                    outs.push(out);
+                }
+                for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{ty} {rows}x{cols}x{n_tokens} ({order}, random bytes {random_bytes}): element {i}: scalar {a} vs {} {b}",
+                        isa.name()
+                    );
+                }
             }
         }
     }

@@ -1,5 +1,6 @@
 //! f32 helpers for attention over an f16 KV cache: dot products, `y += a * x` from f16, and a
-//! vectorized `exp` for softmax. Each has a scalar reference and AVX2/AVX-512 versions; the
+//! vectorized `exp` for softmax. Each has a scalar reference and AVX2/AVX-512 versions (NEON
+//! for the dots and `axpy`; `exp` runs its scalar form there); the
 //! plain functions use [`best_isa`], the `*_isa` ones take the level explicitly (for tests).
 //!
 //! Slices of different lengths are a caller bug: the functions debug-assert equal lengths and
@@ -121,6 +122,9 @@ fn dispatch_dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::dot_f32_256(a.as_ptr(), b.as_ptr(), n) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { super::neon::dot_f32(a.as_ptr(), b.as_ptr(), n) },
         _ => dot_f32_scalar(a, b),
     }
 }
@@ -135,6 +139,9 @@ fn dispatch_dot_f32_f16(isa: Isa, a: &[f32], b: &[f16]) -> f32 {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::dot_f32_f16_256(a.as_ptr(), b.as_ptr() as *const u16, n) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { super::neon::dot_f32_f16(a.as_ptr(), b.as_ptr() as *const u16, n) },
         _ => dot_f32_f16_scalar(a, b),
     }
 }
@@ -149,6 +156,11 @@ fn dispatch_axpy_f16(isa: Isa, y: &mut [f32], a: f32, x: &[f16]) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::axpy_f16_256(y.as_mut_ptr(), a, x.as_ptr() as *const u16, n) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe {
+            super::neon::axpy_f16(y.as_mut_ptr(), a, x.as_ptr() as *const u16, n)
+        },
         _ => axpy_f16_scalar(y, a, x),
     }
 }

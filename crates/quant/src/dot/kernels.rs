@@ -26,6 +26,7 @@ pub(crate) struct Tile {
 
 impl Tile {
     /// The one-row tile of row `r` (`r < rows`).
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub fn row(&self, r: usize) -> Tile {
         Tile {
@@ -58,6 +59,7 @@ pub(crate) struct Kernel {
 /// Expand a tile function generic over `<const R: usize, const T: usize>` into one taking any
 /// `rows <= max(MR, MR1)` and `toks in 1..=NT`: one-token tiles of `MR1` rows use `f::<MR1, 1>`,
 /// tiles of `MR` rows use `f::<MR, toks>`, anything shorter runs row by row with `f::<1, toks>`.
+#[cfg(target_arch = "x86_64")]
 macro_rules! tile_dispatch {
     ($tile:expr, $f:ident, $mr:literal, [$($nt:literal),+], $mr1:literal) => {{
         let t: &$crate::dot::kernels::Tile = $tile;
@@ -79,6 +81,7 @@ macro_rules! tile_dispatch {
         }
     }};
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use tile_dispatch;
 
 /// Run a scalar row-dot over every `(row, token)` of a tile.
@@ -174,6 +177,8 @@ pub(crate) fn kernel(ty: GgmlType, isa: Isa, order: SumOrder) -> Option<Kernel> 
         Isa::Avx2 => super::avx2::kernel(ty, order),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => super::avx512::kernel(ty, order),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => super::neon::kernel(ty, order),
         #[allow(unreachable_patterns)]
         _ => scalar_kernel(ty, order),
     }
@@ -196,6 +201,8 @@ pub(crate) fn tail_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
         }),
         #[cfg(target_arch = "x86_64")]
         (_, Isa::Avx512) => super::avx512::tail_kernel(ty),
+        #[cfg(target_arch = "aarch64")]
+        (_, Isa::Neon) => super::neon::tail_kernel(ty),
         _ => None,
     }
 }
@@ -205,6 +212,8 @@ pub(crate) fn quantize_row(act_ty: GgmlType, isa: Isa, x: &[f32], y: &mut [u8]) 
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => super::avx2::quantize_row(act_ty, x, y),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => super::neon::quantize_row(act_ty, x, y),
         _ => quantize_row_scalar(act_ty, x, y),
     }
 }

@@ -515,7 +515,10 @@ fn run_jobs(
     // use by this call's jobs).
     let mut block_bufs = BLOCK_ROWS.with(|b| b.take());
     let mut block_used: Vec<Vec<WideLine>> = Vec::new();
+    // The wide many-token kernels exist on x86-64 only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let wide_bufs = &mut wide_guard;
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables, unused_mut))]
     let mut wide_built = [false; 2];
     // The last activation rows laid out for the whole-block kernels: (source rows, row bytes,
     // blocks, extra) and where they were put.

@@ -35,6 +35,8 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 pub use f32ops::{axpy_f16, dot_f32, dot_f32_f16, exp_f32, exp_inplace, softmax_inplace};
 pub use matmul::{
@@ -127,8 +129,8 @@ pub enum Isa {
     Avx2,
     /// x86-64 with AVX-512 F/BW/VL and VNNI (plus everything `Avx2` needs).
     Avx512,
-    /// aarch64 NEON. Reserved: no NEON kernels exist yet, so [`Isa::available`] is false and
-    /// aarch64 uses `Scalar`.
+    /// aarch64 NEON (every aarch64 CPU; the 8-bit dot-product instructions are used where the
+    /// CPU has them, detected at run time).
     Neon,
 }
 
@@ -189,10 +191,9 @@ fn has_avx512() -> bool {
     false
 }
 
-/// No NEON kernels exist yet (they could not be compiled or tested here), so the level is never
-/// offered: aarch64 runs the scalar kernels.
+/// NEON is part of every aarch64 CPU.
 fn has_neon() -> bool {
-    false
+    cfg!(target_arch = "aarch64")
 }
 
 static BEST_ISA: AtomicU8 = AtomicU8::new(u8::MAX);

@@ -520,7 +520,7 @@ pub fn dot_bf16w(w: &[u8], a: &[u8]) -> f32 {
 /// multiply-add for types with mins), then `acc = fma(r, d_y, acc)` (GCC contracts its
 /// multiply and add).
 #[inline(always)]
-fn tiled_step(acc: f32, isum: i32, min: Option<(f32, i32)>, d: f32, dy: f32) -> f32 {
+pub(crate) fn tiled_step(acc: f32, isum: i32, min: Option<(f32, i32)>, d: f32, dy: f32) -> f32 {
     let mut r = isum as f32 * d;
     if let Some((dmin, msum)) = min {
         r = (-dmin).mul_add(msum as f32, r);

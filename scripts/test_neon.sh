@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The NEON level on aarch64, from an x86-64 machine (this one and CI): cross-builds for
+# aarch64-unknown-linux-gnu and runs under qemu-user (the runner in .cargo/config.toml).
+#
+#   1. the kernel crate's tests (`quant`: every NEON kernel bit for bit against the scalar
+#      reference, quantizers, f32 helpers), twice: on a CPU with the 8-bit dot product (qemu's
+#      `max`, as Neoverse N1/V1 or Apple M1 and later) and on one without (Cortex-A72);
+#   2. the CPU engine's teacher-forced tests (`cpu`), logits against llama.cpp's fixtures;
+#   3. the README's first command, the real SmolLM2 model answering under qemu.
+#
+# Installs what it needs through rustup and apt (the aarch64 standard library, a cross linker,
+# qemu-user). Where that cannot be installed the NEON tests are SKIPPED with a message saying
+# what is missing; a failing test fails the script. Called by scripts/test.sh; alone:
+#   scripts/test_neon.sh            (all three)
+#   scripts/test_neon.sh --quick    (1 only)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+TARGET=aarch64-unknown-linux-gnu
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+skip() {
+    echo "NEON tests SKIPPED: $*" >&2
+    exit 0
+}
+
+if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+    rustup target add "$TARGET" >/dev/null 2>&1 || skip "could not install the $TARGET standard library (rustup target add $TARGET)"
+fi
+need=()
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+if ((${#need[@]})); then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! $SUDO apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1; then
+        $SUDO apt-get update -q >/dev/null 2>&1 || true
+        $SUDO apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 ||
+            skip "could not install ${need[*]} with apt-get"
+    fi
+fi
+
+echo "== NEON: quant kernels, CPU with sdot (qemu max)" >&2
+QEMU_CPU=max cargo test --release --target "$TARGET" -p quant
+echo "== NEON: quant kernels, CPU without sdot (qemu cortex-a72)" >&2
+QEMU_CPU=cortex-a72 cargo test --release --target "$TARGET" -p quant
+[ "$QUICK" = 1 ] && exit 0
+
+echo "== NEON: CPU engine, teacher-forced against llama.cpp" >&2
+QEMU_CPU=max cargo test --release --target "$TARGET" -p cpu --test teacher_forced
+
+echo "== NEON: the README's first command under qemu" >&2
+cargo build --release --target "$TARGET" -p crossover
+out=$(QEMU_CPU=max qemu-aarch64 -L /usr/aarch64-linux-gnu "target/$TARGET/release/crossover" \
+    run --chat --temp 0 -n 24 --system "You are a helpful assistant." \
+    "What is the capital of France?" 2>&1)
+echo "$out" >&2
+# llama.cpp answers "The capital of France is Paris." on this file (crates/cpu tests, issue 3).
+grep -q "neon" <<<"$out" || { echo "NEON: the CPU backend did not report the neon level" >&2; exit 1; }
+grep -q "Paris" <<<"$out" || { echo "NEON: the answer does not name Paris" >&2; exit 1; }
