@@ -22,3 +22,7 @@ scripts/synth_model.sh --for-fixture crates/cpu/tests/fixtures/synth_llama1b_q4_
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# The NEON kernels (aarch64) under qemu-user: cross-built, bit for bit against the scalar
+# reference, and the default model answering (skips with a message where the cross tools
+# cannot be installed).
+scripts/test_neon.sh

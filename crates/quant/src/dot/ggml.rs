@@ -12,7 +12,8 @@
 //!   `i, i + 16, ...`, then the lanes reduced by [`reduce16`].
 //!
 //! Every function has a scalar form (the reference, with `f32::mul_add` for each fused
-//! multiply-add) and an AVX-512 form; the two are bit-identical, and the tests check that.
+//! multiply-add), an AVX-512 form and a NEON form (aarch64: the 16 lanes as four
+//! `float32x4_t`); all are bit-identical, and the tests check that.
 
 use half::f16;
 
@@ -71,6 +72,9 @@ pub fn swiglu_isa(isa: Isa, g: &mut [f32], u: &[f32]) {
         // SAFETY: the level is available (caller's contract); both pointers cover `body`.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::swiglu_512(g.as_mut_ptr(), u.as_ptr(), body) },
+        // SAFETY: as above (NEON is baseline on aarch64).
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { arm::swiglu(g.as_mut_ptr(), u.as_ptr(), body) },
         _ => {
             for (gv, &uv) in g[..body].iter_mut().zip(&u[..body]) {
                 let x = *gv;
@@ -108,6 +112,8 @@ pub fn softmax_isa(isa: Isa, x: &mut [f32]) {
             // SAFETY: the level is available (caller's contract).
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => unsafe { x86::exp_sub_512(&mut e, max) },
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::exp_sub(&mut e, max),
             _ => {
                 for v in e.iter_mut() {
                     *v = expf(*v - max);
@@ -140,6 +146,11 @@ pub fn dot_f16_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::dot_f16_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe {
+            arm::dot_f16(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
         },
         _ => {
             let mut acc = [0f32; 16];
@@ -174,6 +185,11 @@ pub fn dot_f16_vec_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::dot_f16_vec_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe {
+            arm::dot_f16_vec(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
         },
         _ => {
             let mut acc = [0f32; 64];
@@ -282,6 +298,9 @@ pub fn fma_f16_row_isa(isa: Isa, acc: &mut [f32], p: f32, v: &[f16]) {
         Isa::Avx512 => unsafe {
             x86::fma_f16_row_512(acc.as_mut_ptr(), p, v.as_ptr() as *const u16, n)
         },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { arm::fma_f16_row(acc.as_mut_ptr(), p, v.as_ptr() as *const u16, n) },
         _ => {
             for (a, x) in acc[..n].iter_mut().zip(&v[..n]) {
                 *a = x.to_f32().mul_add(p, *a);
@@ -472,6 +491,177 @@ mod x86 {
     }
 }
 
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use std::arch::aarch64::*;
+
+    use super::*;
+    use crate::dot::neon::f16x8;
+
+    /// [`reduce16`] of the 16 lanes held as four vectors (lanes 0..4, 4..8, 8..12, 12..16):
+    /// the same tree, in the same order.
+    #[inline(always)]
+    fn reduce(v: [float32x4_t; 4]) -> f32 {
+        // SAFETY: plain NEON (baseline on aarch64).
+        unsafe {
+            // h[i] = v[8 + i] + v[i]; q[i] = h[4 + i] + h[i].
+            let q = vaddq_f32(vaddq_f32(v[3], v[1]), vaddq_f32(v[2], v[0]));
+            (vgetq_lane_f32::<0>(q) + vgetq_lane_f32::<2>(q))
+                + (vgetq_lane_f32::<1>(q) + vgetq_lane_f32::<3>(q))
+        }
+    }
+
+    /// [`expf`] on four lanes, operation for operation (fused where the reference fuses).
+    /// `scalef(j, n)` is `j` times `2^n` built from its exponent bits for `-126 <= n <= 127`
+    /// (one rounding, as the reference's exact f64 product rounded once); any other lane (and
+    /// NaN) takes the scalar reference itself.
+    #[inline(always)]
+    fn expf4(x: float32x4_t) -> float32x4_t {
+        // SAFETY: plain NEON.
+        unsafe {
+            let r = vdupq_n_f32(R);
+            let z = vfmaq_n_f32(r, x, LOG2E);
+            let n = vsubq_f32(z, r);
+            let b = vfmsq_n_f32(vfmsq_n_f32(x, n, LN2_HI), n, LN2_LO);
+            let u = vmulq_f32(b, b);
+            let t1 = vfmaq_n_f32(vdupq_n_f32(P4), b, P5);
+            let t2 = vfmaq_n_f32(vdupq_n_f32(P2), b, P3);
+            let t4 = vfmaq_n_f32(vdupq_n_f32(1.0), b, P1);
+            let j = vfmaq_f32(t4, vfmaq_f32(t2, t1, u), u);
+            let ok = vandq_u32(
+                vcgeq_f32(n, vdupq_n_f32(-126.0)),
+                vcleq_f32(n, vdupq_n_f32(127.0)),
+            );
+            let ni = vcvtq_s32_f32(vbslq_f32(ok, n, vdupq_n_f32(0.0)));
+            let pow = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(ni, vdupq_n_s32(127))));
+            let res = vmulq_f32(j, pow);
+            if vminvq_u32(ok) == u32::MAX {
+                return res;
+            }
+            let mut o = [0f32; 4];
+            let mut xs = [0f32; 4];
+            let mut m = [0u32; 4];
+            vst1q_f32(o.as_mut_ptr(), res);
+            vst1q_f32(xs.as_mut_ptr(), x);
+            vst1q_u32(m.as_mut_ptr(), ok);
+            for l in 0..4 {
+                if m[l] == 0 {
+                    o[l] = expf(xs[l]);
+                }
+            }
+            vld1q_f32(o.as_ptr())
+        }
+    }
+
+    /// # Safety
+    /// `g` and `u` valid for `n` elements, `n % 16 == 0`.
+    pub unsafe fn swiglu(g: *mut f32, u: *const f32, n: usize) {
+        let one = vdupq_n_f32(1.0);
+        let zero = vdupq_n_f32(0.0);
+        let mut i = 0;
+        while i + 4 <= n {
+            // SAFETY: i + 4 <= n, inside both buffers.
+            unsafe {
+                let x = vld1q_f32(g.add(i));
+                let e = expf4(vsubq_f32(zero, x));
+                let s = vdivq_f32(x, vaddq_f32(one, e));
+                vst1q_f32(g.add(i), vmulq_f32(s, vld1q_f32(u.add(i))));
+            }
+            i += 4;
+        }
+    }
+
+    /// `e = expf(e - max)` in place; returns the chunk's sum by [`reduce16`]'s tree.
+    pub fn exp_sub(e: &mut [f32; 16], max: f32) -> f32 {
+        // SAFETY: `e` holds 16 floats.
+        unsafe {
+            let p = e.as_mut_ptr();
+            let v: [float32x4_t; 4] = std::array::from_fn(|k| {
+                let r = expf4(vsubq_f32(vld1q_f32(p.add(4 * k)), vdupq_n_f32(max)));
+                vst1q_f32(p.add(4 * k), r);
+                r
+            });
+            reduce(v)
+        }
+    }
+
+    /// # Safety
+    /// `a`, `b` valid for `n` f16 values, `n % 16 == 0`.
+    pub unsafe fn dot_f16(a: *const u16, b: *const u16, n: usize) -> f32 {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, inside both vectors.
+            unsafe {
+                let (x0, x1) = f16x8(a.add(i));
+                let (x2, x3) = f16x8(a.add(i + 8));
+                let (y0, y1) = f16x8(b.add(i));
+                let (y2, y3) = f16x8(b.add(i + 8));
+                acc[0] = vfmaq_f32(acc[0], x0, y0);
+                acc[1] = vfmaq_f32(acc[1], x1, y1);
+                acc[2] = vfmaq_f32(acc[2], x2, y2);
+                acc[3] = vfmaq_f32(acc[3], x3, y3);
+            }
+            i += 16;
+        }
+        reduce(acc)
+    }
+
+    /// # Safety
+    /// `a`, `b` valid for `n` f16 values, `n % 64 == 0`.
+    pub unsafe fn dot_f16_vec(a: *const u16, b: *const u16, n: usize) -> f32 {
+        // acc[4g + k]: lanes 4k..4k + 4 of 16-lane accumulator g.
+        let mut acc = [vdupq_n_f32(0.0); 16];
+        let mut i = 0;
+        while i + 64 <= n {
+            for h in 0..8 {
+                // SAFETY: i + 64 <= n, inside both vectors.
+                unsafe {
+                    let (x0, x1) = f16x8(a.add(i + 8 * h));
+                    let (y0, y1) = f16x8(b.add(i + 8 * h));
+                    acc[2 * h] = vfmaq_f32(acc[2 * h], x0, y0);
+                    acc[2 * h + 1] = vfmaq_f32(acc[2 * h + 1], x1, y1);
+                }
+            }
+            i += 64;
+        }
+        // reduce64: lane l of (acc0 + acc2) + (acc1 + acc3), then reduce16.
+        // SAFETY: plain NEON.
+        let v: [float32x4_t; 4] = std::array::from_fn(|k| unsafe {
+            vaddq_f32(
+                vaddq_f32(acc[k], acc[8 + k]),
+                vaddq_f32(acc[4 + k], acc[12 + k]),
+            )
+        });
+        reduce(v)
+    }
+
+    /// # Safety
+    /// `acc` and `v` valid for `n` elements.
+    pub unsafe fn fma_f16_row(acc: *mut f32, p: f32, v: *const u16, n: usize) {
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n, inside both buffers.
+            unsafe {
+                let (x0, x1) = f16x8(v.add(i));
+                let a0 = vld1q_f32(acc.add(i));
+                let a1 = vld1q_f32(acc.add(i + 4));
+                vst1q_f32(acc.add(i), vfmaq_n_f32(a0, x0, p));
+                vst1q_f32(acc.add(i + 4), vfmaq_n_f32(a1, x1, p));
+            }
+            i += 8;
+        }
+        while i < n {
+            // SAFETY: i < n.
+            unsafe {
+                let x = half::f16::from_bits(*v.add(i)).to_f32();
+                *acc.add(i) = x.mul_add(p, *acc.add(i));
+            }
+            i += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,7 +707,7 @@ mod tests {
     }
 
     fn levels() -> Vec<Isa> {
-        [Isa::Avx512]
+        [Isa::Avx512, Isa::Neon]
             .into_iter()
             .filter(|i| i.available())
             .collect()

@@ -817,7 +817,7 @@ pub(crate) unsafe fn dot_f32(w: *const f32, a: *const f32, n: usize) -> f32 {
 /// # Safety
 /// `p` valid for 8 u16.
 #[inline(always)]
-unsafe fn f16x8(p: *const u16) -> (float32x4_t, float32x4_t) {
+pub(crate) unsafe fn f16x8(p: *const u16) -> (float32x4_t, float32x4_t) {
     // SAFETY: caller's contract. `fcvtl` / `fcvtl2` (half to single) are baseline ARMv8; the
     // f16 lanes are reinterpreted from their bits.
     unsafe {
