@@ -5,17 +5,16 @@
 #   1. the kernel crate's tests (`quant`: every NEON kernel bit for bit against the scalar
 #      reference, quantizers, f32 helpers), twice: on a CPU with the 8-bit dot product (qemu's
 #      `max`, as Neoverse N1/V1 or Apple M1 and later) and on one without (Cortex-A72);
-#   2. the README's first command: the real SmolLM2 model answering under qemu on the NEON level.
-#
-# The CPU engine's teacher-forced tests run too slowly under qemu for every CI run (qemu-user
-# emulates floating point in software): `QEMU_CPU=max cargo test --release --target
-# aarch64-unknown-linux-gnu -p cpu --test teacher_forced smollm2_q4_1_matches_llama_cpp`
-# runs one of them (docs/perf/cpu.md, "aarch64").
+#   2. the CPU engine's teacher-forced test on the real SmolLM2 file: its logits against
+#      llama.cpp's fixture, bit for bit (~7 min under qemu: qemu-user emulates floating point in
+#      software, so the engine's other tests stay on x86-64);
+#   3. the README's first command: the real SmolLM2 model answering under qemu on the NEON level,
+#      with and without `sdot`.
 #
 # Installs what it needs through rustup and apt (the aarch64 standard library, a cross linker,
 # qemu-user). Where that cannot be installed the NEON tests are SKIPPED with a message saying
 # what is missing; a failing test fails the script. Called by scripts/test.sh; alone:
-#   scripts/test_neon.sh            (1 and 2)
+#   scripts/test_neon.sh            (1, 2 and 3)
 #   scripts/test_neon.sh --quick    (1 only)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,12 +53,18 @@ echo "== NEON: quant kernels, CPU without sdot (qemu cortex-a72)" >&2
 QEMU_CPU=cortex-a72 cargo test --release --target "$TARGET" -p quant
 [ "$QUICK" = 1 ] && exit 0
 
+echo "== NEON: CPU engine, teacher-forced against llama.cpp (SmolLM2, bit for bit)" >&2
+QEMU_CPU=max cargo test --release --target "$TARGET" -p cpu --test teacher_forced \
+    smollm2_q4_1_matches_llama_cpp -- --exact --nocapture
+
 echo "== NEON: the README's first command under qemu" >&2
 cargo build --release --target "$TARGET" -p crossover
-out=$(QEMU_CPU=max qemu-aarch64 -L /usr/aarch64-linux-gnu "target/$TARGET/release/crossover" \
-    run --chat --temp 0 -n 24 --system "You are a helpful assistant." \
-    "What is the capital of France?" 2>&1)
-echo "$out" >&2
-# llama.cpp answers "The capital of France is Paris." on this file (crates/cpu tests, issue 3).
-grep -q "neon" <<<"$out" || { echo "NEON: the CPU backend did not report the neon level" >&2; exit 1; }
-grep -q "Paris" <<<"$out" || { echo "NEON: the answer does not name Paris" >&2; exit 1; }
+for cpu in max cortex-a72; do
+    out=$(QEMU_CPU=$cpu qemu-aarch64 -L /usr/aarch64-linux-gnu "target/$TARGET/release/crossover" \
+        run --chat --temp 0 -n 24 --system "You are a helpful assistant." \
+        "What is the capital of France?" 2>&1)
+    echo "$out" >&2
+    # llama.cpp answers "The capital of France is Paris." on this file (crates/cpu tests).
+    grep -q "neon" <<<"$out" || { echo "NEON ($cpu): the CPU backend did not report the neon level" >&2; exit 1; }
+    grep -q "Paris" <<<"$out" || { echo "NEON ($cpu): the answer does not name Paris" >&2; exit 1; }
+done

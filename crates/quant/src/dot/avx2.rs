@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use super::f32ops::x86 as f32x86;
-use super::kernels::{Kernel, Tile, TileFn};
+use super::kernels::{quantize_row_blocks, BlockQuantizers, Kernel, Tile, TileFn};
 use super::scalar::{k4_scale_min, q3k_scales};
 use super::SumOrder;
 
@@ -173,29 +173,13 @@ fn i16_pick(lo: usize, hi: usize) -> __m256i {
 
 /// Quantize one row; `y` is exactly one activation row of `act_ty` for `x`.
 pub(crate) fn quantize_row(act_ty: GgmlType, x: &[f32], y: &mut [u8]) {
+    let q = BlockQuantizers {
+        q8: q8_block,
+        q8k: q8k_block,
+    };
     // SAFETY: AVX2 is available (callers only take this path when `Isa::Avx2` or `Isa::Avx512`
-    // is); each quantizer reads `x.len()` floats and writes `y`'s matching block count, and the
-    // chunk iterators below hand it exactly that.
-    unsafe {
-        match act_ty {
-            GgmlType::Q8_0 => {
-                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(34)) {
-                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), false);
-                }
-            }
-            GgmlType::Q8_1 => {
-                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(36)) {
-                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), true);
-                }
-            }
-            GgmlType::Q8K => {
-                for (xb, yb) in x.chunks_exact(256).zip(y.chunks_exact_mut(292)) {
-                    q8k_block(xb.as_ptr(), yb.as_mut_ptr());
-                }
-            }
-            _ => super::scalar::quantize_row_f32(x, y),
-        }
-    }
+    // is).
+    unsafe { quantize_row_blocks(act_ty, x, y, q) }
 }
 
 /// Pack 4×8 i32 (elements in order) into 32 i8 (values fit without saturation).

@@ -218,6 +218,48 @@ pub(crate) fn quantize_row(act_ty: GgmlType, isa: Isa, x: &[f32], y: &mut [u8]) 
     }
 }
 
+/// A level's quantizers of one block: `q8(x, y, with_sum)` makes a `Q8_0` block (a `Q8_1` one
+/// with `with_sum`) from 32 floats, `q8k(x, y)` a `Q8_K` block from 256.
+pub(crate) struct BlockQuantizers {
+    pub q8: unsafe fn(*const f32, *mut u8, bool),
+    pub q8k: unsafe fn(*const f32, *mut u8),
+}
+
+/// Quantize one row (`y` exactly one activation row of `act_ty` for `x`) block by block with a
+/// level's block quantizers; f32 rows are copied.
+///
+/// # Safety
+/// The quantizers' instruction set is available.
+pub(crate) unsafe fn quantize_row_blocks(
+    act_ty: GgmlType,
+    x: &[f32],
+    y: &mut [u8],
+    q: BlockQuantizers,
+) {
+    // SAFETY: each quantizer reads one block of `x` and writes one block of `y`; the chunk
+    // iterators hand it exactly that; the level is available (caller's contract).
+    unsafe {
+        match act_ty {
+            GgmlType::Q8_0 => {
+                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(34)) {
+                    (q.q8)(xb.as_ptr(), yb.as_mut_ptr(), false);
+                }
+            }
+            GgmlType::Q8_1 => {
+                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(36)) {
+                    (q.q8)(xb.as_ptr(), yb.as_mut_ptr(), true);
+                }
+            }
+            GgmlType::Q8K => {
+                for (xb, yb) in x.chunks_exact(256).zip(y.chunks_exact_mut(292)) {
+                    (q.q8k)(xb.as_ptr(), yb.as_mut_ptr());
+                }
+            }
+            _ => scalar::quantize_row_f32(x, y),
+        }
+    }
+}
+
 /// The scalar quantizer of `act_ty`.
 pub(crate) fn quantize_row_scalar(act_ty: GgmlType, x: &[f32], y: &mut [u8]) {
     match act_ty {

@@ -1,4 +1,5 @@
-//! aarch64 NEON kernels: activation quantizers and one row-by-token dot product per weight type.
+//! aarch64 NEON kernels: activation quantizers and a product kernel per weight type (one weight
+//! row against up to four tokens, each weight block unpacked once for all of them).
 //!
 //! Every quantized type reproduces its scalar reference ([`super::scalar`]) bit for bit: the
 //! integer work is exact in i32 lanes, and the f32 steps are the reference's own, in its order
@@ -24,7 +25,7 @@ use std::sync::OnceLock;
 use gguf::GgmlType;
 use half::f16;
 
-use super::kernels::{Kernel, Tile, TileFn};
+use super::kernels::{quantize_row_blocks, BlockQuantizers, Kernel, Tile, TileFn};
 use super::scalar::{k4_scale_min, q3k_scales, tiled_step};
 use super::SumOrder;
 
@@ -143,28 +144,12 @@ unsafe fn bits32(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 
 /// Quantize one row; `y` is exactly one activation row of `act_ty` for `x`.
 pub(crate) fn quantize_row(act_ty: GgmlType, x: &[f32], y: &mut [u8]) {
-    // SAFETY: each quantizer reads one block of `x` and writes one block of `y`; the chunk
-    // iterators hand it exactly that.
-    unsafe {
-        match act_ty {
-            GgmlType::Q8_0 => {
-                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(34)) {
-                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), false);
-                }
-            }
-            GgmlType::Q8_1 => {
-                for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(36)) {
-                    q8_block(xb.as_ptr(), yb.as_mut_ptr(), true);
-                }
-            }
-            GgmlType::Q8K => {
-                for (xb, yb) in x.chunks_exact(256).zip(y.chunks_exact_mut(292)) {
-                    q8k_block(xb.as_ptr(), yb.as_mut_ptr());
-                }
-            }
-            _ => super::scalar::quantize_row_f32(x, y),
-        }
-    }
+    let q = BlockQuantizers {
+        q8: q8_block,
+        q8k: q8k_block,
+    };
+    // SAFETY: NEON is baseline on aarch64.
+    unsafe { quantize_row_blocks(act_ty, x, y, q) }
 }
 
 /// Four i32 vectors (16 values each in range) narrowed to 16 i8 with saturation.
