@@ -9,7 +9,7 @@
 # kernels, model_agree, cuda_bench (stripped), llama-src.tar.gz (llama.cpp source subset from the
 # llama-cpp-python 0.3.36 sdist), ggml-vocab-starcoder.gguf, ggml-vocab-llama-bpe.gguf.
 #
-# STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab) picks stages; the agreement tests run
+# STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab, sample, prof) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
 # llama-bench still fits in a 600 s device call. BENCH_ARGS go to cuda_bench (e.g. --quick). AGREE lists the agreement runs as FILE:GEMM_MIN
 # (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s), TEST_S the kernel tests (240 s).
@@ -79,6 +79,26 @@ if has ab; then
   env ${AB_ENV:-CROSSOVER_CUDA_PREFILL_MMA=0} timeout 90 $G/cuda_bench /tmp/l3b.gguf \
     --depth 4096 --par ${PAR:-4} --quick 2>&1 | tee "$OUT/ab_old.log"
   t "a/b done"
+fi
+
+if has sample; then
+  # Sampled decoding through the actor (temperature 0.8, top-k 40, no penalties) on the 3B file:
+  # the device's top-k lists (CROSSOVER_CUDA_TOPK=1, Gpu::top_k_rows) against each whole row
+  # copied to the host (0), alternating, three rounds; the same seed must give the same text.
+  for round in 1 2 3; do
+    for k in 0 1; do
+      CROSSOVER_CUDA_TOPK=$k timeout 60 $G/crossover run --model /tmp/l3b.gguf --backend cuda:0 \
+        --temp 0.8 --top-k 40 --repeat-penalty 1 --seed 7 --ignore-eos -n 256 "The history of" \
+        >"$OUT/sample_${k}_${round}.txt" 2>"$OUT/sample_${k}_${round}.err"
+      echo "CROSSOVER_CUDA_TOPK=$k round $round: $(grep -E '^prompt:' "$OUT/sample_${k}_${round}.err")"
+    done
+  done | tee "$OUT/sample.log"
+  if cmp -s "$OUT/sample_0_1.txt" "$OUT/sample_1_1.txt"; then
+    echo "sample: the same text with and without the device top-k" | tee -a "$OUT/sample.log"
+  else
+    echo "sample: TEXT DIFFERS with the device top-k" | tee -a "$OUT/sample.log"
+  fi
+  t "sampled decoding a/b done"
 fi
 
 if has bench; then
