@@ -4,6 +4,8 @@
 # cargo's CARGO_TARGET_<triple>_* variables, so a native aarch64 build is left alone). On an
 # aarch64 host it does nothing: scripts/test.sh's workspace tests already ran the NEON level.
 #
+#   0. clippy (-D warnings) of the whole workspace for aarch64 Linux and for aarch64 macOS
+#      (type-checked only: no Mac here);
 #   1. the kernel crate's tests (`quant`: every NEON kernel bit for bit against the scalar
 #      reference, quantizers, f32 helpers), twice: on a CPU with the 8-bit dot product (qemu's
 #      `max`, as Neoverse N1/V1 or Apple M1 and later) and on one without (Cortex-A72);
@@ -53,8 +55,17 @@ if ((${#need[@]})); then
     fi
 fi
 
-echo "== NEON: clippy of the kernel crate for aarch64" >&2
-cargo clippy --release --target "$TARGET" -p quant --all-targets -- -D warnings
+echo "== NEON: clippy of the workspace for aarch64 Linux" >&2
+cargo clippy --release --target "$TARGET" --workspace --all-targets -- -D warnings
+# macOS on Apple silicon: type-checked only (no linker or Mac here); skipped where rustup
+# cannot add the target.
+if rustup target list --installed 2>/dev/null | grep -qx aarch64-apple-darwin ||
+    rustup target add aarch64-apple-darwin >/dev/null 2>&1; then
+    echo "== NEON: clippy of the workspace for aarch64 macOS" >&2
+    cargo clippy --release --target aarch64-apple-darwin --workspace --all-targets -- -D warnings
+else
+    echo "NEON: aarch64-apple-darwin check SKIPPED: rustup could not add the target" >&2
+fi
 echo "== NEON: quant kernels, CPU with sdot (qemu max)" >&2
 QEMU_CPU=max cargo test --release --target "$TARGET" -p quant
 echo "== NEON: quant kernels, CPU without sdot (qemu cortex-a72)" >&2
