@@ -5,7 +5,8 @@
 # (scripts/ref_logits.py, bench/compare_cpu.py, scripts/check_llama_loads.py). It is built from
 # source rather than taken as a wheel so that its CPU feature set is known: native detection
 # turns on AMX, which is listed in cpuinfo on these machines but faults (SIGILL) when used, so
-# the flags below name every x86 feature explicitly and switch AMX off.
+# on x86-64 the flags below name every feature explicitly and switch AMX off (elsewhere, e.g.
+# aarch64, native detection is used).
 #
 # Idempotent: does nothing when `import llama_cpp` already reports the wanted version.
 #
@@ -53,10 +54,17 @@ echo "building from $SDIST with $JOBS jobs"
 
 # LLAVA_BUILD=OFF: the multimodal library is loaded only by the vision chat handlers, which this
 # project never uses; skipping it saves a large part of the compile time.
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+# On aarch64 (and anything else) the compiler's native detection picks the CPU's features
+# (dotprod, i8mm, ...), as a user's own build there would; there is no AMX trap off x86.
+case "$(uname -m)" in
+    x86_64 | amd64)
+        FEATURES="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
--DGGML_CUDA=OFF -DLLAVA_BUILD=OFF"
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+        ;;
+    *) FEATURES="-DGGML_NATIVE=ON" ;;
+esac
+export CMAKE_ARGS="$FEATURES -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF"
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export MAKEFLAGS=-j$JOBS
 
