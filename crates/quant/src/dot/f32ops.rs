@@ -1,7 +1,7 @@
 //! f32 helpers for attention over an f16 KV cache: dot products, `y += a * x` from f16, and a
-//! vectorized `exp` for softmax. Each has a scalar reference and AVX2/AVX-512 versions (NEON
-//! for the dots and `axpy`; `exp` runs its scalar form there); the
-//! plain functions use [`best_isa`], the `*_isa` ones take the level explicitly (for tests).
+//! vectorized `exp` for softmax. Each has a scalar reference and AVX2/AVX-512 and NEON
+//! versions; the plain functions use [`best_isa`], the `*_isa` ones take the level explicitly
+//! (for tests).
 //!
 //! Slices of different lengths are a caller bug: the functions debug-assert equal lengths and
 //! otherwise use the shorter one, never reading or writing out of bounds.
@@ -173,21 +173,22 @@ fn dispatch_exp(isa: Isa, x: &mut [f32]) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::exp_256(x.as_mut_ptr(), x.len()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { arm::exp(x.as_mut_ptr(), x.len()) },
         _ => exp_scalar(x),
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
-    use std::arch::x86_64::*;
-
-    // exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2/2, exp(r) by its degree-7 Taylor
-    // polynomial (truncation error < 6e-9 relative). ln2 is split in two so n*ln2 is exact
-    // enough for |n| <= 128.
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const C: [f32; 8] = [
+// The vector `exp`'s constants (the x86 and NEON forms): exp(x) = 2^n * exp(r),
+// n = round(x / ln2), |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error
+// < 6e-9 relative). ln2 is split in two so n*ln2 is exact enough for |n| <= 128.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod exp_consts {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_145_75;
+    pub const LN2_LO: f32 = 1.428_606_8e-6;
+    pub const C: [f32; 8] = [
         1.0,
         1.0,
         0.5,
@@ -198,9 +199,71 @@ pub(crate) mod x86 {
         1.0 / 5040.0,
     ];
     /// Above this exp overflows f32.
-    const X_MAX: f32 = 88.722_84;
+    pub const X_MAX: f32 = 88.722_84;
     /// Below this the result would need an exponent under -126: flush to zero.
-    const X_MIN: f32 = -87.336_54;
+    pub const X_MIN: f32 = -87.336_54;
+}
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod arm {
+    use std::arch::aarch64::*;
+
+    use super::exp_consts::*;
+
+    /// `exp` of four lanes: the x86 form's steps (`exp8`), with NaN kept NaN.
+    #[inline(always)]
+    fn exp4(x: float32x4_t) -> float32x4_t {
+        // SAFETY: plain NEON (baseline on aarch64).
+        unsafe {
+            let big = vcgtq_f32(x, vdupq_n_f32(X_MAX));
+            let tiny = vcltq_f32(x, vdupq_n_f32(X_MIN));
+            let xc = vmaxq_f32(vminq_f32(x, vdupq_n_f32(X_MAX)), vdupq_n_f32(X_MIN));
+            let n = vrndnq_f32(vmulq_n_f32(xc, LOG2E));
+            let r = vfmsq_n_f32(xc, n, LN2_HI);
+            let r = vfmsq_n_f32(r, n, LN2_LO);
+            let mut p = vdupq_n_f32(C[7]);
+            for c in C[..7].iter().rev() {
+                p = vfmaq_f32(vdupq_n_f32(*c), p, r);
+            }
+            // n is in [-126, 128]: 2^n via the exponent field, split in two halves so that
+            // n = 128 (only for xc = X_MAX, where p < 1) stays finite.
+            let ni = vcvtnq_s32_f32(n);
+            let half_n = vshrq_n_s32::<1>(ni);
+            let bias = vdupq_n_s32(127);
+            let s1 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(half_n, bias)));
+            let s2 =
+                vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vsubq_s32(ni, half_n), bias)));
+            let y = vmulq_f32(vmulq_f32(p, s1), s2);
+            let y = vbslq_f32(big, vdupq_n_f32(f32::INFINITY), y);
+            vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), tiny))
+        }
+    }
+
+    /// # Safety
+    /// `x` valid for `n` reads and writes.
+    pub unsafe fn exp(x: *mut f32, n: usize) {
+        let mut i = 0;
+        // SAFETY: every access is below `n` (the tail goes through a buffer).
+        unsafe {
+            while i + 4 <= n {
+                vst1q_f32(x.add(i), exp4(vld1q_f32(x.add(i))));
+                i += 4;
+            }
+            if i < n {
+                let mut buf = [0f32; 4];
+                std::ptr::copy_nonoverlapping(x.add(i), buf.as_mut_ptr(), n - i);
+                vst1q_f32(buf.as_mut_ptr(), exp4(vld1q_f32(buf.as_ptr())));
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), x.add(i), n - i);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::exp_consts::*;
 
     #[target_feature(enable = "avx2,fma")]
     #[inline]
