@@ -9,7 +9,8 @@
 #   1. the kernel crate's tests (`quant`: every NEON kernel bit for bit against the scalar
 #      reference, quantizers, f32 helpers), twice: on a CPU with the 8-bit dot product (qemu's
 #      `max`, as Neoverse N1/V1 or Apple M1 and later) and on one without (Cortex-A72);
-#   2. the CPU engine's teacher-forced test on the real SmolLM2 file: its logits against
+#   2. the CPU engine's unit tests (attention and RoPE on NEON against their scalar forms) and
+#      its teacher-forced test on the real SmolLM2 file: its logits against
 #      llama.cpp's fixture, bit for bit (~7 min under qemu: qemu-user emulates floating point in
 #      software, so the engine's other tests stay on x86-64);
 #   3. the README's first command: the real SmolLM2 model answering under qemu on the NEON level,
@@ -71,6 +72,9 @@ QEMU_CPU=max cargo test --release --target "$TARGET" -p quant
 echo "== NEON: quant kernels, CPU without sdot (qemu cortex-a72)" >&2
 QEMU_CPU=cortex-a72 cargo test --release --target "$TARGET" -p quant
 [ "$QUICK" = 1 ] && exit 0
+
+echo "== NEON: CPU engine's unit tests (attention and RoPE against their scalar forms)" >&2
+QEMU_CPU=max cargo test --release --target "$TARGET" -p cpu --lib
 
 echo "== NEON: CPU engine, teacher-forced against llama.cpp (SmolLM2, bit for bit)" >&2
 QEMU_CPU=max cargo test --release --target "$TARGET" -p cpu --test teacher_forced \

@@ -631,14 +631,24 @@ mod tests {
         }
     }
 
-    /// The AVX-512 form equals the scalar reference bit for bit: both orders, group sizes 1 to
-    /// 6 (more than one kernel call), head sizes 32 to 256, lengths around the 16- and
-    /// 64-position boundaries, blocks out of order.
+    /// The AVX-512 form (and the NEON level's primitives) equal the scalar reference bit for
+    /// bit: both orders, group sizes 1 to 6 (more than one kernel call), head sizes 32 to 256,
+    /// lengths around the 16- and 64-position boundaries, blocks out of order.
     #[test]
     fn simd_attention_equals_the_scalar_reference() {
-        if !Isa::Avx512.available() {
-            return;
+        let levels: Vec<Isa> = [Isa::Avx512, Isa::Neon]
+            .into_iter()
+            .filter(|i| i.available())
+            .collect();
+        if levels.is_empty() {
+            println!("skipping: neither AVX-512 nor NEON on this CPU");
         }
+        for isa in levels {
+            attention_equals_the_scalar_reference(isa);
+        }
+    }
+
+    fn attention_equals_the_scalar_reference(isa: Isa) {
         let s = seed();
         let mut r = Rng(s);
         let bt = 16;
@@ -677,12 +687,12 @@ mod tests {
                         let mut got = vec![f32::NAN; g * hd];
                         let mut sc = AttnScratch::default();
                         attend_reference(Isa::Scalar, &kv, &sp, &q, &mut want, &mut sc);
-                        attend(Isa::Avx512, &kv, &sp, &q, &mut got, &mut sc);
+                        attend(isa, &kv, &sp, &q, &mut got, &mut sc);
                         for (i, (a, b)) in want.iter().zip(&got).enumerate() {
                             assert_eq!(
                                 a.to_bits(),
                                 b.to_bits(),
-                                "{order:?} hd {hd} len {len} g {g} element {i}: {a} vs {b} (seed {s})"
+                                "{isa:?} {order:?} hd {hd} len {len} g {g} element {i}: {a} vs {b} (seed {s})"
                             );
                         }
                     }
