@@ -22,6 +22,13 @@ scripts/synth_model.sh --for-fixture crates/cpu/tests/fixtures/synth_llama1b_q4_
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# The CPU engine on the AVX2 level (what an x86-64 machine without AVX-512 runs): llama.cpp's
+# logits bit for bit there too. Skipped on a machine without AVX2 (the level is then unused).
+if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
+    CROSSOVER_ISA=avx2 cargo test --release -p cpu --test teacher_forced "$@"
+else
+    echo "AVX2 engine test skipped: this CPU has no AVX2/FMA/F16C"
+fi
 # The NEON kernels (aarch64) under qemu-user: cross-built, bit for bit against the scalar
 # reference, and the default model answering (skips with a message where the cross tools
 # cannot be installed).

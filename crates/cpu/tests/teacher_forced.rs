@@ -7,7 +7,7 @@
 
 use conformance::{teacher_forced, Figures, Fixture};
 use cpu::{CpuBackend, CpuOptions, SumOrder, AUTO_ORDERS};
-use quant::dot::{best_isa, Isa};
+use quant::dot::best_isa;
 use runtime::Backend;
 
 /// Runs the fixture's tokens through the engine in `chunk`-token chunks with the (prompt,
@@ -44,42 +44,17 @@ fn all(order: SumOrder) -> (SumOrder, SumOrder) {
     (order, order)
 }
 
-/// Whether this machine's kernels mirror llama.cpp's rounding op by op: the AVX-512, NEON and
-/// scalar ones do (docs/perf/cpu.md; NEON's products are the scalar ones bit for bit and its
-/// attention takes the scalar primitives), the AVX2 ones keep their own order. The fixtures were made by
-/// llama.cpp on an AVX-512 machine, so on an AVX2-only one (as some CI machines are) the
-/// engine can only be within a tolerance of them.
-fn mirrors_llama() -> bool {
-    matches!(best_isa(), Isa::Avx512 | Isa::Neon | Isa::Scalar)
-}
-
-/// The bounds of two correct engines that round differently, for the random-weight fixture on
-/// an AVX2 machine. Measured there (AMD EPYC, AVX2 only, 2026-12-04, both orders: Q4_K and Q6_K
-/// have one order each): top-1 0.9436, decisive top-1 0.9840 (376 rows), mean KL 1.16e-3,
-/// |logit diff| max 0.378. For scale, llama.cpp's own top-1 agrees with the float64 model on
-/// only 0.9388 of its decisive rows of this fixture (`python3 scripts/ref_forward.py
-/// .cache/models/synth-llama-3.2-1b-q4_k_m-s1.gguf --fixture
-/// crates/cpu/tests/fixtures/synth_llama1b_q4_k_m_logits.json`): on random weights any
-/// rounding difference flips near-ties. A wrong product gives top-1 near 0 and KL of nats.
-fn assert_close_without_mirroring(f: &Figures) {
-    assert!(f.top1 >= 0.90, "top-1 agreement {}", f.top1);
-    assert!(
-        f.decisive_top1 >= 0.95,
-        "decisive top-1 agreement {}",
-        f.decisive_top1
-    );
-    assert!(f.kl <= 5e-3, "mean KL {}", f.kl);
-}
-
-/// In ggml's order the AVX-512 and scalar kernels mirror llama.cpp's rounding op by op
-/// (docs/perf/cpu.md), so every logit is llama.cpp's; the AVX2 kernels only within a tolerance.
+/// Every level mirrors llama.cpp's rounding op by op (docs/perf/cpu.md): the AVX-512 kernels
+/// follow llama.cpp's AVX-512 build (where the fixtures were made), and the AVX2, NEON and
+/// scalar products give the AVX-512 ones' bits, their attention taking the scalar primitives.
+/// So every logit is llama.cpp's, on any machine.
 fn assert_bit_identical(f: &Figures) {
-    if mirrors_llama() {
-        assert_eq!(
-            f.logit_diff_max, 0.0,
-            "ggml order: logits differ from llama.cpp's"
-        );
-    }
+    assert_eq!(
+        f.logit_diff_max,
+        0.0,
+        "ggml order on {}: logits differ from llama.cpp's",
+        best_isa().name()
+    );
 }
 
 #[test]
@@ -123,10 +98,6 @@ fn synth_llama_1b_q4_k_m_matches_llama_cpp() {
     // weights give flat distributions where any rounding difference flips near-ties (llama.cpp
     // agrees with itself, batched vs token by token, on only 0.953), so this bound checks
     // exactly that mirroring.
-    if !mirrors_llama() {
-        assert_close_without_mirroring(&f);
-        return;
-    }
     assert!(f.kl <= 0.01, "mean KL {}", f.kl);
     assert!(f.top1 >= 0.98, "top-1 agreement {}", f.top1);
     assert_bit_identical(&f);
@@ -141,10 +112,6 @@ fn synth_llama_1b_q4_k_m_block_order_agrees_with_llama_cpp() {
         all(SumOrder::Block),
         128,
     );
-    if !mirrors_llama() {
-        assert_close_without_mirroring(&f);
-        return;
-    }
     assert!(f.top1 >= 0.99, "top-1 agreement {}", f.top1);
     assert!(
         f.decisive_top1 >= 0.99,

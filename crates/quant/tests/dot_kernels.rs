@@ -779,8 +779,8 @@ fn dot_matmul_smollm2_shapes_match_scalar() {
 /// including the separate order of the tokens left over from groups of 4 (Q4_K), in both
 /// summation orders of the 32-element types.
 #[test]
-fn dot_avx512_and_neon_matmul_are_bit_identical_to_scalar() {
-    for isa in [Isa::Avx512, Isa::Neon] {
+fn dot_simd_matmul_is_bit_identical_to_scalar() {
+    for isa in [Isa::Avx2, Isa::Avx512, Isa::Neon] {
         if isa.available() {
             matmul_is_bit_identical_to_scalar(isa);
         } else {

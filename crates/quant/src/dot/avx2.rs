@@ -11,7 +11,7 @@ use gguf::GgmlType;
 
 use super::f32ops::x86 as f32x86;
 use super::kernels::{quantize_row_blocks, BlockQuantizers, Kernel, Tile, TileFn};
-use super::scalar::{k4_scale_min, q3k_scales};
+use super::scalar::{k4_scale_min, q3k_scales, tiled_step};
 use super::SumOrder;
 
 // ---- small helpers --------------------------------------------------------------------------
@@ -331,21 +331,21 @@ unsafe fn dot_q4_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    // Lane 0: d_x * d_y per block; lane 1: m_x * s_y, summed here.
-    let mut summs = _mm_setzero_ps();
+    // `m_x * s_y` by fused multiply-add per block, as ggml's C loop compiles.
+    let mut summs = 0f32;
     // SAFETY: block i of each row lies within the caller's ranges (8 bytes from the start of
     // a block are inside it).
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(20 * i), a.add(36 * i));
-            let s = _mm_mul_ps(f16x4(x), f16x4(y));
-            summs = _mm_add_ps(summs, s);
-            let d = _mm256_broadcastss_ps(s);
+            let (fx, fy) = (f16x4(x), f16x4(y));
+            summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(fx, fy));
             let p = _mm256_cvtepi32_ps(dot_us8(nibbles32(x.add(4)), ld256(y.add(4))));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
     }
-    hsum_f32(acc) + lane(summs, 1)
+    hsum_f32(acc) + summs
 }
 
 /// # Safety
@@ -374,21 +374,21 @@ unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut summs = _mm_setzero_ps();
+    let mut summs = 0f32;
     // SAFETY: block i of each row lies within the caller's ranges.
     unsafe {
         for i in 0..nb {
             let (x, y) = (w.add(24 * i), a.add(36 * i));
-            let s = _mm_mul_ps(f16x4(x), f16x4(y));
-            summs = _mm_add_ps(summs, s);
-            let d = _mm256_broadcastss_ps(s);
+            let (fx, fy) = (f16x4(x), f16x4(y));
+            summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(fx, fy));
             let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
             let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
             let p = _mm256_cvtepi32_ps(dot_us8(qx, ld256(y.add(4))));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
     }
-    hsum_f32(acc) + lane(summs, 1)
+    hsum_f32(acc) + summs
 }
 
 /// # Safety
@@ -526,26 +526,62 @@ unsafe fn dot_block<B: BlockDot>(nb: usize, w: *const u8, a: *const u8) -> f32 {
     acc + summs
 }
 
+// ---- K-quants: exact integer sums per super-block, the scalar references' float steps -------
+
+/// The integer work of one K-quant super-block against its Q8_K block: two vectors of 8 i32
+/// lanes whose lane sums are the block's exact `isum` (scales included) and `msum` (the min
+/// terms; zero for types without mins), as `scalar::dot_q*_k` define them.
+trait KSums {
+    /// Weight block bytes, and the byte offsets of its f16 `d` and (for types with mins) `dmin`.
+    const WB: usize;
+    const D: usize;
+    const DMIN: usize;
+    /// How the float side combines a super-block's sums.
+    const STEP: KStep;
+    /// # Safety
+    /// `x`: one whole weight block; `y`: one whole Q8_K block; AVX2 available.
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i);
+}
+
+/// The float step per super-block, per (row, token), in the order of the scalar reference.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KStep {
+    /// `scalar::tiled_step` without a min term (`Q3_K`, `Q6_K`).
+    Tiled,
+    /// `scalar::tiled_step` with `dmin * msum` (`Q2_K`, `Q5_K`).
+    TiledMin,
+    /// `scalar::dot_q4_k_gemv`: `acc = fma(isum, d * d_y, acc)`, `accm = fma(msum, dmin * d_y,
+    /// accm)`, the result `acc - accm`.
+    Gemv,
+}
+
+/// Bytes `q * 32 + (0..32)` of `y`'s quants (`q` a 32-element sub-block of the Q8_K block).
+///
 /// # Safety
-/// `w`: `nb` Q2_K blocks; `a`: `nb` Q8_K blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q2_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let m3 = _mm256_set1_epi8(3);
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(84 * i), a.add(292 * i));
-            let yd = rd_f32(y);
-            // Bytes 76..84 hold (qs tail, qs tail, d, dmin).
-            let dd = f16x4(x.add(76));
-            let dall = yd * lane(dd, 2);
-            let dmin = -yd * lane(dd, 3);
+/// `y`: one whole Q8_K block, `q < 8`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q8k_quants(y: *const u8, q: usize) -> __m256i {
+    // SAFETY: quants start at byte 4 of the block; 32 bytes of sub-block q lie inside it.
+    unsafe { ld256(y.add(4 + 32 * q)) }
+}
+
+struct KQ2;
+impl KSums for KQ2 {
+    const WB: usize = 84;
+    const D: usize = 80;
+    const DMIN: usize = 82;
+    const STEP: KStep = KStep::TiledMin;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+        let m3 = _mm256_set1_epi8(3);
+        // SAFETY: every read lies inside the two blocks.
+        unsafe {
             let sm = ld128(x);
             let mins =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), _mm_set1_epi8(0x0f)));
-            let prod = _mm256_madd_epi16(mins, ld256(y.add(260)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+            let msum = _mm256_madd_epi16(mins, ld256(y.add(260)));
             let sc = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0f)));
             let halves = [
                 _mm256_permute2x128_si256::<0x00>(sc, sc),
@@ -556,30 +592,29 @@ unsafe fn dot_q2_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
                 let bits = ld256(x.add(16 + 32 * h));
                 for s in 0..4 {
                     let q = _mm256_and_si256(srl16(bits, 2 * s as i16), m3);
-                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let p = _mm256_maddubs_epi16(q, q8k_quants(y, 4 * h + s));
                     let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
                 }
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
+            (sumi, msum)
         }
     }
-    hsum_f32(acc)
 }
 
-/// # Safety
-/// `w`: `nb` Q3_K blocks; `a`: `nb` Q8_K blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q3_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm256_set1_epi8(4);
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(110 * i), a.add(292 * i));
-            // Bytes 102..110 end with d.
-            let d = rd_f32(y) * lane(f16x4(x.add(102)), 3);
+struct KQ3;
+impl KSums for KQ3 {
+    const WB: usize = 110;
+    const D: usize = 108;
+    const DMIN: usize = 108;
+    const STEP: KStep = KStep::Tiled;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+        let m3 = _mm256_set1_epi8(3);
+        let m4 = _mm256_set1_epi8(4);
+        // SAFETY: every read lies inside the two blocks.
+        unsafe {
             let packed: [u8; 12] = std::ptr::read_unaligned(x.add(96) as *const [u8; 12]);
             let sc8 = q3k_scales(&packed);
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr() as *const __m128i));
@@ -604,105 +639,29 @@ unsafe fn dot_q3_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
                         sll16(hbits, 2 - b)
                     };
                     let q = _mm256_or_si256(lo, _mm256_and_si256(hb, m4));
-                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let p = _mm256_maddubs_epi16(q, q8k_quants(y, 4 * h + s));
                     let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
                 }
             }
-            let sumi = _mm256_sub_epi32(sumi, corr);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            (_mm256_sub_epi32(sumi, corr), _mm256_setzero_si256())
         }
     }
-    hsum_f32(acc)
 }
 
-/// Scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its 12 packed bytes.
-#[inline(always)]
-pub(crate) fn k4_unpack(s: &[u8; 12]) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for j in 0..8 {
-        let (sc, m) = k4_scale_min(j, s);
-        out[j] = sc;
-        out[8 + j] = m;
-    }
-    out
-}
-
-/// # Safety
-/// `w`: `nb` Q4_K (or Q5_K with `HIGH`) blocks; `a`: `nb` Q8_K blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_q45_k<const HIGH: bool>(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let bsize = if HIGH { 176 } else { 144 };
-    let qoff = if HIGH { 48 } else { 16 };
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    let m4 = _mm256_set1_epi8(0x0f);
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(bsize * i), a.add(292 * i));
-            let yd = rd_f32(y);
-            let dd = f16x4(x);
-            let d = yd * lane(dd, 0);
-            let dmin = -yd * lane(dd, 1);
-            let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
-            let sm = k4_unpack(&packed);
-            let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
-            let bs = ld256(y.add(260));
-            // Sums per 32-element sub-block, paired with the 8 mins.
-            let bs32 = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256::<1>(bs),
-            );
-            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), bs32);
-            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-            let scales = _mm256_permute2x128_si256::<0x00>(ms, ms);
-            let hbits = if HIGH {
-                ld256(x.add(16))
-            } else {
-                _mm256_setzero_si256()
-            };
-            let mut sumi = _mm256_setzero_si256();
-            for j in 0..4 {
-                let bits = ld256(x.add(qoff + 32 * j));
-                let mut ql = _mm256_and_si256(bits, m4);
-                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                if HIGH {
-                    // Bits 2j and 2j+1 of each qh byte become +16.
-                    let b0 = _mm256_and_si256(srl16(hbits, 2 * j as i16), _mm256_set1_epi8(1));
-                    let b1 = _mm256_and_si256(srl16(hbits, 2 * j as i16 + 1), _mm256_set1_epi8(1));
-                    ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(b0));
-                    qh = _mm256_or_si256(qh, _mm256_slli_epi16::<4>(b1));
-                }
-                let pl = _mm256_maddubs_epi16(ql, ld256(y.add(4 + 64 * j)));
-                let ph = _mm256_maddubs_epi16(qh, ld256(y.add(4 + 64 * j + 32)));
-                let sl = _mm256_shuffle_epi8(scales, i16_pick(2 * j, 2 * j));
-                let sh = _mm256_shuffle_epi8(scales, i16_pick(2 * j + 1, 2 * j + 1));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sl, pl));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sh, ph));
-            }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        }
-    }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    hsum_f32(acc) + _mm_cvtss_f32(m)
-}
-
-/// # Safety
-/// `w`: `nb` Q6_K blocks; `a`: `nb` Q8_K blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m3 = _mm256_set1_epi8(3);
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(210 * i), a.add(292 * i));
-            // Bytes 202..210 end with d.
-            let d = rd_f32(y) * lane(f16x4(x.add(202)), 3);
+struct KQ6;
+impl KSums for KQ6 {
+    const WB: usize = 210;
+    const D: usize = 208;
+    const DMIN: usize = 208;
+    const STEP: KStep = KStep::Tiled;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m3 = _mm256_set1_epi8(3);
+        // SAFETY: every read lies inside the two blocks.
+        unsafe {
             let sc = _mm256_cvtepi8_epi16(ld128(x.add(192)));
             // Values are stored as q + 32 in 0..64; the offset returns as 32 * sum(sc * bsum).
             let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, ld256(y.add(260))));
@@ -724,16 +683,337 @@ unsafe fn dot_q6_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
                 for (s, lo) in lows.iter().enumerate() {
                     let hi = _mm256_and_si256(srl16(hb, 2 * s as i16), m3);
                     let q = _mm256_or_si256(*lo, _mm256_slli_epi16::<4>(hi));
-                    let p = _mm256_maddubs_epi16(q, ld256(y.add(4 + 128 * h + 32 * s)));
+                    let p = _mm256_maddubs_epi16(q, q8k_quants(y, 4 * h + s));
                     let scale = _mm256_shuffle_epi8(*scales, i16_pick(2 * s, 2 * s + 1));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
                 }
             }
-            let sumi = _mm256_sub_epi32(sumi, corr);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            (_mm256_sub_epi32(sumi, corr), _mm256_setzero_si256())
         }
     }
-    hsum_f32(acc)
+}
+
+/// Scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its 12 packed bytes.
+#[inline(always)]
+pub(crate) fn k4_unpack(s: &[u8; 12]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for j in 0..8 {
+        let (sc, m) = k4_scale_min(j, s);
+        out[j] = sc;
+        out[8 + j] = m;
+    }
+    out
+}
+
+/// The integer sums of one Q4_K (or Q5_K with `HIGH`) super-block per pair of 32-element
+/// sub-blocks `(2p, 2p + 1)`: vector `p` of the first result sums (over its lanes) to
+/// `sum scale_j * (q_j . y_j)` over the pair; lane `p` of the second is `sum min_j * bsum_j`.
+///
+/// # Safety
+/// `x`: one whole weight block; `y`: one whole Q8_K block; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q45_k_parts<const HIGH: bool>(x: *const u8, y: *const u8) -> ([__m256i; 4], __m128i) {
+    let qoff = if HIGH { 48 } else { 16 };
+    let m4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: every read lies inside the two blocks (caller's contract).
+    unsafe {
+        let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+        let sm = k4_unpack(&packed);
+        let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+        let bs = ld256(y.add(260));
+        // Sums per 32-element sub-block, paired with the 8 mins: lane p = the pair's min sum.
+        let bs32 = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
+        let msum = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), bs32);
+        let scales = _mm256_permute2x128_si256::<0x00>(ms, ms);
+        let hbits = if HIGH {
+            ld256(x.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut pair = [_mm256_setzero_si256(); 4];
+        for (j, sumi) in pair.iter_mut().enumerate() {
+            let bits = ld256(x.add(qoff + 32 * j));
+            let mut ql = _mm256_and_si256(bits, m4);
+            let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            if HIGH {
+                // Bits 2j and 2j+1 of each qh byte become +16.
+                let b0 = _mm256_and_si256(srl16(hbits, 2 * j as i16), _mm256_set1_epi8(1));
+                let b1 = _mm256_and_si256(srl16(hbits, 2 * j as i16 + 1), _mm256_set1_epi8(1));
+                ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(b0));
+                qh = _mm256_or_si256(qh, _mm256_slli_epi16::<4>(b1));
+            }
+            let pl = _mm256_maddubs_epi16(ql, q8k_quants(y, 2 * j));
+            let ph = _mm256_maddubs_epi16(qh, q8k_quants(y, 2 * j + 1));
+            let sl = _mm256_shuffle_epi8(scales, i16_pick(2 * j, 2 * j));
+            let sh = _mm256_shuffle_epi8(scales, i16_pick(2 * j + 1, 2 * j + 1));
+            *sumi = _mm256_add_epi32(_mm256_madd_epi16(sl, pl), _mm256_madd_epi16(sh, ph));
+        }
+        (pair, msum)
+    }
+}
+
+/// The whole super-block's sums of [`q45_k_parts`].
+///
+/// # Safety
+/// As [`q45_k_parts`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q45_k_sums<const HIGH: bool>(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: forwarded.
+    let (p, msum) = unsafe { q45_k_parts::<HIGH>(x, y) };
+    let isum = _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+    (isum, _mm256_set_m128i(_mm_setzero_si128(), msum))
+}
+
+/// `Q4_K` in llama.cpp's repacked gemv order (`scalar::dot_q4_k_gemv`).
+struct KQ4Gemv;
+impl KSums for KQ4Gemv {
+    const WB: usize = 144;
+    const D: usize = 0;
+    const DMIN: usize = 2;
+    const STEP: KStep = KStep::Gemv;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe { q45_k_sums::<false>(x, y) }
+    }
+}
+
+struct KQ5;
+impl KSums for KQ5 {
+    const WB: usize = 176;
+    const D: usize = 0;
+    const DMIN: usize = 2;
+    const STEP: KStep = KStep::TiledMin;
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sums(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe { q45_k_sums::<true>(x, y) }
+    }
+}
+
+/// The f16 at `p` as f32.
+///
+/// # Safety
+/// `p` valid for 2 bytes.
+#[inline(always)]
+unsafe fn rd_f16(p: *const u8) -> f32 {
+    // SAFETY: caller's contract.
+    half::f16::from_bits(unsafe { std::ptr::read_unaligned(p as *const u16) }).to_f32()
+}
+
+/// One weight row · one activation row of a K-quant in its scalar reference's order.
+///
+/// # Safety
+/// `w`: `nb` weight blocks of `K`; `a`: `nb` Q8_K blocks; AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_k<K: KSums>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(K::WB * i), a.add(292 * i));
+            let (isum, msum) = K::sums(x, y);
+            let (isum, msum) = (hsum_i32(isum), hsum_i32(msum));
+            let (d, yd) = (rd_f16(x.add(K::D)), rd_f32(y));
+            match K::STEP {
+                KStep::Tiled => acc = tiled_step(acc, isum, None, d, yd),
+                KStep::TiledMin => {
+                    let dmin = rd_f16(x.add(K::DMIN));
+                    acc = tiled_step(acc, isum, Some((dmin, msum)), d, yd);
+                }
+                KStep::Gemv => {
+                    acc = (isum as f32).mul_add(d * yd, acc);
+                    accm = (msum as f32).mul_add(rd_f16(x.add(K::DMIN)) * yd, accm);
+                }
+            }
+        }
+    }
+    acc - accm
+}
+
+/// Lane `r` = the lane sum of `v[r]` (exact: integer adds), for 8 vectors.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let h0 = _mm256_hadd_epi32(v[0], v[1]);
+    let h1 = _mm256_hadd_epi32(v[2], v[3]);
+    let h2 = _mm256_hadd_epi32(v[4], v[5]);
+    let h3 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: the partial sums of v[0..4] (g0) and v[4..8] (g1).
+    let g0 = _mm256_hadd_epi32(h0, h1);
+    let g1 = _mm256_hadd_epi32(h2, h3);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(g0, g1),
+        _mm256_permute2x128_si256::<0x31>(g0, g1),
+    )
+}
+
+/// The f16 at byte `off` of block `i` of rows `0..8` (`stride` bytes apart), as 8 f32 lanes.
+///
+/// # Safety
+/// The 8 rows hold block `i`; F16C available.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn gather_f16(w: *const u8, stride: usize, off: usize) -> __m256 {
+    let mut h = [0u16; 8];
+    for (r, v) in h.iter_mut().enumerate() {
+        // SAFETY: caller's contract.
+        *v = unsafe { std::ptr::read_unaligned(w.add(r * stride + off) as *const u16) };
+    }
+    // SAFETY: `h` is 16 readable bytes.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) })
+}
+
+/// Eight weight rows · one activation row of a K-quant: lane `r` carries row `r`'s
+/// accumulators through exactly [`dot_k`]'s steps, so each output is [`dot_k`]'s bits.
+///
+/// # Safety
+/// `w`: 8 rows of `nb` blocks, `stride` bytes apart; `a`: `nb` Q8_K blocks; `out`: 8 f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_k8<K: KSums>(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(K::WB * i), a.add(292 * i));
+            let mut is = [_mm256_setzero_si256(); 8];
+            let mut ms = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                (is[r], ms[r]) = K::sums(x.add(r * stride), y);
+            }
+            let isum = _mm256_cvtepi32_ps(reduce8(&is));
+            let d = gather_f16(x, stride, K::D);
+            let yd = _mm256_set1_ps(rd_f32(y));
+            match K::STEP {
+                KStep::Tiled => acc = _mm256_fmadd_ps(_mm256_mul_ps(isum, d), yd, acc),
+                KStep::TiledMin => {
+                    let msum = _mm256_cvtepi32_ps(reduce8(&ms));
+                    let dmin = gather_f16(x, stride, K::DMIN);
+                    let r = _mm256_fnmadd_ps(dmin, msum, _mm256_mul_ps(isum, d));
+                    acc = _mm256_fmadd_ps(r, yd, acc);
+                }
+                KStep::Gemv => {
+                    let msum = _mm256_cvtepi32_ps(reduce8(&ms));
+                    let dmin = gather_f16(x, stride, K::DMIN);
+                    acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, yd), acc);
+                    accm = _mm256_fmadd_ps(msum, _mm256_mul_ps(dmin, yd), accm);
+                }
+            }
+        }
+        _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
+    }
+}
+
+/// Per-pair integer sums of one Q4_K super-block for [`dot_q4_k`]: lane `p` of the first
+/// result the scale sum of pair `p`, of the second its min sum.
+///
+/// # Safety
+/// As [`q45_k_parts`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_k_pairs(x: *const u8, y: *const u8) -> (__m128i, __m128i) {
+    // SAFETY: forwarded.
+    let (p, msum) = unsafe { q45_k_parts::<false>(x, y) };
+    // Per 128-bit half: [pair 0, 1, 2, 3] partial sums; the two halves added.
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    (isum, msum)
+}
+
+/// The four lanes of `v`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lanes_i32(v: __m128i) -> [i32; 4] {
+    let mut a = [0i32; 4];
+    // SAFETY: `a` is 16 writable bytes.
+    unsafe { _mm_storeu_si128(a.as_mut_ptr() as *mut __m128i, v) };
+    a
+}
+
+/// `Q4_K` in the order of `scalar::dot_q4_k` (llama.cpp's repacked gemm): one fused
+/// multiply-add per pair of sub-blocks into the scale and the min accumulators.
+///
+/// # Safety
+/// `w`: `nb` Q4_K blocks; `a`: `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(144 * i), a.add(292 * i));
+            let yd = rd_f32(y);
+            let (d, dm) = (rd_f16(x) * yd, rd_f16(x.add(2)) * yd);
+            let (isum, msum) = q4_k_pairs(x, y);
+            let (isum, msum) = (lanes_i32(isum), lanes_i32(msum));
+            for p in 0..4 {
+                acc = (isum[p] as f32).mul_add(d, acc);
+                accm = (msum[p] as f32).mul_add(dm, accm);
+            }
+        }
+    }
+    acc - accm
+}
+
+/// 4x4 transpose of 32-bit lanes: result `p` holds lane `p` of `v[0..4]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose4(v: [__m128i; 4]) -> [__m128i; 4] {
+    let t0 = _mm_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm_unpacklo_epi32(v[2], v[3]);
+    let t2 = _mm_unpackhi_epi32(v[0], v[1]);
+    let t3 = _mm_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm_unpacklo_epi64(t0, t1),
+        _mm_unpackhi_epi64(t0, t1),
+        _mm_unpacklo_epi64(t2, t3),
+        _mm_unpackhi_epi64(t2, t3),
+    ]
+}
+
+/// [`dot_q4_k`] for eight rows at once, lane `r` carrying row `r` (bit-identical per row).
+///
+/// # Safety
+/// As [`dot_k8`] for Q4_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k8(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // SAFETY: block i of each row lies within the caller's ranges.
+    unsafe {
+        for i in 0..nb {
+            let (x, y) = (w.add(144 * i), a.add(292 * i));
+            let mut is = [_mm_setzero_si128(); 8];
+            let mut ms = [_mm_setzero_si128(); 8];
+            for r in 0..8 {
+                (is[r], ms[r]) = q4_k_pairs(x.add(r * stride), y);
+            }
+            let yd = _mm256_set1_ps(rd_f32(y));
+            let d = _mm256_mul_ps(gather_f16(x, stride, 0), yd);
+            let dm = _mm256_mul_ps(gather_f16(x, stride, 2), yd);
+            let (ilo, ihi) = (
+                transpose4([is[0], is[1], is[2], is[3]]),
+                transpose4([is[4], is[5], is[6], is[7]]),
+            );
+            let (mlo, mhi) = (
+                transpose4([ms[0], ms[1], ms[2], ms[3]]),
+                transpose4([ms[4], ms[5], ms[6], ms[7]]),
+            );
+            for p in 0..4 {
+                let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(ihi[p], ilo[p]));
+                let msum = _mm256_cvtepi32_ps(_mm256_set_m128i(mhi[p], mlo[p]));
+                acc = _mm256_fmadd_ps(isum, d, acc);
+                accm = _mm256_fmadd_ps(msum, dm, accm);
+            }
+        }
+        _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
+    }
 }
 
 /// # Safety
@@ -811,11 +1091,41 @@ row_tile!(t_q4_1_block, dot_block::<B4_1>);
 row_tile!(t_q5_0_block, dot_block::<B5_0>);
 row_tile!(t_q5_1_block, dot_block::<B5_1>);
 row_tile!(t_q8_0_block, dot_block::<B8_0>);
-row_tile!(t_q2_k, dot_q2_k);
-row_tile!(t_q3_k, dot_q3_k);
-row_tile!(t_q4_k, dot_q45_k::<false>);
-row_tile!(t_q5_k, dot_q45_k::<true>);
-row_tile!(t_q6_k, dot_q6_k);
+
+/// Rows per K-quant tile: the eight lanes of [`dot_k8`] and [`dot_q4_k8`].
+const K_ROWS: usize = 8;
+
+macro_rules! k_tile {
+    ($name:ident, $dot8:expr, $dot:expr) => {
+        /// Rows in groups of [`K_ROWS`] through the 8-lane form, the rest one by one.
+        ///
+        /// # Safety
+        /// The [`Tile`] contract; AVX2/FMA/F16C available.
+        unsafe fn $name(t: &Tile) {
+            for k in 0..t.toks {
+                // SAFETY: the tile contract covers every row, token k and output (k, r).
+                unsafe {
+                    let a = t.a.add(k * t.a_stride);
+                    let out = t.out.add(k * t.out_stride);
+                    let mut r = 0;
+                    while r + K_ROWS <= t.rows {
+                        $dot8(t.nb, t.w.add(r * t.w_stride), t.w_stride, a, out.add(r));
+                        r += K_ROWS;
+                    }
+                    for r in r..t.rows {
+                        *out.add(r) = $dot(t.nb, t.w.add(r * t.w_stride), a);
+                    }
+                }
+            }
+        }
+    };
+}
+k_tile!(t_q2_k, dot_k8::<KQ2>, dot_k::<KQ2>);
+k_tile!(t_q3_k, dot_k8::<KQ3>, dot_k::<KQ3>);
+k_tile!(t_q4_k, dot_q4_k8, dot_q4_k);
+k_tile!(t_q4_k_gemv, dot_k8::<KQ4Gemv>, dot_k::<KQ4Gemv>);
+k_tile!(t_q5_k, dot_k8::<KQ5>, dot_k::<KQ5>);
+k_tile!(t_q6_k, dot_k8::<KQ6>, dot_k::<KQ6>);
 
 /// The AVX2 kernel for `ty` in summation order `order`.
 pub(crate) fn kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
@@ -841,11 +1151,31 @@ pub(crate) fn kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
         Q6K => t_q6_k,
         _ => return None,
     };
+    let mr = if matches!(ty, Q2K | Q3K | Q4K | Q5K | Q6K) {
+        K_ROWS
+    } else {
+        4
+    };
     Some(Kernel {
-        mr: 4,
+        mr,
         nt: 4,
-        mr1: 4,
+        mr1: mr,
         exact_rows: false,
         tile,
     })
+}
+
+/// The AVX2 kernel for the tokens of a product left over from groups of
+/// [`super::kernels::GROUP_TOKENS`] (`super::kernels::tail_kernel`).
+pub(crate) fn tail_kernel(ty: GgmlType) -> Option<Kernel> {
+    match ty {
+        GgmlType::Q4K => Some(Kernel {
+            mr: K_ROWS,
+            nt: 4,
+            mr1: K_ROWS,
+            exact_rows: false,
+            tile: t_q4_k_gemv,
+        }),
+        _ => None,
+    }
 }

@@ -200,6 +200,8 @@ pub(crate) fn tail_kernel(ty: GgmlType, isa: Isa) -> Option<Kernel> {
             tile: s_q4_k_gemv,
         }),
         #[cfg(target_arch = "x86_64")]
+        (_, Isa::Avx2) => super::avx2::tail_kernel(ty),
+        #[cfg(target_arch = "x86_64")]
         (_, Isa::Avx512) => super::avx512::tail_kernel(ty),
         #[cfg(target_arch = "aarch64")]
         (_, Isa::Neon) => super::neon::tail_kernel(ty),
