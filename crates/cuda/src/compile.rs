@@ -29,6 +29,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("mmf.cu", include_str!("../kernels/mmf.cu")),
     ("decode.cu", include_str!("../kernels/decode.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),
+    ("exact.cu", include_str!("../kernels/exact.cu")),
 ];
 
 /// The whole program: every kernel file, each preceded by a `#line` directive so NVRTC's error

@@ -799,6 +799,36 @@ impl Gpu {
         }
     }
 
+    /// Copy a host slice to device address `dst`, ordered on the stream (exact mode's small
+    /// per-step tables). The range must lie inside a live allocation of this context (the
+    /// caller passes addresses inside its own [`DevBuf`]s, sized for the data).
+    pub fn write_addr(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller keeps the range inside a live allocation (see above); pageable
+        // host data is staged by the driver before this returns.
+        unsafe {
+            drv_result::memcpy_htod_async(dst, data, self.stream.cu_stream())
+                .map_err(drv("cuMemcpyHtoD"))
+        }
+    }
+
+    /// Copy `out.len()` bytes from device address `src` to the host; waits for the stream. The
+    /// range must lie inside a live allocation of this context.
+    pub fn read_addr(&self, src: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller keeps the range inside a live allocation; the synchronize below
+        // completes the copy before `out` is used again.
+        unsafe {
+            drv_result::memcpy_dtoh_async(out, src, self.stream.cu_stream())
+                .map_err(drv("cuMemcpyDtoH"))?;
+        }
+        self.sync()
+    }
+
     /// Copy `bytes` bytes from device address `src` to `dst`, ordered on the stream. Both ranges
     /// must lie inside live allocations of this context (the callers pass addresses inside
     /// their own [`DevBuf`]s).

@@ -262,6 +262,8 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvqc_q6_ku".into());
     v.push("topk_slice".into());
     v.push("topk_merge".into());
+    // Session 23: exact mode (crate::exact).
+    v.extend(crate::exact::KERNELS.iter().map(|k| format!("ex_{k}")));
     v
 }
 

@@ -8,6 +8,7 @@
 pub mod compile;
 pub mod device;
 pub mod error;
+pub mod exact;
 pub mod kernels;
 pub mod lt;
 

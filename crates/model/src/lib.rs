@@ -7,6 +7,7 @@ pub mod error;
 pub mod mixture;
 pub mod names;
 pub mod ops;
+pub mod rope;
 pub mod synth;
 pub mod weights;
 
@@ -15,6 +16,7 @@ pub use error::ModelError;
 pub use mixture::{FileType, MixtureContext, QuantScheme};
 pub use names::LayerTensor;
 pub use ops::{ops, OpDesc, OpKind};
+pub use rope::Rope;
 pub use weights::{LayerWeights, ModelWeights, MATRIX_TYPES, VECTOR_TYPES};
 
 /// A model file opened and checked: the parsed file, its configuration and its weights.
