@@ -9,7 +9,7 @@
 # kernels, model_agree, cuda_bench (stripped), llama-src.tar.gz (llama.cpp source subset from the
 # llama-cpp-python 0.3.36 sdist), ggml-vocab-starcoder.gguf, ggml-vocab-llama-bpe.gguf.
 #
-# STAGES (default build,models,tests,bench,agree,llama; also trace, conform, ab, sample, prof) picks stages; the agreement tests run
+# STAGES (default build,models,tests,bench,agree,llama; also trace, conform, exact, ab, sample, prof) picks stages; the agreement tests run
 # while llama.cpp builds, bounded by DEADLINE (seconds from start, default 420) so that
 # llama-bench still fits in a 600 s device call. BENCH_ARGS go to cuda_bench (e.g. --quick). AGREE lists the agreement runs as FILE:GEMM_MIN
 # (steps of more than GEMM_MIN tokens take cuBLAS); BENCH_S bounds cuda_bench (default 200 s), TEST_S the kernel tests (240 s).
@@ -59,6 +59,22 @@ if has conform; then
   timeout 120 $G/conformance --nocapture --test-threads 1 2>&1 | tee "$OUT/conformance.log" \
     | grep -E "^test |rows|panicked|SKIPPED"
   t "conformance done"
+fi
+
+if has exact; then
+  # Exact mode (crates/cuda/src/exact.rs): the GPU's logits against the CPU backend's, bit for bit,
+  # on the models made above (EXACT_MODELS, default both), then llama.cpp's fixture logits on the
+  # synthetic 1B (made by the conform stage, which must run first), and exact mode's speed.
+  for m in ${EXACT_MODELS:-/tmp/smol.gguf /tmp/l3b.gguf}; do
+    CROSSOVER_CUDA_MODELS=$m timeout ${EXACT_S:-150} $G/model_agree exact_mode --nocapture 2>&1 \
+      | tee -a "$OUT/exact.log" | grep -E "exact mode|test result|panicked|SKIPPED|seed"
+  done
+  [[ -f .cache/models/synth-llama-3.2-1b-q4_k_m-s1.gguf ]] &&
+    timeout 120 $G/conformance exact_mode_gives_llama_cpps_logits_on_synth_llama_1b --nocapture 2>&1 \
+      | tee -a "$OUT/exact.log" | grep -E "^test |rows|panicked|SKIPPED"
+  CROSSOVER_CUDA_EXACT=1 timeout 120 $G/cuda_bench /tmp/l3b.gguf --depth 512 --par 4 --quick 2>&1 \
+    | tee "$OUT/exact_bench.log" | grep -E "pp512|tg128|aggregate|panicked|error"
+  t "exact mode done"
 fi
 
 if has trace; then

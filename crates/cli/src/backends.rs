@@ -66,6 +66,11 @@ pub struct BackendArgs {
     /// variable `CROSSOVER_PREFIX_CACHE=0` does the same.
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
+    /// GPU backends reproduce the CPU backend's logits bit for bit (its summation orders, op by
+    /// op; much slower than the default kernels), so a request gives the same tokens whichever
+    /// backend serves it. `CROSSOVER_CUDA_EXACT=1` does the same (docs/operations.md).
+    #[arg(long = "exact")]
+    pub exact: bool,
 }
 
 impl BackendArgs {
@@ -198,6 +203,11 @@ pub fn start(
             max_seqs: size.parallel.max(1),
             max_batch_tokens: size.batch_size.max(1),
             host: a.host_plan(),
+            // The CPU backend's orders in this process (`CROSSOVER_CPU_ORDER` included).
+            exact: a.exact.then(|| {
+                let c = CpuOptions::default();
+                (c.prompt_order, c.decode_order)
+            }),
             ..CudaOptions::default()
         };
         let (file, label) = (file.clone(), label.to_string());

@@ -20,6 +20,7 @@ use runtime::{
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::CudaError;
+use crate::exact;
 use crate::host::{HostExec, HostMat, HostPlan};
 use crate::kernels::{self, matrix_bytes, ActFormat, RopeParams, MMQ_MAX_N, MV_MAX_NT};
 
@@ -56,6 +57,11 @@ pub struct CudaOptions {
     pub gemm_min_tokens: usize,
     /// Matmuls run on the host instead (layer placement, or the missing-kernel test double).
     pub host: HostPlan,
+    /// Exact mode ([`crate::exact`]): the CPU backend's forward pass op by op, logits bit for
+    /// bit the CPU's, with these (prompt, decode) orders of the 32-element block types (the CPU
+    /// backend's `prompt_order`/`decode_order`). `None`: `CROSSOVER_CUDA_EXACT` decides (off
+    /// when unset).
+    pub exact: Option<(quant::dot::SumOrder, quant::dot::SumOrder)>,
 }
 
 impl Default for CudaOptions {
@@ -70,6 +76,7 @@ impl Default for CudaOptions {
             gemm_weights: GemmWeights::Auto,
             gemm_min_tokens: MV_MAX_NT,
             host: HostPlan::default(),
+            exact: None,
         }
     }
 }
@@ -387,7 +394,17 @@ pub struct CudaBackend {
     /// Why tuning the batched products at load failed, if it did (cuBLASLt is then left off
     /// and the products run on `cublasGemmEx`, as before v10).
     lt_failed: Option<String>,
+    /// Exact mode ([`CudaOptions::exact`]): every step runs [`exact::forward`].
+    exact: Option<ExactState>,
     gpu: Gpu,
+}
+
+/// Exact mode's model view and scratch (made at the first exact step).
+struct ExactState {
+    model: exact::ExactModel,
+    bufs: Option<exact::ExactBufs>,
+    /// The scratch allocations (lent to [`exact::GpuExact`] for each step).
+    store: Vec<DevBuf>,
 }
 
 /// Counters of how steps ran.
@@ -514,6 +531,10 @@ impl CudaBackend {
                 });
             }
         }
+        let exact_orders = match opts.exact {
+            Some(o) => Some(o),
+            None => exact::orders_from_env()?,
+        };
         let gpu = Gpu::new(opts.device)?;
         let free0 = gpu.mem_info()?.0;
         let cfg = ModelConfig::from_gguf(&file).map_err(|e| model_err(label, e.to_string()))?;
@@ -676,7 +697,8 @@ impl CudaBackend {
             pad(output.as_mut().unwrap_or(&mut embd))?;
             gpu.sync()?;
         }
-        if gpu.has_blas() && n > opts.gemm_min_tokens {
+        // Exact mode multiplies the quantized weights only: no f16 copies.
+        if gpu.has_blas() && n > opts.gemm_min_tokens && exact_orders.is_none() {
             let mut all: Vec<&Mat> = Vec::new();
             for l in &layers {
                 all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
@@ -833,8 +855,13 @@ impl CudaBackend {
                 .unwrap_or(0),
             tuned: Vec::new(),
             lt_failed: None,
+            exact: None,
             gpu,
         };
+        if let Some(orders) = exact_orders {
+            be.enable_exact(orders, factors.as_deref())
+                .map_err(|why| model_err(label, why))?;
+        }
         // v10: the batched decode products' algorithms are chosen here, not in a step.
         // A failure there (e.g. no memory for the timing scratch) costs the tuned algorithms,
         // not the load.
@@ -3104,6 +3131,9 @@ impl CudaBackend {
         if n == 0 {
             return Ok(0);
         }
+        if self.exact.is_some() {
+            return self.run_exact(batch);
+        }
         if self.is_decode(batch) {
             let bucket = DECODE_BUCKETS
                 .iter()
@@ -3138,6 +3168,131 @@ impl CudaBackend {
             }
         }
         self.run_eager(batch)
+    }
+
+    /// Turn exact mode on ([`crate::exact`]): check the model can run it and make its view of
+    /// the weights and caches (scratch comes at the first step). `factors`: the file's RoPE
+    /// frequency factors, as the CPU backend reads them.
+    fn enable_exact(
+        &mut self,
+        orders: (quant::dot::SumOrder, quant::dot::SumOrder),
+        factors: Option<&[f32]>,
+    ) -> Result<(), String> {
+        let mut mats: Vec<&Mat> = Vec::new();
+        for l in &self.layers {
+            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+        }
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        mats.push(out);
+        if let Some(m) = mats.iter().find(|m| m.host.is_some()) {
+            return Err(format!(
+                "exact mode runs every product on the GPU, but {} is placed on the host",
+                m.name
+            ));
+        }
+        let types: Vec<(&str, GgmlType)> = mats.iter().map(|m| (m.name.as_str(), m.ty)).collect();
+        exact::check_model(&self.cfg, &types)?;
+        let em = |m: &Mat| exact::ExactMat {
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
+            w: m.q.ptr(),
+        };
+        let cfg = &self.cfg;
+        let model = exact::ExactModel {
+            cfg: cfg.clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| exact::ExactLayer {
+                    attn_norm: l.attn_norm.ptr(),
+                    ffn_norm: l.ffn_norm.ptr(),
+                    wq: em(&l.wq),
+                    wk: em(&l.wk),
+                    wv: em(&l.wv),
+                    wo: em(&l.wo),
+                    gate: em(&l.gate),
+                    up: em(&l.up),
+                    down: em(&l.down),
+                    bq: l.bq.as_ref().map(DevBuf::ptr),
+                    bk: l.bk.as_ref().map(DevBuf::ptr),
+                    bv: l.bv.as_ref().map(DevBuf::ptr),
+                })
+                .collect(),
+            output_norm: self.output_norm.ptr(),
+            output: em(out),
+            rope: model::Rope::new(
+                cfg.n_rot,
+                cfg.rope_freq_base,
+                cfg.rope_freq_scale(),
+                factors,
+                cfg.rope_style,
+            ),
+            kc: self.kc.iter().map(DevBuf::ptr).collect(),
+            vc: self.vc.iter().map(DevBuf::ptr).collect(),
+            block_tokens: self.opts.block_tokens,
+            orders,
+        };
+        self.exact = Some(ExactState {
+            model,
+            bufs: None,
+            store: Vec::new(),
+        });
+        self.info.device.push_str(&format!(
+            ", exact mode ({} prompts, {} decode: the CPU backend's logits bit for bit)",
+            orders.0.name(),
+            orders.1.name()
+        ));
+        Ok(())
+    }
+
+    /// `batch` through [`exact::forward`] (KV blocks already allocated): the logits rows it
+    /// wants, in [`Scratch::logits`].
+    fn run_exact(&mut self, batch: &StepBatch) -> Result<usize, BackendError> {
+        let Some(ex) = self.exact.as_mut() else {
+            return Ok(0);
+        };
+        let mut ops = exact::GpuExact {
+            gpu: &self.gpu,
+            embd: (self.embd.q.ptr(), self.embd.ty, self.cfg.n_embd),
+            bufs: std::mem::take(&mut ex.store),
+        };
+        if ex.bufs.is_none() {
+            let b = exact::ExactBufs::new(
+                &mut ops,
+                &self.cfg,
+                self.opts.max_batch_tokens,
+                self.opts.max_seqs,
+                self.opts.ctx_size,
+                self.max_blocks,
+            );
+            match b {
+                Ok(b) => ex.bufs = Some(b),
+                Err(e) => {
+                    ex.store = ops.bufs;
+                    return Err(dev(e));
+                }
+            }
+        }
+        let chunks: Vec<exact::ExChunk<'_>> = batch
+            .chunks
+            .iter()
+            .map(|c| exact::ExChunk {
+                seq: c.seq,
+                tokens: &c.tokens,
+                start_pos: c.start_pos,
+                want: c.want,
+                prompt_len: c.prompt_len,
+                blocks: self.alloc.blocks(c.seq),
+            })
+            .collect();
+        let r = match ex.bufs.as_ref() {
+            Some(b) => exact::forward(&ops, &ex.model, b, &chunks, self.s.logits.ptr()),
+            None => Ok(0),
+        };
+        ex.store = ops.bufs;
+        self.stats.eager_steps += 1;
+        r
     }
 
     /// `batch` as eager launches (its KV blocks already allocated): the logits rows it wants.
@@ -3249,7 +3404,8 @@ impl CudaBackend {
             .chunks
             .iter()
             .all(|c| c.tokens.len() == 1 && c.want == Want::Last);
-        if steps <= 1 || !one_each || !self.is_decode(batch) || !self.chain {
+        if steps <= 1 || !one_each || !self.is_decode(batch) || !self.chain || self.exact.is_some()
+        {
             return runtime::Backend::decode_greedy(self, batch, steps);
         }
         self.check(batch)?;
@@ -3478,7 +3634,7 @@ impl Backend for CudaBackend {
     }
 
     fn pipelines_decode(&self) -> bool {
-        self.chain && self.opts.graphs && self.graph_failed.is_none()
+        self.chain && self.opts.graphs && self.graph_failed.is_none() && self.exact.is_none()
     }
 
     fn decode_greedy(

@@ -11,7 +11,7 @@ use conformance::{teacher_forced, Figures, Fixture};
 use cuda::{CudaBackend, CudaOptions};
 use runtime::Backend;
 
-fn compare(fixture: &str) -> Figures {
+fn compare(fixture: &str, exact: bool) -> Figures {
     let fx = Fixture::load(fixture).unwrap_or_else(|e| panic!("{e}"));
     let path = fx
         .model_path(&format!(
@@ -22,19 +22,24 @@ fn compare(fixture: &str) -> Figures {
         ctx_size: fx.tokens.len(),
         max_seqs: 1,
         max_batch_tokens: 128,
+        exact: exact.then_some(cuda::exact::AUTO_ORDERS),
         ..CudaOptions::default()
     };
     let mut be = CudaBackend::load(&path, &opts).unwrap_or_else(|e| panic!("gpu load: {e}"));
     let rows = teacher_forced(&mut be, &fx, 128).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(be.kv().blocks_used, 0, "blocks left after release");
     let f = Figures::compare(&fx, &rows);
-    eprintln!("on the GPU vs llama.cpp: {}", f.line(&fx));
+    eprintln!(
+        "on the GPU{} vs llama.cpp: {}",
+        if exact { " (exact mode)" } else { "" },
+        f.line(&fx)
+    );
     assert_eq!(f.non_finite_rows, 0, "non-finite GPU logits");
     f
 }
 
 fn check(fixture: &str) {
-    let f = compare(fixture);
+    let f = compare(fixture, false);
     assert!(f.kl <= 0.01, "mean KL {}", f.kl);
     assert!(
         f.decisive >= 20,
@@ -64,4 +69,32 @@ fn smollm2_q4_1_matches_llama_cpp_on_gpu() {
         return;
     }
     check("smollm2_q4_1_logits.json");
+}
+
+/// Exact mode (crates/cuda/src/exact.rs) gives the CPU backend's logits, which are llama.cpp's
+/// bit for bit on both fixtures (crates/cpu/tests/teacher_forced.rs): so must the GPU's.
+fn check_exact(fixture: &str) {
+    let f = compare(fixture, true);
+    assert_eq!(
+        f.logit_diff_max, 0.0,
+        "{fixture}: exact-mode logits differ from llama.cpp's"
+    );
+}
+
+#[test]
+fn exact_mode_gives_llama_cpps_logits_on_synth_llama_1b() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED exact_mode_gives_llama_cpps_logits_on_synth_llama_1b: {e}");
+        return;
+    }
+    check_exact("synth_llama1b_q4_k_m_logits.json");
+}
+
+#[test]
+fn exact_mode_gives_llama_cpps_logits_on_smollm2() {
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED exact_mode_gives_llama_cpps_logits_on_smollm2: {e}");
+        return;
+    }
+    check_exact("smollm2_q4_1_logits.json");
 }

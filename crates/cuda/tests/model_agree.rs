@@ -262,6 +262,113 @@ fn gpu_logits_agree_with_cpu_backend() {
     }
 }
 
+/// Exact mode (crates/cuda/src/exact.rs): the GPU's logits are the CPU backend's bit for bit,
+/// in the CPU's default orders, through a long prompt (llama.cpp's order, slices of 64), a
+/// short one (the decode order) in the same step, and one-token steps of both sequences.
+#[test]
+fn exact_mode_logits_equal_the_cpu_backend_bit_for_bit() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED exact_mode_logits_equal_the_cpu_backend_bit_for_bit: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    for path in models() {
+        assert!(
+            path.exists(),
+            "{} not found: run scripts/fetch_model.sh, or set CROSSOVER_CUDA_MODELS",
+            path.display()
+        );
+        let copts = CpuOptions {
+            ctx_size: 256,
+            max_seqs: 2,
+            max_batch_tokens: 256,
+            ..Default::default()
+        };
+        let mut cpu = CpuBackend::load(&path, &copts).expect("cpu load");
+        let gopts = CudaOptions {
+            ctx_size: 256,
+            max_seqs: 2,
+            max_batch_tokens: 256,
+            exact: Some(cuda::exact::AUTO_ORDERS),
+            ..Default::default()
+        };
+        let mut gpu = CudaBackend::load(&path, &gopts).expect("gpu load");
+        let nv = gpu.config().n_vocab as u32;
+        let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..nv)).collect() };
+        let (p1, p2) = (toks(150), toks(30));
+        let mut batches = vec![StepBatch {
+            chunks: vec![
+                SeqChunk {
+                    prompt_len: Some(p1.len()),
+                    seq: 1,
+                    tokens: p1,
+                    start_pos: 0,
+                    want: Want::All,
+                },
+                SeqChunk {
+                    prompt_len: Some(p2.len()),
+                    seq: 2,
+                    tokens: p2,
+                    start_pos: 0,
+                    want: Want::All,
+                },
+            ],
+        }];
+        for i in 0..12 {
+            batches.push(StepBatch {
+                chunks: vec![
+                    SeqChunk {
+                        prompt_len: None,
+                        seq: 1,
+                        tokens: toks(1),
+                        start_pos: 150 + i,
+                        want: Want::Last,
+                    },
+                    SeqChunk {
+                        prompt_len: None,
+                        seq: 2,
+                        tokens: toks(1),
+                        start_pos: 30 + i,
+                        want: Want::Last,
+                    },
+                ],
+            });
+        }
+        let t = std::time::Instant::now();
+        let mut a = Agree::default();
+        let (mut rows, mut differ, mut max) = (0usize, 0usize, 0f32);
+        for b in &batches {
+            let c = cpu.step(b).expect("cpu step");
+            let g = gpu.step(b).expect("gpu step");
+            assert_eq!(c.n_rows(), g.n_rows(), "row counts differ");
+            for i in 0..c.n_rows() {
+                let (cr, gr) = (c.row(i).unwrap_or(&[]), g.row(i).unwrap_or(&[]));
+                a.add(cr, gr);
+                rows += 1;
+                let d = cr
+                    .iter()
+                    .zip(gr)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(None, |m: Option<f32>, v| Some(m.map_or(v, |m| m.max(v))));
+                if let Some(d) = d {
+                    differ += 1;
+                    max = max.max(d);
+                }
+            }
+        }
+        eprintln!(
+            "{}: exact mode: {} ({rows} rows, {differ} with any different bit, max |diff| {max}; {:.1} s, GPU steps {:?})",
+            path.display(),
+            a.line(),
+            t.elapsed().as_secs_f64(),
+            gpu.stats
+        );
+        assert_eq!(differ, 0, "exact-mode rows differ from the CPU backend's");
+    }
+}
+
 /// Decode steps of many sequences (20: the 24-sequence graph bucket, products on the tensor-core
 /// integer GEMM) give the logits each sequence gets when decoded alone (one-token graph steps),
 /// teacher-forced on the same random tokens: mean KL <= 0.01 and top-1 >= 0.99 on decisive rows.
