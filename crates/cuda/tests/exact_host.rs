@@ -224,24 +224,36 @@ fn exact_forward_equals_the_cpu_engine_on_smollm2() {
     exact_forward_matches(&path, "smollm2", 150, 4);
 }
 
-#[test]
-fn exact_forward_equals_the_cpu_engine_on_a_q4_k_m_llama() {
-    let dir = std::env::temp_dir().join(format!("crossover-exact-{}", std::process::id()));
+/// A synthetic file of `preset`, shrunk, in Q4_K_M (llama.cpp's mixture: Q4_K and Q6_K, and
+/// legacy types for matrices whose width is no multiple of 256), checked as above.
+fn synth_matches(preset: Preset, layers: usize, heads_div: usize, name: &str, prompt: usize) {
+    let dir = std::env::temp_dir().join(format!("crossover-exact-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("llama1b-shrunk-q4_k_m.gguf");
+    let path = dir.join(format!("{name}.gguf"));
     let opts = SynthOptions {
-        preset: Preset::Llama32_1b,
+        preset,
         scheme: QuantScheme::Mixture(FileType::MostlyQ4_K_M),
         seed: 5,
         vocab: VocabSource::ByteLevel,
         chat_template: None,
         shrink: Shrink {
-            layers: Some(3),
-            heads_div: 4,
+            layers: Some(layers),
+            heads_div,
         },
         threads: 2,
     };
     model::synth::synth_to_file(&opts, &path, &mut |_| {}).unwrap();
-    exact_forward_matches(&path, "llama q4_k_m", 70, 3);
+    exact_forward_matches(&path, name, prompt, 3);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exact_forward_equals_the_cpu_engine_on_a_q4_k_m_llama() {
+    synth_matches(Preset::Llama32_1b, 3, 4, "llama-q4_k_m", 70);
+}
+
+/// Qwen2.5: Q/K/V biases, NeoX rotation, a 896-wide model (its Q4_K_M mixes in legacy types).
+#[test]
+fn exact_forward_equals_the_cpu_engine_on_a_q4_k_m_qwen() {
+    synth_matches(Preset::Qwen25_05b, 2, 1, "qwen-q4_k_m", 70);
 }
