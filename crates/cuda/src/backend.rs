@@ -3274,18 +3274,7 @@ impl CudaBackend {
                 }
             }
         }
-        let chunks: Vec<exact::ExChunk<'_>> = batch
-            .chunks
-            .iter()
-            .map(|c| exact::ExChunk {
-                seq: c.seq,
-                tokens: &c.tokens,
-                start_pos: c.start_pos,
-                want: c.want,
-                prompt_len: c.prompt_len,
-                blocks: self.alloc.blocks(c.seq),
-            })
-            .collect();
+        let chunks = exact::ExChunk::of(batch, &self.alloc);
         let r = match ex.bufs.as_ref() {
             Some(b) => exact::forward(&ops, &ex.model, b, &chunks, self.s.logits.ptr()),
             None => Ok(0),

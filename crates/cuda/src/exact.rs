@@ -168,6 +168,24 @@ pub struct ExChunk<'a> {
     pub blocks: &'a [u32],
 }
 
+impl<'a> ExChunk<'a> {
+    /// The chunks of `batch`, each with its sequence's block table from `alloc`.
+    pub fn of(batch: &'a runtime::StepBatch, alloc: &'a runtime::kv::BlockAllocator) -> Vec<Self> {
+        batch
+            .chunks
+            .iter()
+            .map(|c| ExChunk {
+                seq: c.seq,
+                tokens: &c.tokens,
+                start_pos: c.start_pos,
+                want: c.want,
+                prompt_len: c.prompt_len,
+                blocks: alloc.blocks(c.seq),
+            })
+            .collect()
+    }
+}
+
 macro_rules! exact_kernels {
     ($( $name:ident / $host:ident ( $($arg:ident : $ty:ty),* ) ;)*) => {
         /// exact.cu's kernels (launched as `ex_<name>`).

@@ -287,18 +287,7 @@ impl HostModel {
             }
             self.alloc.grow(c.seq, c.start_pos + c.tokens.len())?;
         }
-        let chunks: Vec<ExChunk<'_>> = batch
-            .chunks
-            .iter()
-            .map(|c| ExChunk {
-                seq: c.seq,
-                tokens: &c.tokens,
-                start_pos: c.start_pos,
-                want: c.want,
-                prompt_len: c.prompt_len,
-                blocks: self.alloc.blocks(c.seq),
-            })
-            .collect();
+        let chunks = ExChunk::of(batch, &self.alloc);
         let rows: usize = chunks
             .iter()
             .map(|c| match c.want {
