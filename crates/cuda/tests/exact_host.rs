@@ -4,6 +4,8 @@
 
 #![cfg(exact_host)]
 
+mod seed;
+
 use std::path::{Path, PathBuf};
 
 use cpu::{CpuBackend, CpuOptions};
@@ -14,23 +16,8 @@ use gguf::GgmlType;
 use model::synth::{Preset, Shrink, SynthOptions, VocabSource};
 use model::{FileType, QuantScheme};
 use quant::dot::{self, Pool, SumOrder};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use runtime::{Backend, SeqChunk, SeqId, StepBatch, Want};
-
-/// A seed for this run (fresh inputs every run; `CROSSOVER_TEST_SEED` replays a printed one).
-fn run_seed(test: &str) -> u64 {
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("{test}: seed {seed} (CROSSOVER_TEST_SEED={seed} replays it)");
-    seed
-}
 
 const TYPES: [GgmlType; 10] = [
     GgmlType::Q4_0,
@@ -55,7 +42,7 @@ fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
 /// tokens), against the CPU engine's product on the scalar level (which every level equals).
 #[test]
 fn exact_products_equal_the_cpu_products() {
-    let mut rng = ChaCha8Rng::seed_from_u64(run_seed("exact_products"));
+    let mut rng = seed::rng("exact_products");
     let pool = Pool::new(1).unwrap();
     let mut ops = HostExact::new();
     let (rows, cols) = (7usize, 512usize);
@@ -146,7 +133,7 @@ fn same_step(cpu: &mut CpuBackend, ex: &mut HostModel, chunks: Vec<SeqChunk>, wh
 /// the rest) and a short one (the decode order) in one step, then one-token steps of both
 /// sequences (the decode order, ggml's single-token attention order).
 fn exact_forward_matches(path: &Path, test: &str, prompt: usize, steps: usize) {
-    let mut rng = ChaCha8Rng::seed_from_u64(run_seed(test));
+    let mut rng = seed::rng(test);
     let ctx = 256;
     let opts = CpuOptions {
         ctx_size: ctx,

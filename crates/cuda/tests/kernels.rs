@@ -1,12 +1,14 @@
 //! Each GPU kernel against a scalar CPU reference (crates/quant's dequantizer and plain f64
 //! math) on fresh random inputs. Skips, saying so, where no GPU is present.
 
+mod seed;
+
 use cuda::kernels::{act_bytes, act_format, matrix_bytes, ActFormat, QTYPES, TYPES};
 use cuda::{DevBuf, Gpu};
 use gguf::GgmlType;
 use half::f16;
 use quant::dot::Isa;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 fn gpu_or_skip(test: &str) -> Option<Gpu> {
@@ -20,17 +22,7 @@ fn gpu_or_skip(test: &str) -> Option<Gpu> {
 }
 
 fn rng(test: &str) -> ChaCha8Rng {
-    // Fresh inputs every run (the seed is printed so a failure can be replayed).
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("{test}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
+    seed::rng(test)
 }
 
 fn randn(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {

@@ -6,25 +6,17 @@
 //! scripts/fetch_model.sh fetches. Skips, saying so, without a GPU.
 
 mod agree;
+mod seed;
 
 use agree::{Agree, DECISIVE};
 use cpu::{CpuBackend, CpuOptions};
 use cuda::{CudaBackend, CudaOptions};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use runtime::{Backend, SeqChunk, StepBatch, Want};
 
-/// Fresh random inputs every run; the seed is printed, and `CROSSOVER_TEST_SEED` replays it.
+/// Fresh random inputs every run (`seed::rng`).
 fn test_rng() -> rand_chacha::ChaCha8Rng {
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        });
-    eprintln!("seed {seed}");
-    rand_chacha::ChaCha8Rng::seed_from_u64(seed)
+    seed::rng("model_agree")
 }
 
 /// Session 21: the tests of this file take the GPU one at a time. Run side by side (the test
