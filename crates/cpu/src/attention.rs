@@ -117,13 +117,20 @@ pub(crate) fn attend(
 pub(crate) fn to_f16(isa: Isa, dst: &mut [f16], src: &[f32]) {
     let n = dst.len().min(src.len());
     #[cfg(target_arch = "x86_64")]
-    let done = if isa == Isa::Avx512 {
-        let body = n & !15;
-        // SAFETY: AVX-512 F is available (`Isa::Avx512`); both slices hold `body` values.
-        unsafe { x86::to_f16(dst.as_mut_ptr() as *mut u16, src.as_ptr(), body) };
-        body
-    } else {
-        0
+    let done = match isa {
+        Isa::Avx512 => {
+            let body = n & !15;
+            // SAFETY: AVX-512 F is available (`Isa::Avx512`); both slices hold `body` values.
+            unsafe { x86::to_f16(dst.as_mut_ptr() as *mut u16, src.as_ptr(), body) };
+            body
+        }
+        Isa::Avx2 => {
+            let body = n & !7;
+            // SAFETY: F16C is part of the AVX2 level; both slices hold `body` values.
+            unsafe { x86::to_f16_256(dst.as_mut_ptr() as *mut u16, src.as_ptr(), body) };
+            body
+        }
+        _ => 0,
     };
     #[cfg(not(target_arch = "x86_64"))]
     let done = {
@@ -456,6 +463,23 @@ mod x86 {
         }
     }
 
+    /// [`to_f16`] for the AVX2 level (F16C): `n % 8 == 0`.
+    ///
+    /// # Safety
+    /// F16C available; `dst` and `src` valid for `n` values.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn to_f16_256(dst: *mut u16, src: *const f32, n: usize) {
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 8 <= n (contract), inside both buffers.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+                _mm_storeu_si128(dst.add(i) as *mut __m128i, h);
+            }
+            i += 8;
+        }
+    }
+
     /// Ask for the cache lines of `n` f16 values at `p` (prefetches never fault).
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -588,11 +612,16 @@ mod tests {
             2.98e-8,
         ]);
         let mut want = vec![f16::ZERO; src.len()];
-        let mut got = vec![f16::ONE; src.len()];
         to_f16(Isa::Scalar, &mut want, &src);
-        to_f16(best(), &mut got, &src);
-        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{} (seed {s})", src[i]);
+        for isa in [Isa::Avx2, Isa::Avx512, Isa::Neon, best()] {
+            if !isa.available() {
+                continue;
+            }
+            let mut got = vec![f16::ONE; src.len()];
+            to_f16(isa, &mut got, &src);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa:?}: {} (seed {s})", src[i]);
+            }
         }
     }
 

@@ -12,8 +12,9 @@
 //!   `i, i + 16, ...`, then the lanes reduced by [`reduce16`].
 //!
 //! Every function has a scalar form (the reference, with `f32::mul_add` for each fused
-//! multiply-add), an AVX-512 form and a NEON form (aarch64: the 16 lanes as four
-//! `float32x4_t`); all are bit-identical, and the tests check that.
+//! multiply-add), an AVX-512 form, an AVX2 form (the 16 lanes as two `__m256`) and a NEON form
+//! (aarch64: the 16 lanes as four `float32x4_t`); all are bit-identical, and the tests check
+//! that.
 
 use half::f16;
 
@@ -72,6 +73,9 @@ pub fn swiglu_isa(isa: Isa, g: &mut [f32], u: &[f32]) {
         // SAFETY: the level is available (caller's contract); both pointers cover `body`.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::swiglu_512(g.as_mut_ptr(), u.as_ptr(), body) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86_256::swiglu_256(g.as_mut_ptr(), u.as_ptr(), body) },
         // SAFETY: as above (NEON is baseline on aarch64).
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => unsafe { arm::swiglu(g.as_mut_ptr(), u.as_ptr(), body) },
@@ -112,6 +116,9 @@ pub fn softmax_isa(isa: Isa, x: &mut [f32]) {
             // SAFETY: the level is available (caller's contract).
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => unsafe { x86::exp_sub_512(&mut e, max) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { x86_256::exp_sub_256(&mut e, max) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::exp_sub(&mut e, max),
             _ => {
@@ -146,6 +153,11 @@ pub fn dot_f16_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::dot_f16_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            x86_256::dot_f16_256(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "aarch64")]
@@ -185,6 +197,11 @@ pub fn dot_f16_vec_isa(isa: Isa, a: &[f16], b: &[f16]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::dot_f16_vec_512(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            x86_256::dot_f16_vec_256(a.as_ptr() as *const u16, b.as_ptr() as *const u16, body)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "aarch64")]
@@ -297,6 +314,11 @@ pub fn fma_f16_row_isa(isa: Isa, acc: &mut [f32], p: f32, v: &[f16]) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::fma_f16_row_512(acc.as_mut_ptr(), p, v.as_ptr() as *const u16, n)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            x86_256::fma_f16_row_256(acc.as_mut_ptr(), p, v.as_ptr() as *const u16, n)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "aarch64")]
@@ -479,6 +501,191 @@ mod x86 {
                 _mm512_storeu_ps(acc.add(i), _mm512_fmadd_ps(x, pv, a));
             }
             i += 16;
+        }
+        while i < n {
+            // SAFETY: i < n.
+            unsafe {
+                let x = half::f16::from_bits(*v.add(i)).to_f32();
+                *acc.add(i) = x.mul_add(p, *acc.add(i));
+            }
+            i += 1;
+        }
+    }
+}
+
+/// The AVX2 forms (x86-64 without AVX-512, e.g. most desktop CPUs): the 16 lanes of the
+/// references as two `__m256` (lanes 0..8, 8..16), the same operations lane by lane.
+#[cfg(target_arch = "x86_64")]
+mod x86_256 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// [`reduce16`] of lanes 0..8 (`lo`) and 8..16 (`hi`): the same tree, in the same order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn reduce(lo: __m256, hi: __m256) -> f32 {
+        // h[i] = v[8 + i] + v[i]; q[i] = h[4 + i] + h[i]; (q0 + q2) + (q1 + q3).
+        let h = _mm256_add_ps(hi, lo);
+        let q = _mm_add_ps(_mm256_extractf128_ps::<1>(h), _mm256_castps256_ps128(h));
+        let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)))
+    }
+
+    /// [`expf`] on eight lanes, operation for operation (fused where the reference fuses).
+    /// `scalef(j, n)` is `j` times `2^n` built from its exponent bits for `-126 <= n <= 127`
+    /// (one rounding, as the reference's exact f64 product rounded once); any other lane (and
+    /// NaN) takes the scalar reference itself.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn expf8(x: __m256) -> __m256 {
+        let r = _mm256_set1_ps(R);
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            _mm256_set1_ps(LN2_LO),
+            _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x),
+        );
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(_mm256_set1_ps(P5), b, _mm256_set1_ps(P4)),
+                u,
+                _mm256_fmadd_ps(_mm256_set1_ps(P3), b, _mm256_set1_ps(P2)),
+            ),
+            u,
+            _mm256_fmadd_ps(_mm256_set1_ps(P1), b, _mm256_set1_ps(1.0)),
+        );
+        let ok = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-126.0)),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
+        );
+        let ni = _mm256_cvtps_epi32(_mm256_and_ps(ok, n));
+        let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            ni,
+            _mm256_set1_epi32(127),
+        )));
+        let res = _mm256_mul_ps(j, pow);
+        let m = _mm256_movemask_ps(ok);
+        if m == 0xff {
+            return res;
+        }
+        let mut o = [0f32; 8];
+        let mut xs = [0f32; 8];
+        // SAFETY: both arrays hold 8 floats.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), res);
+            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+        }
+        for l in 0..8 {
+            if m & (1 << l) == 0 {
+                o[l] = expf(xs[l]);
+            }
+        }
+        // SAFETY: `o` holds 8 floats.
+        unsafe { _mm256_loadu_ps(o.as_ptr()) }
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C available; `g` and `u` valid for `n` elements, `n % 16 == 0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn swiglu_256(g: *mut f32, u: *const f32, n: usize) {
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n, inside both buffers.
+            unsafe {
+                let x = _mm256_loadu_ps(g.add(i));
+                let e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+                let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+                _mm256_storeu_ps(g.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+            }
+            i += 8;
+        }
+    }
+
+    /// `e = expf(e - max)` in place; returns the chunk's sum by [`reduce16`]'s tree.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn exp_sub_256(e: &mut [f32; 16], max: f32) -> f32 {
+        let m = _mm256_set1_ps(max);
+        // SAFETY: `e` holds 16 floats.
+        unsafe {
+            let lo = expf8(_mm256_sub_ps(_mm256_loadu_ps(e.as_ptr()), m));
+            let hi = expf8(_mm256_sub_ps(_mm256_loadu_ps(e.as_ptr().add(8)), m));
+            _mm256_storeu_ps(e.as_mut_ptr(), lo);
+            _mm256_storeu_ps(e.as_mut_ptr().add(8), hi);
+            reduce(lo, hi)
+        }
+    }
+
+    /// Eight f16 values at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` valid for 8 values; F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn h8(p: *const u16) -> __m256 {
+        // SAFETY: caller's contract.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C available; `a`, `b` valid for `n` f16 values, `n % 16 == 0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_256(a: *const u16, b: *const u16, n: usize) -> f32 {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, inside both vectors.
+            unsafe {
+                lo = _mm256_fmadd_ps(h8(a.add(i)), h8(b.add(i)), lo);
+                hi = _mm256_fmadd_ps(h8(a.add(i + 8)), h8(b.add(i + 8)), hi);
+            }
+            i += 16;
+        }
+        reduce(lo, hi)
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C available; `a`, `b` valid for `n` f16 values, `n % 64 == 0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_vec_256(a: *const u16, b: *const u16, n: usize) -> f32 {
+        // acc[k]: elements 8k..8k+8 of each 64-element step (lanes 8k..8k+8 of [`reduce64`]).
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (k, s) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 64 <= n, inside both vectors.
+                unsafe {
+                    let p = i + 8 * k;
+                    *s = _mm256_fmadd_ps(h8(a.add(p)), h8(b.add(p)), *s);
+                }
+            }
+            i += 64;
+        }
+        // [`reduce64`]: lane l of the 16 = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]).
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        reduce(lo, hi)
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C available; `acc` and `v` valid for `n` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fma_f16_row_256(acc: *mut f32, p: f32, v: *const u16, n: usize) {
+        let pv = _mm256_set1_ps(p);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n, inside both buffers.
+            unsafe {
+                let a = _mm256_loadu_ps(acc.add(i));
+                _mm256_storeu_ps(acc.add(i), _mm256_fmadd_ps(h8(v.add(i)), pv, a));
+            }
+            i += 8;
         }
         while i < n {
             // SAFETY: i < n.
@@ -707,7 +914,7 @@ mod tests {
     }
 
     fn levels() -> Vec<Isa> {
-        [Isa::Avx512, Isa::Neon]
+        [Isa::Avx2, Isa::Avx512, Isa::Neon]
             .into_iter()
             .filter(|i| i.available())
             .collect()
