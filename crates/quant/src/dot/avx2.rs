@@ -11,7 +11,7 @@ use gguf::GgmlType;
 
 use super::f32ops::x86 as f32x86;
 use super::kernels::{quantize_row_blocks, BlockQuantizers, Kernel, Tile, TileFn};
-use super::scalar::{k4_scale_min, q3k_scales, tiled_step};
+use super::scalar::{q3k_scales, tiled_step};
 use super::SumOrder;
 
 // ---- small helpers --------------------------------------------------------------------------
@@ -693,16 +693,31 @@ impl KSums for KQ6 {
     }
 }
 
-/// Scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its 12 packed bytes.
-#[inline(always)]
-pub(crate) fn k4_unpack(s: &[u8; 12]) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for j in 0..8 {
-        let (sc, m) = k4_scale_min(j, s);
-        out[j] = sc;
-        out[8 + j] = m;
-    }
-    out
+/// Scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block as one vector, from its 12
+/// packed bytes at `p` (the layout `scalar::k4_scale_min` reads), with 32-bit word operations:
+/// words 0 and 1 hold the low 6 bits of scales 0..4 and mins 0..4; word 2 the low 4 bits of
+/// scales and mins 4..8; the top 2 bits of words 0 and 1 the high bits of scales and mins 4..8.
+/// Built in registers: bytes assembled on the stack and loaded as one vector stall the load.
+///
+/// # Safety
+/// `p` valid for 12 bytes; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn k4_unpack(p: *const u8) -> __m128i {
+    // SAFETY: caller's contract (three unaligned words).
+    let w = |i: usize| unsafe { std::ptr::read_unaligned(p.add(4 * i) as *const u32) };
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let scales_lo = w0 & m6;
+    let scales_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);
+    let mins_lo = w1 & m6;
+    let mins_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4);
+    _mm_setr_epi32(
+        scales_lo as i32,
+        scales_hi as i32,
+        mins_lo as i32,
+        mins_hi as i32,
+    )
 }
 
 /// The integer sums of one Q4_K (or Q5_K with `HIGH`) super-block per pair of 32-element
@@ -718,9 +733,7 @@ unsafe fn q45_k_parts<const HIGH: bool>(x: *const u8, y: *const u8) -> ([__m256i
     let m4 = _mm256_set1_epi8(0x0f);
     // SAFETY: every read lies inside the two blocks (caller's contract).
     unsafe {
-        let packed: [u8; 12] = std::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
-        let sm = k4_unpack(&packed);
-        let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+        let ms = _mm256_cvtepu8_epi16(k4_unpack(x.add(4)));
         let bs = ld256(y.add(260));
         // Sums per 32-element sub-block, paired with the 8 mins: lane p = the pair's min sum.
         let bs32 = _mm_hadd_epi16(
@@ -871,6 +884,24 @@ unsafe fn gather_f16(w: *const u8, stride: usize, off: usize) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) })
 }
 
+/// Rows of at most this many super-blocks are read row after row by the 8-row K-quant
+/// products (the group's bytes in address order: one stream the prefetchers follow), their
+/// integer sums kept, then the float steps run block by block in order; longer rows are read
+/// block by block across the 8 rows (eight streams advancing together). Measured on the
+/// output head's shape (128,256 x 2,048, AVX2, 2 threads): 18.8 -> 6.1 ms for Q6_K, 8.4 -> 4.9
+/// ms for Q4_K; reading long rows in chunks of 16 blocks instead was 2-2.4x slower from memory.
+const K_CHUNK: usize = 16;
+
+/// Blocks per chunk for rows of `nb` blocks (see [`K_CHUNK`]).
+#[inline(always)]
+fn k_chunk(nb: usize) -> usize {
+    if nb <= K_CHUNK {
+        nb
+    } else {
+        1
+    }
+}
+
 /// Eight weight rows · one activation row of a K-quant: lane `r` carries row `r`'s
 /// accumulators through exactly [`dot_k`]'s steps, so each output is [`dot_k`]'s bits.
 ///
@@ -879,33 +910,41 @@ unsafe fn gather_f16(w: *const u8, stride: usize, off: usize) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_k8<K: KSums>(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
     let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut is = [[_mm256_setzero_si256(); 8]; K_CHUNK];
+    let mut ms = [[_mm256_setzero_si256(); 8]; K_CHUNK];
     // SAFETY: block i of each row lies within the caller's ranges.
     unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(K::WB * i), a.add(292 * i));
-            let mut is = [_mm256_setzero_si256(); 8];
-            let mut ms = [_mm256_setzero_si256(); 8];
+        let mut c0 = 0;
+        while c0 < nb {
+            let c1 = (c0 + k_chunk(nb)).min(nb);
             for r in 0..8 {
-                (is[r], ms[r]) = K::sums(x.add(r * stride), y);
-            }
-            let isum = _mm256_cvtepi32_ps(reduce8(&is));
-            let d = gather_f16(x, stride, K::D);
-            let yd = _mm256_set1_ps(rd_f32(y));
-            match K::STEP {
-                KStep::Tiled => acc = _mm256_fmadd_ps(_mm256_mul_ps(isum, d), yd, acc),
-                KStep::TiledMin => {
-                    let msum = _mm256_cvtepi32_ps(reduce8(&ms));
-                    let dmin = gather_f16(x, stride, K::DMIN);
-                    let r = _mm256_fnmadd_ps(dmin, msum, _mm256_mul_ps(isum, d));
-                    acc = _mm256_fmadd_ps(r, yd, acc);
-                }
-                KStep::Gemv => {
-                    let msum = _mm256_cvtepi32_ps(reduce8(&ms));
-                    let dmin = gather_f16(x, stride, K::DMIN);
-                    acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, yd), acc);
-                    accm = _mm256_fmadd_ps(msum, _mm256_mul_ps(dmin, yd), accm);
+                let row = w.add(r * stride);
+                for i in c0..c1 {
+                    (is[i - c0][r], ms[i - c0][r]) = K::sums(row.add(K::WB * i), a.add(292 * i));
                 }
             }
+            for i in c0..c1 {
+                let (x, y) = (w.add(K::WB * i), a.add(292 * i));
+                let isum = _mm256_cvtepi32_ps(reduce8(&is[i - c0]));
+                let d = gather_f16(x, stride, K::D);
+                let yd = _mm256_set1_ps(rd_f32(y));
+                match K::STEP {
+                    KStep::Tiled => acc = _mm256_fmadd_ps(_mm256_mul_ps(isum, d), yd, acc),
+                    KStep::TiledMin => {
+                        let msum = _mm256_cvtepi32_ps(reduce8(&ms[i - c0]));
+                        let dmin = gather_f16(x, stride, K::DMIN);
+                        let r = _mm256_fnmadd_ps(dmin, msum, _mm256_mul_ps(isum, d));
+                        acc = _mm256_fmadd_ps(r, yd, acc);
+                    }
+                    KStep::Gemv => {
+                        let msum = _mm256_cvtepi32_ps(reduce8(&ms[i - c0]));
+                        let dmin = gather_f16(x, stride, K::DMIN);
+                        acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, yd), acc);
+                        accm = _mm256_fmadd_ps(msum, _mm256_mul_ps(dmin, yd), accm);
+                    }
+                }
+            }
+            c0 = c1;
         }
         _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
     }
@@ -985,32 +1024,41 @@ fn transpose4(v: [__m128i; 4]) -> [__m128i; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k8(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
     let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut is = [[_mm_setzero_si128(); 8]; K_CHUNK];
+    let mut ms = [[_mm_setzero_si128(); 8]; K_CHUNK];
     // SAFETY: block i of each row lies within the caller's ranges.
     unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(144 * i), a.add(292 * i));
-            let mut is = [_mm_setzero_si128(); 8];
-            let mut ms = [_mm_setzero_si128(); 8];
+        let mut c0 = 0;
+        while c0 < nb {
+            let c1 = (c0 + k_chunk(nb)).min(nb);
             for r in 0..8 {
-                (is[r], ms[r]) = q4_k_pairs(x.add(r * stride), y);
+                let row = w.add(r * stride);
+                for i in c0..c1 {
+                    (is[i - c0][r], ms[i - c0][r]) = q4_k_pairs(row.add(144 * i), a.add(292 * i));
+                }
             }
-            let yd = _mm256_set1_ps(rd_f32(y));
-            let d = _mm256_mul_ps(gather_f16(x, stride, 0), yd);
-            let dm = _mm256_mul_ps(gather_f16(x, stride, 2), yd);
-            let (ilo, ihi) = (
-                transpose4([is[0], is[1], is[2], is[3]]),
-                transpose4([is[4], is[5], is[6], is[7]]),
-            );
-            let (mlo, mhi) = (
-                transpose4([ms[0], ms[1], ms[2], ms[3]]),
-                transpose4([ms[4], ms[5], ms[6], ms[7]]),
-            );
-            for p in 0..4 {
-                let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(ihi[p], ilo[p]));
-                let msum = _mm256_cvtepi32_ps(_mm256_set_m128i(mhi[p], mlo[p]));
-                acc = _mm256_fmadd_ps(isum, d, acc);
-                accm = _mm256_fmadd_ps(msum, dm, accm);
+            for i in c0..c1 {
+                let (x, y) = (w.add(144 * i), a.add(292 * i));
+                let (is, ms) = (&is[i - c0], &ms[i - c0]);
+                let yd = _mm256_set1_ps(rd_f32(y));
+                let d = _mm256_mul_ps(gather_f16(x, stride, 0), yd);
+                let dm = _mm256_mul_ps(gather_f16(x, stride, 2), yd);
+                let (ilo, ihi) = (
+                    transpose4([is[0], is[1], is[2], is[3]]),
+                    transpose4([is[4], is[5], is[6], is[7]]),
+                );
+                let (mlo, mhi) = (
+                    transpose4([ms[0], ms[1], ms[2], ms[3]]),
+                    transpose4([ms[4], ms[5], ms[6], ms[7]]),
+                );
+                for p in 0..4 {
+                    let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(ihi[p], ilo[p]));
+                    let msum = _mm256_cvtepi32_ps(_mm256_set_m128i(mhi[p], mlo[p]));
+                    acc = _mm256_fmadd_ps(isum, d, acc);
+                    accm = _mm256_fmadd_ps(msum, dm, accm);
+                }
             }
+            c0 = c1;
         }
         _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
     }
