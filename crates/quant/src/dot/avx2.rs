@@ -1064,6 +1064,145 @@ unsafe fn dot_q4_k8(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *
     }
 }
 
+/// [`q4_k_pairs`] of one Q4_K block against the blocks `ys` of `T` tokens: each weight vector
+/// is unpacked once for all of them.
+///
+/// # Safety
+/// `x`: one whole Q4_K block; each `ys[t]`: one whole Q8_K block; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q4_k_pairs_t<const T: usize>(
+    x: *const u8,
+    ys: &[*const u8; T],
+) -> ([__m128i; T], [__m128i; T]) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut is = [_mm_setzero_si128(); T];
+    let mut ms = [_mm_setzero_si128(); T];
+    // SAFETY: every read lies inside the blocks (caller's contract).
+    unsafe {
+        let mn = _mm256_cvtepu8_epi16(k4_unpack(x.add(4)));
+        let scales = _mm256_permute2x128_si256::<0x00>(mn, mn);
+        let mins = _mm256_extracti128_si256::<1>(mn);
+        let mut pair = [[_mm256_setzero_si256(); 4]; T];
+        for j in 0..4 {
+            let bits = ld256(x.add(16 + 32 * j));
+            let ql = _mm256_and_si256(bits, m4);
+            let qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            let sl = _mm256_shuffle_epi8(scales, i16_pick(2 * j, 2 * j));
+            let sh = _mm256_shuffle_epi8(scales, i16_pick(2 * j + 1, 2 * j + 1));
+            for (t, y) in ys.iter().enumerate() {
+                let pl = _mm256_maddubs_epi16(ql, q8k_quants(*y, 2 * j));
+                let ph = _mm256_maddubs_epi16(qh, q8k_quants(*y, 2 * j + 1));
+                pair[t][j] = _mm256_add_epi32(_mm256_madd_epi16(sl, pl), _mm256_madd_epi16(sh, ph));
+            }
+        }
+        for (t, y) in ys.iter().enumerate() {
+            let p = &pair[t];
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            is[t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let bs = ld256(y.add(260));
+            let bs32 = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            ms[t] = _mm_madd_epi16(mins, bs32);
+        }
+    }
+    (is, ms)
+}
+
+/// [`dot_q4_k8`] for `T` tokens at once (`a[t]` their activation rows, `out[t]` their 8
+/// outputs), each weight block unpacked once for all of them; the same bits per token.
+///
+/// # Safety
+/// As [`dot_q4_k8`] for each token.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k8_t<const T: usize>(
+    nb: usize,
+    w: *const u8,
+    stride: usize,
+    a: &[*const u8; T],
+    out: &[*mut f32; T],
+) {
+    let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); T];
+    let mut is = [[[_mm_setzero_si128(); 8]; K_CHUNK]; T];
+    let mut ms = [[[_mm_setzero_si128(); 8]; K_CHUNK]; T];
+    // SAFETY: block i of each row and token lies within the caller's ranges.
+    unsafe {
+        let mut c0 = 0;
+        while c0 < nb {
+            let c1 = (c0 + k_chunk(nb)).min(nb);
+            for r in 0..8 {
+                let row = w.add(r * stride);
+                for i in c0..c1 {
+                    let ys: [*const u8; T] = std::array::from_fn(|t| a[t].add(292 * i));
+                    let (bi, bm) = q4_k_pairs_t::<T>(row.add(144 * i), &ys);
+                    for t in 0..T {
+                        is[t][i - c0][r] = bi[t];
+                        ms[t][i - c0][r] = bm[t];
+                    }
+                }
+            }
+            for i in c0..c1 {
+                let x = w.add(144 * i);
+                let (dw, dmw) = (gather_f16(x, stride, 0), gather_f16(x, stride, 2));
+                for t in 0..T {
+                    let (is, ms) = (&is[t][i - c0], &ms[t][i - c0]);
+                    let yd = _mm256_set1_ps(rd_f32(a[t].add(292 * i)));
+                    let (d, dm) = (_mm256_mul_ps(dw, yd), _mm256_mul_ps(dmw, yd));
+                    let (ilo, ihi) = (
+                        transpose4([is[0], is[1], is[2], is[3]]),
+                        transpose4([is[4], is[5], is[6], is[7]]),
+                    );
+                    let (mlo, mhi) = (
+                        transpose4([ms[0], ms[1], ms[2], ms[3]]),
+                        transpose4([ms[4], ms[5], ms[6], ms[7]]),
+                    );
+                    let (ac, am) = &mut acc[t];
+                    for p in 0..4 {
+                        let isum = _mm256_cvtepi32_ps(_mm256_set_m128i(ihi[p], ilo[p]));
+                        let msum = _mm256_cvtepi32_ps(_mm256_set_m128i(mhi[p], mlo[p]));
+                        *ac = _mm256_fmadd_ps(isum, d, *ac);
+                        *am = _mm256_fmadd_ps(msum, dm, *am);
+                    }
+                }
+            }
+            c0 = c1;
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t].0, acc[t].1));
+        }
+    }
+}
+
+/// The Q4_K tile (pair order): groups of 8 rows take all the tile's tokens at once when it has
+/// 4 ([`dot_q4_k8_t`]), else one token at a time; leftover rows one by one.
+///
+/// # Safety
+/// The [`Tile`] contract; AVX2/FMA/F16C available.
+unsafe fn t_q4_k(t: &Tile) {
+    if t.toks != 4 {
+        // SAFETY: forwarded.
+        unsafe { t_q4_k_each(t) };
+        return;
+    }
+    // SAFETY: the tile contract covers every row, the 4 tokens and their outputs.
+    unsafe {
+        let a: [*const u8; 4] = std::array::from_fn(|k| t.a.add(k * t.a_stride));
+        let mut r = 0;
+        while r + K_ROWS <= t.rows {
+            let out: [*mut f32; 4] = std::array::from_fn(|k| t.out.add(k * t.out_stride + r));
+            dot_q4_k8_t::<4>(t.nb, t.w.add(r * t.w_stride), t.w_stride, &a, &out);
+            r += K_ROWS;
+        }
+        for r in r..t.rows {
+            for (k, ak) in a.iter().enumerate() {
+                *t.out.add(k * t.out_stride + r) = dot_q4_k(t.nb, t.w.add(r * t.w_stride), *ak);
+            }
+        }
+    }
+}
+
 /// # Safety
 /// `w`: `n` f32; `a`: `n` f32.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1170,7 +1309,7 @@ macro_rules! k_tile {
 }
 k_tile!(t_q2_k, dot_k8::<KQ2>, dot_k::<KQ2>);
 k_tile!(t_q3_k, dot_k8::<KQ3>, dot_k::<KQ3>);
-k_tile!(t_q4_k, dot_q4_k8, dot_q4_k);
+k_tile!(t_q4_k_each, dot_q4_k8, dot_q4_k);
 k_tile!(t_q4_k_gemv, dot_k8::<KQ4Gemv>, dot_k::<KQ4Gemv>);
 k_tile!(t_q5_k, dot_k8::<KQ5>, dot_k::<KQ5>);
 k_tile!(t_q6_k, dot_k8::<KQ6>, dot_k::<KQ6>);
