@@ -1071,6 +1071,7 @@ unsafe fn dot_q4_k8(nb: usize, w: *const u8, stride: usize, a: *const u8, out: *
 /// `x`: one whole Q4_K block; each `ys[t]`: one whole Q8_K block; AVX2 available.
 #[target_feature(enable = "avx2")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // `j` also places the weight and activation bytes
 unsafe fn q4_k_pairs_t<const T: usize>(
     x: *const u8,
     ys: &[*const u8; T],
