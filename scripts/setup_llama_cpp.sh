@@ -16,6 +16,10 @@
 #   LLAMA_CPP_SDIST_DIR  a folder already holding llama_cpp_python-<version>.tar.gz (optional)
 #   LLAMA_CPP_JOBS       parallel compile jobs (default: number of CPUs)
 #   LLAMA_CPP_FORCE=1    rebuild even when the right version is importable
+#   LLAMA_CPP_AVX2=DIR   instead: an x86-64 build limited to AVX2/FMA/F16C (no AVX-512), as
+#                        llama.cpp runs on CPUs without AVX-512, installed into DIR (pip --target;
+#                        use it with PYTHONPATH=DIR), for comparisons at the AVX2 level
+#                        (`CROSSOVER_ISA=avx2 PYTHONPATH=DIR python3 bench/compare_cpu.py`)
 set -euo pipefail
 
 VERSION=0.3.36
@@ -29,7 +33,7 @@ installed_version() {
     "$PY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true
 }
 
-if [[ "${LLAMA_CPP_FORCE:-0}" != 1 && "$(installed_version)" == "$VERSION" ]]; then
+if [[ -z "${LLAMA_CPP_AVX2:-}" && "${LLAMA_CPP_FORCE:-0}" != 1 && "$(installed_version)" == "$VERSION" ]]; then
     echo "llama-cpp-python $VERSION already installed for $PY"
     exit 0
 fi
@@ -64,6 +68,11 @@ case "$(uname -m)" in
         ;;
     *) FEATURES="-DGGML_NATIVE=ON" ;;
 esac
+if [[ -n "${LLAMA_CPP_AVX2:-}" ]]; then
+    FEATURES="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+-DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+fi
 export CMAKE_ARGS="$FEATURES -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF"
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export MAKEFLAGS=-j$JOBS
@@ -72,6 +81,12 @@ export MAKEFLAGS=-j$JOBS
 force=()
 if [[ "${LLAMA_CPP_FORCE:-0}" == 1 ]]; then
     force=(--force-reinstall --no-deps)
+fi
+if [[ -n "${LLAMA_CPP_AVX2:-}" ]]; then
+    mkdir -p "$LLAMA_CPP_AVX2"
+    "$PY" -m pip install --no-cache-dir --upgrade --target "$LLAMA_CPP_AVX2" --no-binary llama-cpp-python "$SDIST"
+    PYTHONPATH="$LLAMA_CPP_AVX2" "$PY" -c 'import llama_cpp; print("llama.cpp (AVX2 build):", llama_cpp.llama_print_system_info().decode())'
+    exit 0
 fi
 "$PY" -m pip install --no-cache-dir "${force[@]}" --no-binary llama-cpp-python -v "$SDIST"
 
