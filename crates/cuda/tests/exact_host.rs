@@ -11,26 +11,12 @@ use std::path::{Path, PathBuf};
 use cpu::{CpuBackend, CpuOptions};
 use cuda::exact::host::{HostExact, HostModel};
 use cuda::exact::{ExactOps, AUTO_ORDERS};
-use cuda::kernels::{act_format, ActFormat};
-use gguf::GgmlType;
+use cuda::kernels::{act_format, ActFormat, QTYPES};
 use model::synth::{Preset, Shrink, SynthOptions, VocabSource};
 use model::{FileType, QuantScheme};
 use quant::dot::{self, Pool, SumOrder};
 use rand::Rng;
 use runtime::{Backend, SeqChunk, SeqId, StepBatch, Want};
-
-const TYPES: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
 
 fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
     // SAFETY: plain numbers, read as bytes.
@@ -49,7 +35,8 @@ fn exact_products_equal_the_cpu_products() {
     let bufs = ops
         .alloc(&[4 * 9 * cols, 9 * cols, 9 * cols / 32 * 8, 4 * 9 * rows])
         .unwrap();
-    for ty in TYPES {
+    // Every quantized type the GPU takes, which are the types exact mode mirrors.
+    for &(ty, _) in QTYPES {
         let wf: Vec<f32> = (0..rows * cols)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
