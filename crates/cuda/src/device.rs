@@ -353,6 +353,11 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_DOWN_CL=1` (on the H200 the 3B step took 1.589-1.594 ms with a block per
     /// row in clusters of 8 against 1.226-1.238 without, docs/perf/cuda.md session 21).
     pub down_cl: std::cell::Cell<bool>,
+    /// Session 24: one-token steps of more than one attention split merge the slices in the
+    /// attention launch ([`Gpu::attn_one_merge`]: its last block per KV head) and the output
+    /// projection quantizes the merged rows itself where its staged form takes it (else
+    /// `quantize_act`): no merge launch, the same bits. `CROSSOVER_CUDA_ONE_FUSED=1|0`.
+    pub one_fused: std::cell::Cell<bool>,
     /// Blocks per cluster of the `mvqc_*` products ([`Gpu::down_cl`]; 1 to 8, default
     /// [`crate::kernels::MVQC_CLUSTER`]; `CROSSOVER_CUDA_MVQC_CL`).
     pub mvqc_cluster: std::cell::Cell<u32>,
@@ -378,8 +383,9 @@ pub struct Gpu {
     pub argmax_mb: std::cell::Cell<bool>,
     /// Session 21: the CUDA backend selects each sampled row's top-k on the GPU
     /// ([`Gpu::top_k_rows`], `runtime::Backend::step_top_k`), k pairs copied back instead of
-    /// the row: off unless `CROSSOVER_CUDA_TOPK=1` (written without a GPU; its kernel test has
-    /// not run on one yet, docs/perf/cuda.md session 21).
+    /// the row: on unless `CROSSOVER_CUDA_TOPK=0` (session 24 on the H200, 3B file, temperature
+    /// 0.8, top-k 40: 628-660 generated tok/s against 574-592 copying each row, the same text;
+    /// docs/perf/cuda.md session 24).
     pub top_k_dev: std::cell::Cell<bool>,
     /// [`Gpu::top_k_rows`]' scratch (u64 keys) and its length.
     pub(crate) topk_ws: RefCell<Option<(DevBuf, usize)>>,
@@ -582,6 +588,9 @@ impl Gpu {
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),
+            one_fused: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_ONE_FUSED").as_deref() == Ok("1"),
+            ),
             mvqc_cluster: std::cell::Cell::new(
                 env_usize(
                     "CROSSOVER_CUDA_MVQC_CL",
@@ -596,7 +605,7 @@ impl Gpu {
             ),
             argmax_ws: RefCell::new(None),
             top_k_dev: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_TOPK").as_deref() == Ok("1"),
+                std::env::var("CROSSOVER_CUDA_TOPK").as_deref() != Ok("0"),
             ),
             topk_ws: RefCell::new(None),
             attn_wp: std::cell::Cell::new(

@@ -491,6 +491,16 @@ fn norm<O: ExactOps>(
 
 /// Run `chunks` (KV blocks already allocated for every position) and write the logits rows
 /// they want to `logits` (rows of `n_vocab`, in order); returns how many.
+/// Layers the forward pass runs: all, unless `CROSSOVER_EXACT_LAYERS=K` (a diagnostic: the
+/// first K layers, then the output head, so two executors of exact mode can be compared layer by
+/// layer; the logits are then no model's).
+fn layer_limit() -> usize {
+    std::env::var("CROSSOVER_EXACT_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
 pub fn forward<O: ExactOps>(
     ops: &O,
     m: &ExactModel,
@@ -588,7 +598,7 @@ pub fn forward<O: ExactOps>(
         );
         let neox = i32::from(cfg.rope_style == RopeStyle::Neox);
         let n_rot = i32_of(cfg.n_rot, "rotated dimensions")?;
-        for (li, l) in m.layers.iter().enumerate() {
+        for (li, l) in m.layers.iter().enumerate().take(layer_limit()) {
             let mut b0 = 0;
             while b0 < n {
                 let order = toks[b0].2;

@@ -2153,6 +2153,99 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
     }
 }
 
+/// Session 24: the one-token attention whose last block of each KV head merges the slices
+/// (`attn_one_merge`, the slices staged in shared memory) writes `attn_one` + `attn_merge`'s
+/// output bit for bit and leaves the same partial results, in both loader forms, twice on the
+/// same counters (a graph replay), which it leaves zeroed. Contexts of 100 to ~2.5K positions
+/// over 2 to 40 splits (fewer working slices than splits among them), so the heads' spans start
+/// on 8-byte as well as 16-byte boundaries and the last one ends at the buffer's end.
+#[test]
+fn one_token_attention_merging_its_slices_equals_attn_one_then_merge() {
+    let Some(g) = gpu_or_skip("attn_one_merge") else {
+        return;
+    };
+    let mut r = rng("attn_one_merge");
+    for hd in cuda::kernels::PREFILL_HEAD_DIMS {
+        let (nh, nkv, bt) = (24usize, 8usize, 16usize);
+        let max_blocks = 170;
+        let n_seq = 3;
+        let n_blocks = n_seq * max_blocks;
+        let kv_row = nkv * hd;
+        let half = |r: &mut ChaCha8Rng| -> Vec<u16> {
+            randn(r, n_blocks * bt * kv_row, 1.0)
+                .iter()
+                .map(|&v| f16::from_f32(v).to_bits())
+                .collect()
+        };
+        let (kh, vh) = (half(&mut r), half(&mut r));
+        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..btab.len()).rev() {
+            btab.swap(i, r.gen_range(0..=i));
+        }
+        let (kb, vb, tb) = (
+            g.upload(&kh).unwrap(),
+            g.upload(&vh).unwrap(),
+            g.upload(&btab).unwrap(),
+        );
+        let cnt = g.alloc_zeroed(nkv * 4).unwrap();
+        let words = nh * hd;
+        for (len, n_split) in [
+            (100usize, 2usize),
+            (130, 7),
+            (r.gen_range(700..1000), 16),
+            (r.gen_range(2300..2700), 33),
+            (r.gen_range(2300..2700), 40),
+            (r.gen_range(300..600), 33),
+        ] {
+            assert!(cuda::Gpu::attn_one_merge_fits(nh, nkv, hd, n_split));
+            let seq = r.gen_range(0..n_seq as i32);
+            let q = randn(&mut r, nh * hd, 1.0);
+            let (qb, pb, sb) = (
+                g.upload(&q).unwrap(),
+                g.upload(&[len as i32 - 1]).unwrap(),
+                g.upload(&[seq]).unwrap(),
+            );
+            let qkv = (qb.ptr(), kb.ptr(), vb.ptr());
+            let kv = (pb.ptr(), sb.ptr(), tb.ptr(), max_blocks, bt);
+            let pw = nh * n_split * (hd + 2);
+            let (pa, want_out) = (poisoned(&g, pw), poisoned(&g, words));
+            g.attn_one(
+                1, qkv.0, qkv.1, qkv.2, kv.0, kv.1, kv.2, max_blocks, bt, nh, nkv, hd, n_split,
+                pa.ptr(),
+            )
+            .unwrap();
+            g.attn_merge(1, pa.ptr(), pb.ptr(), nh, hd, n_split, 0, want_out.ptr())
+                .unwrap();
+            let want: Vec<u32> = g.download(&want_out, words).unwrap();
+            let want_part: Vec<u32> = g.download(&pa, pw).unwrap();
+            let wp = g.attn_wp.get();
+            for (form, round) in [(wp, 0), (wp, 1), (!wp, 0), (!wp, 1)] {
+                g.attn_wp.set(form);
+                let (pm, out) = (poisoned(&g, pw), poisoned(&g, words));
+                g.attn_one_merge(1, qkv, kv, nh, nkv, hd, n_split, pm.ptr(), out.ptr(), cnt.ptr())
+                    .unwrap();
+                let got: Vec<u32> = g.download(&out, words).unwrap();
+                let got_part: Vec<u32> = g.download(&pm, pw).unwrap();
+                let left: Vec<u32> = g.download(&cnt, nkv).unwrap();
+                let at = format!("hd {hd} len {len} splits {n_split} attn_wp={form} round {round}");
+                assert!(got_part == want_part, "{at}: partial results differ from attn_one's");
+                if let Some(i) = (0..words).find(|&i| got[i] != want[i]) {
+                    panic!(
+                        "{at}: element {i} is {} where attn_one + attn_merge give {}",
+                        f32::from_bits(got[i]),
+                        f32::from_bits(want[i])
+                    );
+                }
+                assert!(left.iter().all(|&c| c == 0), "{at}: counters left {left:?}");
+            }
+            g.attn_wp.set(wp);
+        }
+        eprintln!("attn_one_merge hd {hd}: bit-identical to attn_one + attn_merge");
+    }
+    // Past the shared memory: refused with the reason, nothing launched.
+    assert!(!cuda::Gpu::attn_one_merge_fits(24, 8, 128, 64));
+}
+
 /// v9: the many-sequence attention that merges its own slices (`attn_batchm`, the last block of
 /// each token and KV head to finish) gives attn_batch + attn_combine's output bit for bit, for
 /// tokens of many lengths (shorter than one tile, partial tiles, fewer tiles than splits) in one
@@ -4450,4 +4543,88 @@ fn top_k_keys_sort_and_decode_to_the_samplers_lists() {
             .collect();
         assert_eq!(got, want, "case {case}: n {n} k {k}");
     }
+}
+
+/// Exact mode's products (`ex_matmul` on the GPU's own quantized activations) equal the CPU
+/// engine's scalar products bit for bit at the widths of real models (576 to 8192 columns),
+/// every quantized type, both orders, 1 to 70 tokens (Q4_K's groups of 4 and its leftovers).
+#[test]
+fn exact_products_on_the_gpu_equal_the_cpu_products() {
+    use cuda::exact::{ExactOps, GpuExact};
+    use quant::dot::{self, Pool, SumOrder};
+    let Some(g) = gpu_or_skip("exact_products_gpu") else {
+        return;
+    };
+    let mut r = rng("exact_products_gpu");
+    let pool = Pool::new(1).unwrap();
+    let mut ops = GpuExact {
+        gpu: &g,
+        embd: (0, GgmlType::F32, 0),
+        bufs: Vec::new(),
+    };
+    let rows = 24usize;
+    let max_tok = 70usize;
+    let max_cols = 8192usize;
+    let bufs = ops
+        .alloc(&[
+            4 * max_tok * max_cols,
+            max_tok * max_cols,
+            max_tok * max_cols / 32 * 8,
+            4 * max_tok * rows,
+        ])
+        .unwrap();
+    let mut bad = Vec::new();
+    for &(ty, _) in QTYPES {
+        for cols in [576usize, 2048, 3072, 8192] {
+            if !cols.is_multiple_of(ty.block_size() as usize) {
+                continue;
+            }
+            let wf: Vec<f32> = (0..rows * cols).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+            let w = quant::quantize_to_vec(ty, &wf).unwrap();
+            let wd = g.upload(&w).unwrap();
+            for n_tok in [1usize, 4, 6, 64, 70] {
+                let x: Vec<f32> = (0..n_tok * cols)
+                    .map(|_| r.gen_range(-2.0f32..2.0) * if r.gen_bool(0.05) { 8.0 } else { 1.0 })
+                    .collect();
+                for order in SumOrder::ALL {
+                    let mut want = vec![0f32; n_tok * rows];
+                    dot::matmul_f32_ordered(ty, &w, rows, cols, &x, n_tok, &mut want, &pool, order)
+                        .unwrap();
+                    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    ops.write(bufs[0], &xb).unwrap();
+                    let fmt = act_format(ty).unwrap();
+                    ops.quantize(bufs[0], n_tok, cols, fmt, bufs[1], bufs[2])
+                        .unwrap();
+                    let rb = ty.bytes_for(cols as u64).unwrap() as i64;
+                    let ord = i32::from(order == SumOrder::Block);
+                    let tail = (n_tok - n_tok % 4) as i32;
+                    ops.matmul(
+                        n_tok * rows,
+                        ty as i32,
+                        ord,
+                        wd.ptr(),
+                        rb,
+                        rows as i32,
+                        cols as i32,
+                        bufs[1],
+                        bufs[2],
+                        tail,
+                        bufs[3],
+                    )
+                    .unwrap();
+                    let mut got = vec![0u8; 4 * n_tok * rows];
+                    ops.read(bufs[3], &mut got).unwrap();
+                    let differ = got
+                        .chunks_exact(4)
+                        .zip(&want)
+                        .filter(|(c, w)| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != w.to_bits())
+                        .count();
+                    if differ > 0 {
+                        bad.push(format!("{ty} {cols} cols {n_tok} tokens {order:?}: {differ} differ"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "exact products differ from the CPU's:\n{}", bad.join("\n"));
 }

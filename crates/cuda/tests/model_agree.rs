@@ -361,6 +361,95 @@ fn exact_mode_logits_equal_the_cpu_backend_bit_for_bit() {
     }
 }
 
+/// Exact mode on the GPU against the same driver on the host build of exact.cu
+/// (`cuda::exact::host::HostModel`), layer by layer (`CROSSOVER_EXACT_LAYERS` = 0, 1, 2, ...:
+/// the first K layers, then the head): where two executors of the same kernels part, the
+/// first K at which any bit differs names the layer. Both must agree at every K.
+#[cfg(exact_host)]
+#[test]
+fn exact_mode_equals_its_host_build_layer_by_layer() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED exact_mode_equals_its_host_build_layer_by_layer: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    for path in models() {
+        let mut host =
+            cuda::exact::host::HostModel::load(&path, 256, 2, 256, cuda::exact::AUTO_ORDERS)
+                .expect("host load");
+        let gopts = CudaOptions {
+            ctx_size: 256,
+            max_seqs: 2,
+            max_batch_tokens: 256,
+            exact: Some(cuda::exact::AUTO_ORDERS),
+            ..Default::default()
+        };
+        let mut gpu = CudaBackend::load(&path, &gopts).expect("gpu load");
+        let nv = gpu.config().n_vocab;
+        let n_layer = gpu.config().n_layer;
+        let p: Vec<u32> = (0..12).map(|_| r.gen_range(0..nv as u32)).collect();
+        let t: u32 = r.gen_range(0..nv as u32);
+        let mut first_bad = None;
+        let mut ks: Vec<usize> = vec![0, 1, 2, 4, 8, n_layer];
+        ks.retain(|&k| k <= n_layer);
+        ks.dedup();
+        for k in ks {
+            std::env::set_var("CROSSOVER_EXACT_LAYERS", k.to_string());
+            let mut worst = (0usize, 0f32, 0usize);
+            for (i, (toks, start, want, plen)) in [
+                (p.clone(), 0usize, Want::All, Some(p.len())),
+                (vec![t], p.len(), Want::Last, None),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let b = StepBatch {
+                    chunks: vec![SeqChunk {
+                        prompt_len: plen,
+                        seq: 1,
+                        tokens: toks,
+                        start_pos: start,
+                        want,
+                    }],
+                };
+                let h = host.step(&b).expect("host step");
+                let g = gpu.step(&b).expect("gpu step");
+                let mut gl = Vec::new();
+                for j in 0..g.n_rows() {
+                    gl.extend_from_slice(g.row(j).unwrap_or(&[]));
+                }
+                assert_eq!(h.len(), gl.len(), "K={k} step {i}: row counts differ");
+                for (j, (x, y)) in h.iter().zip(&gl).enumerate() {
+                    if x.to_bits() != y.to_bits() {
+                        worst.0 += 1;
+                        worst.1 = worst.1.max((x - y).abs());
+                        if worst.0 == 1 {
+                            worst.2 = i * 1_000_000_000 + j;
+                        }
+                    }
+                }
+            }
+            host.release(1);
+            gpu.release(1);
+            eprintln!(
+                "{}: exact mode, first {k} layers: {} logits differ between GPU and host, max |diff| {} (first at step/index {})",
+                path.display(),
+                worst.0,
+                worst.1,
+                worst.2
+            );
+            if worst.0 > 0 {
+                // Later layers only carry the difference on.
+                first_bad = Some(k);
+                break;
+            }
+        }
+        std::env::remove_var("CROSSOVER_EXACT_LAYERS");
+        assert_eq!(first_bad, None, "{}: GPU and host exact differ", path.display());
+    }
+}
+
 /// Decode steps of many sequences (20: the 24-sequence graph bucket, products on the tensor-core
 /// integer GEMM) give the logits each sequence gets when decoded alone (one-token graph steps),
 /// teacher-forced on the same random tokens: mean KL <= 0.01 and top-1 >= 0.99 on decisive rows.
@@ -1008,6 +1097,30 @@ fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
         let set = |g: &cuda::Gpu, on: bool| g.down_cl.set(on);
         switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
         gpu.gpu().down_cl.set(orig);
+    }
+}
+
+/// Session 24: one-token attention merging its slices in its last blocks (`Gpu::one_fused`:
+/// no merge launch, the output projection quantizing the merged rows) gives the bits of
+/// `attn_one` + `attn_merge_q`: the same prompts and tokens with it on, off and on again. The
+/// prompts are long enough (100 tokens) that every one-token step's context takes 2 splits.
+#[test]
+fn attention_merging_its_slices_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED attention_merging_its_slices_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (2usize, 10usize, 100usize);
+    for path in models() {
+        let shape = (p, steps, plen);
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
+        let orig = gpu.gpu().one_fused.get();
+        let what = "the attention merging its slices";
+        let set = |g: &cuda::Gpu, on: bool| g.one_fused.set(on);
+        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
+        gpu.gpu().one_fused.set(orig);
     }
 }
 
