@@ -2,7 +2,10 @@
 // logits are the CPU's bit for bit (crates/cuda/src/exact.rs drives these).
 //
 // Every kernel here is a pure function of one flat thread index `i`: no shared memory, no
-// barriers, no warp operations, no atomics. Each has a body `ex_<name>_at(i, ...)` and a
+// barriers, no warp operations, no atomics. On the GPU each first waits for the kernel before it
+// (PDL_ENTRY, common.cu: the backend launches everything with programmatic dependent launch, so
+// a kernel that does not wait may read its predecessor's output before it is written; session
+// 24's first GPU run of exact mode did, and its logits varied from run to run). Each has a body `ex_<name>_at(i, ...)` and a
 // launcher; the same file compiles for the host (`EXACT_HOST`, build.rs: plain C, contraction
 // off) where `ex_host_<name>(n, ...)` runs the body for every `i < n`, so the tests check these
 // exact kernels against the CPU engine on a machine without a GPU.
@@ -71,6 +74,7 @@ static inline unsigned short ex_f2h(float f) {
 #define EX_DEV __device__ static __forceinline__
 #define EX_KERNEL(name, params, args)                                                        \
     extern "C" __global__ void ex_##name(long long n_threads, EX_UNPAREN params) {          \
+        PDL_ENTRY();                                                                         \
         long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                      \
         if (i < n_threads) ex_##name##_at(i, EX_UNPAREN args);                               \
     }

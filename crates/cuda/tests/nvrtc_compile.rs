@@ -61,6 +61,21 @@ fn ptx_for_compute_90_compiles() {
     };
     let text = String::from_utf8_lossy(&p);
     assert!(text.contains(".target sm_90"), "PTX not for sm_90");
+    // The backend launches every kernel with programmatic dependent launch (device.rs), so each
+    // must wait for its predecessor (griddepcontrol.wait, common.cu's pdl_wait) before reading
+    // what it wrote: a kernel without the wait reads stale data at random (session 24).
+    // l2_prefetch writes nothing and reads only weights (hints into L2 on a side branch).
+    let mut missing = Vec::new();
+    for entry in text.split(".entry ").skip(1) {
+        let name = entry.split('(').next().unwrap_or("?").trim();
+        if !entry.contains("griddepcontrol.wait") && name != "l2_prefetch" {
+            missing.push(name.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "kernels that never wait for the kernel before them: {missing:?}"
+    );
 }
 
 #[test]
