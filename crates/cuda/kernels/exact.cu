@@ -154,37 +154,23 @@ EX_DEV int ex_legacy_bytes(int ty) {
     return ty == EX_Q4_0 ? 18 : ty == EX_Q4_1 ? 20 : ty == EX_Q5_0 ? 22 : ty == EX_Q5_1 ? 24 : 34;
 }
 
-// scalar::dot_q4_0 (order 0, `Lanes8`) / dot_q4_0_block (order 1, `BlockSums`) and siblings.
-EX_DEV float ex_dot_legacy(int ty, int order, const ex_u8* w, const ex_i8* qs, const float* ds,
-                           int nb) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1 = 0.0f, summs = 0.0f;
-    int bytes = ex_legacy_bytes(ty);
-    int has_min = ty == EX_Q4_1 || ty == EX_Q5_1;
-    for (int b = 0; b < nb; b++) {
-        int q[32];
-        float dw, mw;
-        ex_legacy_q(ty, w + (long long)b * bytes, q, &dw, &mw);
-        const ex_i8* y = qs + 32 * b;
-        float dy = ds[2 * b], sy = ds[2 * b + 1];
-        if (has_min) summs = EX_FMA(mw, sy, summs);
-        float d = EX_MUL(dw, dy);
-        if (order == 0) {
-            for (int j = 0; j < 8; j++) {
-                int isum = 0;
-                for (int e = 4 * j; e < 4 * j + 4; e++) isum += q[e] * y[e];
-                acc[j] = EX_FMA(d, (float)isum, acc[j]);
-            }
-        } else {
-            int isum = 0;
-            for (int e = 0; e < 32; e++) isum += q[e] * y[e];
-            acc1 = EX_FMA(d, (float)isum, acc1);
-        }
-    }
-    if (order != 0) return EX_ADD(acc1, summs);
-    float h0 = EX_ADD(acc[4], acc[0]), h1 = EX_ADD(acc[5], acc[1]);
-    float h2 = EX_ADD(acc[6], acc[2]), h3 = EX_ADD(acc[7], acc[3]);
-    return EX_ADD(EX_ADD(EX_ADD(h0, h2), EX_ADD(h1, h3)), summs);
+// The products run in two passes (session 24): the integer part of every (token, row, block) in
+// parallel (integer sums are exact in any order), then one thread per (token, row) walks the
+// blocks in the CPU's order doing the float operations on those integers. One thread per row
+// doing both (session 23) left most of the GPU idle on one-token steps: 87 ms per 3B token.
+//
+// Integers per block in `part` (ex_ints): legacy types 8 partial sums of 4 (order 0, `Lanes8`)
+// or the block's sum (order 1, `BlockSums`); Q2_K {isum, msum}; Q3_K and Q6_K {isum}; Q4_K and
+// Q5_K {pi, pm} of each of the four pairs of sub-blocks.
+EX_DEV int ex_ints(int ty, int order) {
+    if (ty == EX_Q4_K || ty == EX_Q5_K) return 8;
+    if (ty == EX_Q2_K) return 2;
+    if (ty >= EX_Q2_K) return 1;
+    return order == 0 ? 8 : 1;
 }
+
+// Blocks per row: super-blocks of 256 for the K-quants, blocks of 32 for the others.
+EX_DEV int ex_blocks(int ty, int cols) { return ty >= EX_Q2_K ? cols / 256 : cols / 32; }
 
 // Sum of 16 activations `k` (0..16) of Q8_K super-block `b`.
 EX_DEV int ex_bsum(const float* ds, int b, int k) {
@@ -199,14 +185,6 @@ EX_DEV int ex_bsum(const float* ds, int b, int k) {
     return (k & 1) ? (int)bits >> 16 : (int)(short)(bits & 0xffffu);
 }
 
-// scalar::tiled_step.
-EX_DEV float ex_tiled_step(float acc, int isum, int has_min, float dmin, int msum, float d,
-                           float dy) {
-    float r = EX_MUL((float)isum, d);
-    if (has_min) r = EX_FMA(-dmin, (float)msum, r);
-    return EX_FMA(r, dy, acc);
-}
-
 // scalar::k4_scale_min.
 EX_DEV void ex_k4(int j, const ex_u8* s, int* sc, int* m) {
     if (j < 4) {
@@ -218,73 +196,172 @@ EX_DEV void ex_k4(int j, const ex_u8* s, int* sc, int* m) {
     }
 }
 
-// K-quant product of one row; `gemv` picks Q4_K's gemv order (else its pair order).
-EX_DEV float ex_dot_k(int ty, int gemv, const ex_u8* w, const ex_i8* qs, const float* ds,
-                      int nb) {
+// The integers of block `b` of one row (`w`: the row) against one token's activations (`qs`,
+// `ds`: the token's row), into p[0 .. ex_ints).
+EX_DEV void ex_block_ints(int ty, int order, const ex_u8* w, const ex_i8* qs, const float* ds,
+                          int b, int* p) {
+    if (ty < EX_Q2_K) {
+        int q[32];
+        float dw, mw;
+        ex_legacy_q(ty, w + (long long)b * ex_legacy_bytes(ty), q, &dw, &mw);
+        const ex_i8* y = qs + 32 * b;
+        if (order == 0) {
+            for (int j = 0; j < 8; j++) {
+                int isum = 0;
+                for (int e = 4 * j; e < 4 * j + 4; e++) isum += q[e] * y[e];
+                p[j] = isum;
+            }
+        } else {
+            int isum = 0;
+            for (int e = 0; e < 32; e++) isum += q[e] * y[e];
+            p[0] = isum;
+        }
+        return;
+    }
+    const ex_i8* y = qs + 256 * b;
+    if (ty == EX_Q2_K) {
+        const ex_u8* x = w + (long long)b * 84;
+        int isum = 0, msum = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int h = sb / 8, s = (sb % 8) / 2, l0 = (sb % 2) * 16, d = 0;
+            for (int l = l0; l < l0 + 16; l++)
+                d += ((x[16 + 32 * h + l] >> (2 * s)) & 3) * y[sb * 16 + l - l0];
+            isum += (x[sb] & 15) * d;
+            msum += (x[sb] >> 4) * ex_bsum(ds, b, sb);
+        }
+        p[0] = isum;
+        p[1] = msum;
+    } else if (ty == EX_Q3_K) {
+        const ex_u8* x = w + (long long)b * 110;
+        const ex_u8* s = x + 96;
+        int sc[16];
+        for (int k = 0; k < 4; k++) {
+            int hi = s[8 + k];
+            sc[k] = ((s[k] & 15) | ((hi & 3) << 4)) - 32;
+            sc[4 + k] = ((s[4 + k] & 15) | (((hi >> 2) & 3) << 4)) - 32;
+            sc[8 + k] = ((s[k] >> 4) | (((hi >> 4) & 3) << 4)) - 32;
+            sc[12 + k] = ((s[4 + k] >> 4) | (((hi >> 6) & 3) << 4)) - 32;
+        }
+        int isum = 0;
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, sh = (e % 128) / 32, l = e % 32;
+            int lo = (x[32 + 32 * h + l] >> (2 * sh)) & 3;
+            int hb = (x[l] >> (4 * h + sh)) & 1;
+            isum += sc[e / 16] * (lo - (hb ? 0 : 4)) * y[e];
+        }
+        p[0] = isum;
+    } else if (ty == EX_Q4_K || ty == EX_Q5_K) {
+        int hi5 = ty == EX_Q5_K;
+        const ex_u8* x = w + (long long)b * (hi5 ? 176 : 144);
+        const ex_u8* q4 = x + (hi5 ? 48 : 16);
+        int pi = 0, pm = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            ex_k4(j, x + 4, &sc, &m);
+            int c = j / 2, half = j % 2, d = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = (q4[32 * c + l] >> (4 * half)) & 15;
+                if (hi5) q |= ((x[16 + l] >> j) & 1) << 4;
+                d += q * y[32 * j + l];
+            }
+            pi += sc * d;
+            pm += m * (ex_bsum(ds, b, 2 * j) + ex_bsum(ds, b, 2 * j + 1));
+            if (half == 1) {
+                p[2 * c] = pi;
+                p[2 * c + 1] = pm;
+                pi = 0;
+                pm = 0;
+            }
+        }
+    } else {
+        const ex_u8* x = w + (long long)b * 210;
+        int isum = 0;
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, s = (e % 128) / 32, l = e % 32;
+            int lq = x[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1));
+            int hq = (x[128 + 32 * h + l] >> (2 * s)) & 3;
+            int q = ((lq & 15) | (hq << 4)) - 32;
+            isum += (ex_i8)x[192 + e / 16] * q * y[e];
+        }
+        p[0] = isum;
+    }
+}
+
+// Pass 1, thread i = (t * rows + r) * nb + b: block b of row r (rows of `row_bytes` from `w`)
+// against token t's activations.
+EX_DEV void ex_mm_int_at(long long i, int ty, int order, const ex_u8* w, long long row_bytes,
+                         int rows, int cols, const ex_i8* qs, const float* ds, int* part) {
+    int nb = ex_blocks(ty, cols);
+    long long tr = i / nb;
+    int b = (int)(i % nb);
+    long long t = tr / rows, r = tr % rows;
+    ex_block_ints(ty, order, w + r * row_bytes, qs + t * cols, ds + t * (cols / 32) * 2, b,
+                  part + i * ex_ints(ty, order));
+}
+EX_KERNEL(mm_int,
+          (int ty, int order, const ex_u8* w, long long row_bytes, int rows, int cols,
+           const ex_i8* qs, const float* ds, int* part),
+          (ty, order, w, row_bytes, rows, cols, qs, ds, part))
+
+// scalar::tiled_step.
+EX_DEV float ex_tiled_step(float acc, int isum, int has_min, float dmin, int msum, float d,
+                           float dy) {
+    float r = EX_MUL((float)isum, d);
+    if (has_min) r = EX_FMA(-dmin, (float)msum, r);
+    return EX_FMA(r, dy, acc);
+}
+
+// The float walk of one row against one token over its blocks' integers `p` (ex_ints per
+// block), in quant::dot::scalar's order: dot_q4_0 (order 0) / dot_q4_0_block (order 1) and
+// siblings; for the K-quants tiled_step, or Q4_K's pair order (dot_q4_k: one fma per pair of
+// sub-blocks) or its gemv order (`gemv`).
+EX_DEV float ex_row_float(int ty, int order, int gemv, const ex_u8* w, const float* ds,
+                          const int* p, int nb) {
+    int k = ex_ints(ty, order);
+    if (ty < EX_Q2_K) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1 = 0.0f, summs = 0.0f;
+        int bytes = ex_legacy_bytes(ty);
+        int has_min = ty == EX_Q4_1 || ty == EX_Q5_1;
+        for (int b = 0; b < nb; b++) {
+            const ex_u8* x = w + (long long)b * bytes;
+            float dw = ex_f16at(x), mw = has_min ? ex_f16at(x + 2) : 0.0f;
+            float dy = ds[2 * b], sy = ds[2 * b + 1];
+            if (has_min) summs = EX_FMA(mw, sy, summs);
+            float d = EX_MUL(dw, dy);
+            const int* pb = p + (long long)b * k;
+            if (order == 0) {
+                for (int j = 0; j < 8; j++) acc[j] = EX_FMA(d, (float)pb[j], acc[j]);
+            } else {
+                acc1 = EX_FMA(d, (float)pb[0], acc1);
+            }
+        }
+        if (order != 0) return EX_ADD(acc1, summs);
+        float h0 = EX_ADD(acc[4], acc[0]), h1 = EX_ADD(acc[5], acc[1]);
+        float h2 = EX_ADD(acc[6], acc[2]), h3 = EX_ADD(acc[7], acc[3]);
+        return EX_ADD(EX_ADD(EX_ADD(h0, h2), EX_ADD(h1, h3)), summs);
+    }
     float sum = 0.0f, acc = 0.0f, accm = 0.0f;
     for (int b = 0; b < nb; b++) {
-        const ex_i8* y = qs + 256 * b;
         float dy = ds[2 * (8 * b)];
+        const int* pb = p + (long long)b * k;
         if (ty == EX_Q2_K) {
             const ex_u8* x = w + (long long)b * 84;
-            int isum = 0, msum = 0;
-            for (int sb = 0; sb < 16; sb++) {
-                int h = sb / 8, s = (sb % 8) / 2, l0 = (sb % 2) * 16, d = 0;
-                for (int l = l0; l < l0 + 16; l++)
-                    d += ((x[16 + 32 * h + l] >> (2 * s)) & 3) * y[sb * 16 + l - l0];
-                isum += (x[sb] & 15) * d;
-                msum += (x[sb] >> 4) * ex_bsum(ds, b, sb);
-            }
-            sum = ex_tiled_step(sum, isum, 1, ex_f16at(x + 82), msum, ex_f16at(x + 80), dy);
+            sum = ex_tiled_step(sum, pb[0], 1, ex_f16at(x + 82), pb[1], ex_f16at(x + 80), dy);
         } else if (ty == EX_Q3_K) {
             const ex_u8* x = w + (long long)b * 110;
-            const ex_u8* s = x + 96;
-            int sc[16];
-            for (int k = 0; k < 4; k++) {
-                int hi = s[8 + k];
-                sc[k] = ((s[k] & 15) | ((hi & 3) << 4)) - 32;
-                sc[4 + k] = ((s[4 + k] & 15) | (((hi >> 2) & 3) << 4)) - 32;
-                sc[8 + k] = ((s[k] >> 4) | (((hi >> 4) & 3) << 4)) - 32;
-                sc[12 + k] = ((s[4 + k] >> 4) | (((hi >> 6) & 3) << 4)) - 32;
-            }
-            int isum = 0;
-            for (int e = 0; e < 256; e++) {
-                int h = e / 128, sh = (e % 128) / 32, l = e % 32;
-                int lo = (x[32 + 32 * h + l] >> (2 * sh)) & 3;
-                int hb = (x[l] >> (4 * h + sh)) & 1;
-                isum += sc[e / 16] * (lo - (hb ? 0 : 4)) * y[e];
-            }
-            sum = ex_tiled_step(sum, isum, 0, 0.0f, 0, ex_f16at(x + 108), dy);
+            sum = ex_tiled_step(sum, pb[0], 0, 0.0f, 0, ex_f16at(x + 108), dy);
         } else if (ty == EX_Q4_K || ty == EX_Q5_K) {
             int hi5 = ty == EX_Q5_K;
             const ex_u8* x = w + (long long)b * (hi5 ? 176 : 144);
-            const ex_u8* q4 = x + (hi5 ? 48 : 16);
-            int isum = 0, msum = 0, pi = 0, pm = 0;
             float dw = ex_f16at(x), dmin = ex_f16at(x + 2);
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                ex_k4(j, x + 4, &sc, &m);
-                int c = j / 2, half = j % 2, d = 0;
-                for (int l = 0; l < 32; l++) {
-                    int q = (q4[32 * c + l] >> (4 * half)) & 15;
-                    if (hi5) q |= ((x[16 + l] >> j) & 1) << 4;
-                    d += q * y[32 * j + l];
+            int isum = 0, msum = 0;
+            for (int c = 0; c < 4; c++) {
+                if (ty == EX_Q4_K && !gemv) {
+                    acc = EX_FMA((float)pb[2 * c], EX_MUL(dw, dy), acc);
+                    accm = EX_FMA((float)pb[2 * c + 1], EX_MUL(dmin, dy), accm);
                 }
-                pi += sc * d;
-                pm += m * (ex_bsum(ds, b, 2 * j) + ex_bsum(ds, b, 2 * j + 1));
-                if (ty == EX_Q4_K && !gemv && half == 1) {
-                    // scalar::dot_q4_k: one fma per pair of sub-blocks.
-                    acc = EX_FMA((float)pi, EX_MUL(dw, dy), acc);
-                    accm = EX_FMA((float)pm, EX_MUL(dmin, dy), accm);
-                    pi = 0;
-                    pm = 0;
-                }
-                if (half == 1) {
-                    isum += pi;
-                    msum += pm;
-                    pi = 0;
-                    pm = 0;
-                }
+                isum += pb[2 * c];
+                msum += pb[2 * c + 1];
             }
             if (hi5) {
                 sum = ex_tiled_step(sum, isum, 1, dmin, msum, dw, dy);
@@ -294,38 +371,28 @@ EX_DEV float ex_dot_k(int ty, int gemv, const ex_u8* w, const ex_i8* qs, const f
             }
         } else {
             const ex_u8* x = w + (long long)b * 210;
-            int isum = 0;
-            for (int e = 0; e < 256; e++) {
-                int h = e / 128, s = (e % 128) / 32, l = e % 32;
-                int lq = x[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1));
-                int hq = (x[128 + 32 * h + l] >> (2 * s)) & 3;
-                int q = ((lq & 15) | (hq << 4)) - 32;
-                isum += (ex_i8)x[192 + e / 16] * q * y[e];
-            }
-            sum = ex_tiled_step(sum, isum, 0, 0.0f, 0, ex_f16at(x + 208), dy);
+            sum = ex_tiled_step(sum, pb[0], 0, 0.0f, 0, ex_f16at(x + 208), dy);
         }
     }
     return ty == EX_Q4_K ? EX_SUB(acc, accm) : sum;
 }
 
-// out[t * rows + r] = row r of w . token t, for i = t * rows + r. Tokens from `tail_from` on
-// take Q4_K's gemv order (the CPU's tokens left over from groups of 4).
-EX_DEV void ex_matmul_at(long long i, int ty, int order, const ex_u8* w, long long row_bytes,
-                         int rows, int cols, const ex_i8* qs, const float* ds, int tail_from,
-                         float* out) {
+// Pass 2, thread i = t * rows + r: out[t * out_stride + r] = row r . token t from pass 1's
+// integers. Tokens from `tail_from` on take Q4_K's gemv order (the CPU's tokens left over from
+// groups of 4).
+EX_DEV void ex_mm_float_at(long long i, int ty, int order, const ex_u8* w, long long row_bytes,
+                           int rows, int cols, const float* ds, int tail_from, const int* part,
+                           long long out_stride, float* out) {
     long long t = i / rows, r = i % rows;
-    const ex_u8* wr = w + r * row_bytes;
-    const ex_i8* y = qs + t * cols;
-    const float* d = ds + t * (cols / 32) * 2;
-    float v;
-    if (ty >= EX_Q2_K) v = ex_dot_k(ty, t >= tail_from, wr, y, d, cols / 256);
-    else v = ex_dot_legacy(ty, order, wr, y, d, cols / 32);
-    out[i] = v;
+    int nb = ex_blocks(ty, cols);
+    const int* p = part + i * nb * ex_ints(ty, order);
+    out[t * out_stride + r] = ex_row_float(ty, order, t >= tail_from, w + r * row_bytes,
+                                           ds + t * (cols / 32) * 2, p, nb);
 }
-EX_KERNEL(matmul,
+EX_KERNEL(mm_float,
           (int ty, int order, const ex_u8* w, long long row_bytes, int rows, int cols,
-           const ex_i8* qs, const float* ds, int tail_from, float* out),
-          (ty, order, w, row_bytes, rows, cols, qs, ds, tail_from, out))
+           const float* ds, int tail_from, const int* part, long long out_stride, float* out),
+          (ty, order, w, row_bytes, rows, cols, ds, tail_from, part, out_stride, out))
 
 // ---- RMSNorm (cpu::ops::rms_norm) ---------------------------------------------------------
 

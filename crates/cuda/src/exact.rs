@@ -302,7 +302,8 @@ macro_rules! exact_kernels {
 }
 
 exact_kernels! {
-    matmul / ex_host_matmul(ty: i32, order: i32, w: u64, row_bytes: i64, rows: i32, cols: i32, qs: u64, ds: u64, tail_from: i32, out: u64);
+    mm_int / ex_host_mm_int(ty: i32, order: i32, w: u64, row_bytes: i64, rows: i32, cols: i32, qs: u64, ds: u64, part: u64);
+    mm_float / ex_host_mm_float(ty: i32, order: i32, w: u64, row_bytes: i64, rows: i32, cols: i32, ds: u64, tail_from: i32, part: u64, out_stride: i64, out: u64);
     rms_scale / ex_host_rms_scale(x: u64, n_cols: i32, eps: f32, scale: u64);
     rms_apply / ex_host_rms_apply(x: u64, w: u64, scale: u64, n_cols: i32, out: u64);
     add / ex_host_add(x: u64, y: u64, n_y: i64);
@@ -374,6 +375,11 @@ const B_BTAB: usize = 15;
 const B_SC: usize = 16;
 const B_LANES: usize = 17;
 const B_HN: usize = 18;
+const B_PART: usize = 19;
+
+/// Bytes of the products' integer scratch (`B_PART`): the rows of one product go through in
+/// chunks whose integers fit ([`matmul`]).
+pub const PART_BYTES: usize = 64 << 20;
 
 impl ExactBufs {
     /// Scratch for steps of up to `max_tokens` tokens in `max_chunks` chunks, contexts of up to
@@ -411,6 +417,7 @@ impl ExactBufs {
             f * s * nh * max_len,
             f * s * nh * LANES * hd,
             f * max_tokens * e,
+            PART_BYTES,
         ];
         let a = ops.alloc(&sizes)?;
         Ok(ExactBufs {
@@ -456,20 +463,93 @@ fn product<O: ExactOps>(
         SumOrder::Ggml => 0,
         SumOrder::Block => 1,
     };
-    let tail = n_tok - n_tok % 4;
-    ops.matmul(
-        n_tok * m.rows,
+    let mm = MatMul {
         ty,
-        ord,
-        m.w,
-        rb,
-        i32_of(m.rows, "rows")?,
-        i32_of(m.cols, "columns")?,
-        b.a[B_AQ],
-        b.a[B_AD],
-        i32_of(tail, "tokens")?,
-        out,
-    )
+        order: ord,
+        w: m.w,
+        row_bytes: rb,
+        rows: m.rows,
+        cols: m.cols,
+    };
+    matmul(ops, &mm, n_tok, b.a[B_AQ], b.a[B_AD], (b.a[B_PART], PART_BYTES), out)
+}
+
+/// One matrix as exact.cu's products take it: `ty` a weight type code (gguf's numbering),
+/// `order` 0 for the CPU's ggml order, 1 for its block order; `rows` rows of `row_bytes` at `w`.
+pub struct MatMul {
+    pub ty: i32,
+    pub order: i32,
+    pub w: u64,
+    pub row_bytes: i64,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Integers per block of `ty` in the order `order` (exact.cu's `ex_ints`).
+fn ints_per_block(ty: i32, order: i32) -> usize {
+    const Q2_K: i32 = 10;
+    const Q4_K: i32 = 12;
+    const Q5_K: i32 = 13;
+    match ty {
+        Q4_K | Q5_K => 8,
+        Q2_K => 2,
+        t if t > Q2_K => 1,
+        _ if order == 0 => 8,
+        _ => 1,
+    }
+}
+
+/// `out[t * m.rows + r] = row r of m . token t` for `n_tok` tokens quantized at (`qs`, `ds`),
+/// Q4_K's gemv order from `n_tok - n_tok % 4` on: exact.cu's two passes (the integers of every
+/// block in parallel, then the float walk per row) over chunks of rows whose integers fit
+/// `part` (an address and its bytes).
+pub fn matmul<O: ExactOps>(
+    ops: &O,
+    m: &MatMul,
+    n_tok: usize,
+    qs: u64,
+    ds: u64,
+    (part, part_bytes): (u64, usize),
+    out: u64,
+) -> Result<(), CudaError> {
+    if n_tok == 0 || m.rows == 0 {
+        return Ok(());
+    }
+    let k = ints_per_block(m.ty, m.order);
+    let nb = if m.ty >= 10 { m.cols / 256 } else { m.cols / 32 };
+    let per_row = 4 * k * nb * n_tok;
+    let chunk = (part_bytes / per_row.max(1)).min(m.rows);
+    if chunk == 0 {
+        return Err(CudaError::Arg(format!(
+            "{n_tok} tokens of {} columns: one row's integers ({per_row} bytes) exceed the scratch",
+            m.cols
+        )));
+    }
+    let tail = i32_of(n_tok - n_tok % 4, "tokens")?;
+    let cols = i32_of(m.cols, "columns")?;
+    let mut r0 = 0;
+    while r0 < m.rows {
+        let rows = chunk.min(m.rows - r0);
+        let w = m.w + (r0 as u64) * m.row_bytes as u64;
+        let ri = i32_of(rows, "rows")?;
+        ops.mm_int(n_tok * rows * nb, m.ty, m.order, w, m.row_bytes, ri, cols, qs, ds, part)?;
+        ops.mm_float(
+            n_tok * rows,
+            m.ty,
+            m.order,
+            w,
+            m.row_bytes,
+            ri,
+            cols,
+            ds,
+            tail,
+            part,
+            m.rows as i64,
+            out + 4 * r0 as u64,
+        )?;
+        r0 += rows;
+    }
+    Ok(())
 }
 
 /// `out[r] = rms_norm(x[r]) * w` for `rows` rows of `cols`.

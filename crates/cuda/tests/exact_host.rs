@@ -33,7 +33,13 @@ fn exact_products_equal_the_cpu_products() {
     let mut ops = HostExact::new();
     let (rows, cols) = (7usize, 512usize);
     let bufs = ops
-        .alloc(&[4 * 9 * cols, 9 * cols, 9 * cols / 32 * 8, 4 * 9 * rows])
+        .alloc(&[
+            4 * 9 * cols,
+            9 * cols,
+            9 * cols / 32 * 8,
+            4 * 9 * rows,
+            4 * 8 * (cols / 32) * 9 * 3,
+        ])
         .unwrap();
     // Every quantized type the GPU takes, which are the types exact mode mirrors.
     for &(ty, _) in QTYPES {
@@ -55,21 +61,18 @@ fn exact_products_equal_the_cpu_products() {
                     .unwrap();
                 let rb = ty.bytes_for(cols as u64).unwrap() as i64;
                 let ord = i32::from(order == SumOrder::Block);
-                let tail = (n_tok - n_tok % 4) as i32;
-                ops.matmul(
-                    n_tok * rows,
-                    ty as i32,
-                    ord,
-                    w.as_ptr() as u64,
-                    rb,
-                    rows as i32,
-                    cols as i32,
-                    bufs[1],
-                    bufs[2],
-                    tail,
-                    bufs[3],
-                )
-                .unwrap();
+                                let mm = cuda::exact::MatMul {
+                    ty: ty as i32,
+                    order: ord,
+                    w: w.as_ptr() as u64,
+                    row_bytes: rb,
+                    rows,
+                    cols,
+                };
+                // A scratch of a few rows' integers, so the rows go in several chunks.
+                let part = (bufs[4], 4 * 8 * (cols / 32) * n_tok * 3);
+                cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3])
+                    .unwrap();
                 let mut got = vec![0u8; 4 * n_tok * rows];
                 ops.read(bufs[3], &mut got).unwrap();
                 let got: Vec<f32> = got

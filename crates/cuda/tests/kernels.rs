@@ -4571,6 +4571,7 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
             max_tok * max_cols,
             max_tok * max_cols / 32 * 8,
             4 * max_tok * rows,
+            4 * 8 * (max_cols / 32) * max_tok * 3,
         ])
         .unwrap();
     let mut bad = Vec::new();
@@ -4597,20 +4598,17 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
                         .unwrap();
                     let rb = ty.bytes_for(cols as u64).unwrap() as i64;
                     let ord = i32::from(order == SumOrder::Block);
-                    let tail = (n_tok - n_tok % 4) as i32;
-                    ops.matmul(
-                        n_tok * rows,
-                        ty as i32,
-                        ord,
-                        wd.ptr(),
-                        rb,
-                        rows as i32,
-                        cols as i32,
-                        bufs[1],
-                        bufs[2],
-                        tail,
-                        bufs[3],
-                    )
+                                        let mm = cuda::exact::MatMul {
+                    ty: ty as i32,
+                    order: ord,
+                    w: wd.ptr(),
+                    row_bytes: rb,
+                    rows,
+                    cols,
+                };
+                // A scratch of a few rows' integers, so the rows go in several chunks.
+                let part = (bufs[4], 4 * 8 * (cols / 32) * n_tok * 3);
+                cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3])
                     .unwrap();
                     let mut got = vec![0u8; 4 * n_tok * rows];
                     ops.read(bufs[3], &mut got).unwrap();
