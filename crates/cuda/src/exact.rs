@@ -471,7 +471,15 @@ fn product<O: ExactOps>(
         rows: m.rows,
         cols: m.cols,
     };
-    matmul(ops, &mm, n_tok, b.a[B_AQ], b.a[B_AD], (b.a[B_PART], PART_BYTES), out)
+    matmul(
+        ops,
+        &mm,
+        n_tok,
+        b.a[B_AQ],
+        b.a[B_AD],
+        (b.a[B_PART], PART_BYTES),
+        out,
+    )
 }
 
 /// One matrix as exact.cu's products take it: `ty` a weight type code (gguf's numbering),
@@ -516,7 +524,11 @@ pub fn matmul<O: ExactOps>(
         return Ok(());
     }
     let k = ints_per_block(m.ty, m.order);
-    let nb = if m.ty >= 10 { m.cols / 256 } else { m.cols / 32 };
+    let nb = if m.ty >= 10 {
+        m.cols / 256
+    } else {
+        m.cols / 32
+    };
     let per_row = 4 * k * nb * n_tok;
     let chunk = (part_bytes / per_row.max(1)).min(m.rows);
     if chunk == 0 {
@@ -532,7 +544,18 @@ pub fn matmul<O: ExactOps>(
         let rows = chunk.min(m.rows - r0);
         let w = m.w + (r0 as u64) * m.row_bytes as u64;
         let ri = i32_of(rows, "rows")?;
-        ops.mm_int(n_tok * rows * nb, m.ty, m.order, w, m.row_bytes, ri, cols, qs, ds, part)?;
+        ops.mm_int(
+            n_tok * rows * nb,
+            m.ty,
+            m.order,
+            w,
+            m.row_bytes,
+            ri,
+            cols,
+            qs,
+            ds,
+            part,
+        )?;
         ops.mm_float(
             n_tok * rows,
             m.ty,

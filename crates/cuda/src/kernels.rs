@@ -204,7 +204,12 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("attn_onew_d4".into());
     v.push("attn_batchm_d2".into());
     v.push("attn_batchm_d4".into());
-    for k in ["attn_onem_d2", "attn_onem_d4", "attn_onemw_d2", "attn_onemw_d4"] {
+    for k in [
+        "attn_onem_d2",
+        "attn_onem_d4",
+        "attn_onemw_d2",
+        "attn_onemw_d4",
+    ] {
         v.push(k.into());
     }
     v.push("attn_merge".into());

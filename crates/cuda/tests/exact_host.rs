@@ -61,7 +61,7 @@ fn exact_products_equal_the_cpu_products() {
                     .unwrap();
                 let rb = ty.bytes_for(cols as u64).unwrap() as i64;
                 let ord = i32::from(order == SumOrder::Block);
-                                let mm = cuda::exact::MatMul {
+                let mm = cuda::exact::MatMul {
                     ty: ty as i32,
                     order: ord,
                     w: w.as_ptr() as u64,
@@ -71,8 +71,7 @@ fn exact_products_equal_the_cpu_products() {
                 };
                 // A scratch of a few rows' integers, so the rows go in several chunks.
                 let part = (bufs[4], 4 * 8 * (cols / 32) * n_tok * 3);
-                cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3])
-                    .unwrap();
+                cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3]).unwrap();
                 let mut got = vec![0u8; 4 * n_tok * rows];
                 ops.read(bufs[3], &mut got).unwrap();
                 let got: Vec<f32> = got

@@ -2210,7 +2210,19 @@ fn one_token_attention_merging_its_slices_equals_attn_one_then_merge() {
             let pw = nh * n_split * (hd + 2);
             let (pa, want_out) = (poisoned(&g, pw), poisoned(&g, words));
             g.attn_one(
-                1, qkv.0, qkv.1, qkv.2, kv.0, kv.1, kv.2, max_blocks, bt, nh, nkv, hd, n_split,
+                1,
+                qkv.0,
+                qkv.1,
+                qkv.2,
+                kv.0,
+                kv.1,
+                kv.2,
+                max_blocks,
+                bt,
+                nh,
+                nkv,
+                hd,
+                n_split,
                 pa.ptr(),
             )
             .unwrap();
@@ -2222,13 +2234,27 @@ fn one_token_attention_merging_its_slices_equals_attn_one_then_merge() {
             for (form, round) in [(wp, 0), (wp, 1), (!wp, 0), (!wp, 1)] {
                 g.attn_wp.set(form);
                 let (pm, out) = (poisoned(&g, pw), poisoned(&g, words));
-                g.attn_one_merge(1, qkv, kv, nh, nkv, hd, n_split, pm.ptr(), out.ptr(), cnt.ptr())
-                    .unwrap();
+                g.attn_one_merge(
+                    1,
+                    qkv,
+                    kv,
+                    nh,
+                    nkv,
+                    hd,
+                    n_split,
+                    pm.ptr(),
+                    out.ptr(),
+                    cnt.ptr(),
+                )
+                .unwrap();
                 let got: Vec<u32> = g.download(&out, words).unwrap();
                 let got_part: Vec<u32> = g.download(&pm, pw).unwrap();
                 let left: Vec<u32> = g.download(&cnt, nkv).unwrap();
                 let at = format!("hd {hd} len {len} splits {n_split} attn_wp={form} round {round}");
-                assert!(got_part == want_part, "{at}: partial results differ from attn_one's");
+                assert!(
+                    got_part == want_part,
+                    "{at}: partial results differ from attn_one's"
+                );
                 if let Some(i) = (0..words).find(|&i| got[i] != want[i]) {
                     panic!(
                         "{at}: element {i} is {} where attn_one + attn_merge give {}",
@@ -4577,10 +4603,12 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
     let mut bad = Vec::new();
     for &(ty, _) in QTYPES {
         for cols in [576usize, 2048, 3072, 8192] {
-            if !cols.is_multiple_of(ty.block_size() as usize) {
+            if !cols.is_multiple_of(ty.block_size()) {
                 continue;
             }
-            let wf: Vec<f32> = (0..rows * cols).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+            let wf: Vec<f32> = (0..rows * cols)
+                .map(|_| r.gen_range(-1.0f32..1.0))
+                .collect();
             let w = quant::quantize_to_vec(ty, &wf).unwrap();
             let wd = g.upload(&w).unwrap();
             for n_tok in [1usize, 4, 6, 64, 70] {
@@ -4598,31 +4626,38 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
                         .unwrap();
                     let rb = ty.bytes_for(cols as u64).unwrap() as i64;
                     let ord = i32::from(order == SumOrder::Block);
-                                        let mm = cuda::exact::MatMul {
-                    ty: ty as i32,
-                    order: ord,
-                    w: wd.ptr(),
-                    row_bytes: rb,
-                    rows,
-                    cols,
-                };
-                // A scratch of a few rows' integers, so the rows go in several chunks.
-                let part = (bufs[4], 4 * 8 * (cols / 32) * n_tok * 3);
-                cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3])
-                    .unwrap();
+                    let mm = cuda::exact::MatMul {
+                        ty: ty as i32,
+                        order: ord,
+                        w: wd.ptr(),
+                        row_bytes: rb,
+                        rows,
+                        cols,
+                    };
+                    // A scratch of a few rows' integers, so the rows go in several chunks.
+                    let part = (bufs[4], 4 * 8 * (cols / 32) * n_tok * 3);
+                    cuda::exact::matmul(&ops, &mm, n_tok, bufs[1], bufs[2], part, bufs[3]).unwrap();
                     let mut got = vec![0u8; 4 * n_tok * rows];
                     ops.read(bufs[3], &mut got).unwrap();
                     let differ = got
                         .chunks_exact(4)
                         .zip(&want)
-                        .filter(|(c, w)| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != w.to_bits())
+                        .filter(|(c, w)| {
+                            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != w.to_bits()
+                        })
                         .count();
                     if differ > 0 {
-                        bad.push(format!("{ty} {cols} cols {n_tok} tokens {order:?}: {differ} differ"));
+                        bad.push(format!(
+                            "{ty} {cols} cols {n_tok} tokens {order:?}: {differ} differ"
+                        ));
                     }
                 }
             }
         }
     }
-    assert!(bad.is_empty(), "exact products differ from the CPU's:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "exact products differ from the CPU's:\n{}",
+        bad.join("\n")
+    );
 }

@@ -446,7 +446,12 @@ fn exact_mode_equals_its_host_build_layer_by_layer() {
             }
         }
         std::env::remove_var("CROSSOVER_EXACT_LAYERS");
-        assert_eq!(first_bad, None, "{}: GPU and host exact differ", path.display());
+        assert_eq!(
+            first_bad,
+            None,
+            "{}: GPU and host exact differ",
+            path.display()
+        );
     }
 }
 
