@@ -65,9 +65,18 @@ if has exact; then
   # Exact mode (crates/cuda/src/exact.rs): the GPU's logits against the CPU backend's, bit for bit,
   # on the models made above (EXACT_MODELS, default both), then llama.cpp's fixture logits on the
   # synthetic 1B (made by the conform stage, which must run first), and exact mode's speed.
+  # The products at real widths first (kernels exact_products_on_the_gpu_equal_the_cpu_products).
+  timeout 60 $G/kernels exact_products_on_the_gpu --nocapture 2>&1 | tee -a "$OUT/exact.log" \
+    | grep -E "^test |differ|panicked"
   for m in ${EXACT_MODELS:-/tmp/smol.gguf /tmp/l3b.gguf}; do
-    CROSSOVER_CUDA_MODELS=$m timeout ${EXACT_S:-150} $G/model_agree exact_mode --nocapture 2>&1 \
-      | tee -a "$OUT/exact.log" | grep -E "exact mode|test result|panicked|SKIPPED|seed"
+    if ! CROSSOVER_CUDA_MODELS=$m timeout ${EXACT_S:-150} $G/model_agree exact_mode_logits --nocapture 2>&1 \
+      | tee -a "$OUT/exact.log" | grep -E "exact mode|test result|panicked|SKIPPED|seed"; then :; fi
+    # Where the GPU parts from the host build of the same kernels, layer by layer (only
+    # when the CPU comparison failed).
+    if grep -q "exact-mode rows differ" "$OUT/exact.log"; then
+      CROSSOVER_CUDA_MODELS=$m timeout 120 $G/model_agree exact_mode_equals_its_host --nocapture 2>&1 \
+        | tee -a "$OUT/exact.log" | grep -E "layers:|test result|panicked"
+    fi
   done
   [[ -f .cache/models/synth-llama-3.2-1b-q4_k_m-s1.gguf ]] &&
     timeout 120 $G/conformance exact_mode_gives_llama_cpps_logits_on_synth_llama_1b --nocapture 2>&1 \
