@@ -69,11 +69,13 @@ if has exact; then
   timeout 60 $G/kernels exact_products_on_the_gpu --nocapture 2>&1 | tee -a "$OUT/exact.log" \
     | grep -E "^test |differ|panicked"
   for m in ${EXACT_MODELS:-/tmp/smol.gguf /tmp/l3b.gguf}; do
-    if ! CROSSOVER_CUDA_MODELS=$m timeout ${EXACT_S:-150} $G/model_agree exact_mode_logits --nocapture 2>&1 \
-      | tee -a "$OUT/exact.log" | grep -E "exact mode|test result|panicked|SKIPPED|seed"; then :; fi
+    L1=$OUT/exact_$(basename "$m").log
+    CROSSOVER_CUDA_MODELS=$m timeout ${EXACT_S:-150} $G/model_agree exact_mode_logits --nocapture >"$L1" 2>&1
+    cat "$L1" >>"$OUT/exact.log"
+    grep -E "exact mode|test result|panicked|SKIPPED|seed" "$L1"
     # Where the GPU parts from the host build of the same kernels, layer by layer (only
-    # when the CPU comparison failed).
-    if grep -q "exact-mode rows differ" "$OUT/exact.log"; then
+    # when this file's CPU comparison failed).
+    if grep -q "exact-mode rows differ" "$L1"; then
       CROSSOVER_CUDA_MODELS=$m timeout 120 $G/model_agree exact_mode_equals_its_host --nocapture 2>&1 \
         | tee -a "$OUT/exact.log" | grep -E "layers:|test result|panicked"
     fi

@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-fused]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1010,27 +1010,6 @@ fn main() {
         b.gpu().down_cl.set(orig.0);
         b.gpu().mvqc_cluster.set(orig.1);
         b.gpu().mvqc_per_sm.set(orig.2);
-        b.reset_graphs();
-    }
-    // --ab-fused (session 24): one-token attention merging its slices in its last blocks
-    // (`Gpu::one_fused`: no merge launch, the output projection quantizing the merged rows)
-    // or attn_one + attn_merge_q, alternating over three rounds at depth 0 and --depth,
-    // decode chains of 8.
-    if args.iter().any(|a| a == "--ab-fused") {
-        let orig = b.gpu().one_fused.get();
-        for on in [false, true, false, true, false, true] {
-            b.gpu().one_fused.set(on);
-            b.reset_graphs();
-            for d in [0usize, depth] {
-                let m = tg128_chain(&mut b, &mut toks, &mut seq, d, 4, 8);
-                println!(
-                    "a/b one_fused={on} chain=8: tg128 @ depth {d}: {:.3} ms/token ({:.0} tok/s)",
-                    m * 1e3 / 128.0,
-                    128.0 / m
-                );
-            }
-        }
-        b.gpu().one_fused.set(orig);
         b.reset_graphs();
     }
     // --ab-q6u (session 20): the one-token products on the Q6_KA copies (head, down, and V in

@@ -89,74 +89,6 @@ __device__ __forceinline__ void ab_merge_slices(const float* part, float* merged
     }
 }
 
-// Session 24 (attn_onem_d* / attn_onemw_d*, one-token steps): ab_merge_slices for the last
-// block of (token, KV head), staged. Its G heads' slots lie together in `part` (heads kvh*G..,
-// n_split slots of HD + 2 floats each), so the block copies that span into shared memory in one
-// round of 16-byte cp.async.cg copies (from L2: no L1 line another block's slice could leave
-// stale), where ab_merge_slices walks the slices in dependent rounds of 8 L2 loads. Then each
-// head's maximum (a warp's fmaxf, exact in any order), each slice's weight exp(m - M) written over
-// its maximum, and per element L and A summed in slice order, A / L: attn_combine's operations in
-// its order, the same bits. `stage` holds at least G * n_split * (HD + 2) + 4 floats (the host's
-// Gpu::attn_one_merge_fits); the copy's first and last 16 bytes may take neighbouring floats,
-// never read.
-template <int HD>
-__device__ __forceinline__ void one_merge_staged(const float* part, float* merged, u32* cnt, int t,
-                                                 int kvh, int G, int n_head, int n_kv,
-                                                 int n_split, int ns, float* stage) {
-    __shared__ int last;
-    __shared__ float hm[8];
-    ns = min(n_split, ns);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32* cp = cnt + (long long)t * n_kv + kvh;
-        u32 old = atomicAdd(cp, 1u);
-        last = old + 1 == (u32)ns;
-        if (last) *cp = 0u;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    constexpr int ST = HD + 2;
-    const float* src = part + ((long long)t * n_head + (long long)kvh * G) * n_split * ST;
-    const float* end = src + ((long long)(G - 1) * n_split + ns) * ST;
-    const char* a0 = (const char*)((unsigned long long)src & ~15ull);
-    int shift = (int)((const char*)src - a0) / 4;
-    int bytes = (int)((const char*)end - a0);
-    for (int i = threadIdx.x; i * 16 < bytes; i += blockDim.x)
-        cp_async16(stage + 4 * i, a0 + 16 * i, min(16, bytes - 16 * i));
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    float* sp = stage + shift;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int r = warp; r < G; r += blockDim.x >> 5) {
-        float mx = NEG_INF;
-        for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, sp[(r * n_split + s) * ST]);
-        mx = warp_max(mx);
-        if (lane == 0) hm[r] = mx;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * ns; i += blockDim.x) {
-        int r = i / ns, s = i % ns;
-        float* mp = sp + (r * n_split + s) * ST;
-        float m = *mp;
-        *mp = m == NEG_INF ? 0.0f : expf(m - hm[r]);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        int r = e / HD, d = e % HD;
-        const float* hp = sp + r * n_split * ST;
-        float L = 0.0f, A = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            float c = hp[s * ST];
-            L += hp[s * ST + 1] * c;
-            A += hp[s * ST + 2 + d] * c;
-        }
-        merged[((long long)t * n_head + kvh * G + r) * HD + d] = A / L;
-    }
-}
-
 // WP (session 11, attn_batchw_d* / attn_onew_d*): each warp copies the 16 rows of every tile
 // it multiplies itself (rows 16w..16w+15, the rows dec_tile_softmax and P.V read for warp w),
 // so a warp waits for its own copies and syncs with itself only: no block barrier in the tile
@@ -321,14 +253,9 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // `direct` (one split only): the merged output itself, no attn_combine launch after.
     dec_merge_warps<HD>(so, sm, sl, m0, l0, o, G, warp, g, c, part, t, n_head, kvh, n_split, s,
                         n_split == 1 ? direct : nullptr);
-    if (MERGE && EARLY) {
-        // The K stages are free once every warp has written its part (the barrier inside).
-        one_merge_staged<HD>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
-                             (len + slen - 1) / slen, (float*)sh);
-    } else if (MERGE) {
+    if (MERGE)
         ab_merge_slices<HD>(part, merged, cnt, t, kvh, G, n_head, n_kv, n_split,
                             (len + slen - 1) / slen);
-    }
 }
 
 // attn_batch_d*: every step of more than one token (and one-token steps without the early
@@ -367,23 +294,6 @@ DEF_ATTN_BATCH(attn_onew, 4, true, true, 3)
     }
 DEF_ATTN_BATCHM(2)
 DEF_ATTN_BATCHM(4)
-// Session 24: attn_one_d* / attn_onew_d* whose last block of (token, KV head) merges the slices
-// (one_merge_staged): one-token steps need no merge launch.
-#define DEF_ATTN_ONEM(NAME, D, WP, MINB) \
-    extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_d##D( \
-        const float* q, const u16* kc, const u16* vc, const int* tok_pos, const int* tok_seq, \
-        const int* btab, int max_blocks, int bt, int n_head, int n_kv, float scale, \
-        float* part, float* merged, u32* cnt) { \
-        extern __shared__ __align__(16) u16 ab_sh[]; \
-        attn_batch_impl<32 * D, true, true, WP>(q, kc, vc, tok_pos, tok_seq, btab, max_blocks, \
-                                                bt, n_head, n_kv, scale, part, ab_sh, merged, \
-                                                cnt, nullptr); \
-    }
-DEF_ATTN_ONEM(attn_onem, 2, false, 1)
-DEF_ATTN_ONEM(attn_onem, 4, false, 1)
-DEF_ATTN_ONEM(attn_onemw, 2, true, 3)
-DEF_ATTN_ONEM(attn_onemw, 4, true, 3)
-
 // v8: attn_combine's merge, bit for bit (the same maximum, the same products summed in slice
 // order, the same division), with its loads issued together: every thread's weighted values of
 // up to AM_MC slices and the slices' (max, sum) pairs go out at once, so the merge costs about

@@ -2525,22 +2525,8 @@ impl CudaBackend {
                 // quantizes its rows itself (no quantize_act launch). After a merge it does not:
                 // the merge's own quantization is cheaper than the projection's (on the H200
                 // the 3B step at depth 4096 took 1.460-1.465 ms that way against 1.446-1.448).
-                // Session 24: more than one split, merged by the attention's last blocks.
-                let fused = mq.filter(|_| {
-                    ns1 > 1
-                        && gpu.one_fused.get()
-                        && self.one_early
-                        && Gpu::attn_one_merge_fits(nh, nkv, hd, ns1)
-                });
-                o_from_f32 = (direct.is_some() || fused.is_some())
-                    && gpu.mvsm_prep_fits(l.wo.ty, l.wo.rows, l.wo.cols);
-                if let Some(f) = fused {
-                    gpu.attn_one_merge(n, qkv, kv, nh, nkv, hd, ns1, p, a, s.acnt.ptr())?;
-                    if !o_from_f32 {
-                        gpu.quantize_act(a, n, qd, f, s.aq.ptr(), s.ad.ptr())?;
-                        qc.q = Some((a, f));
-                    }
-                } else if let Some(f) = direct {
+                o_from_f32 = direct.is_some() && gpu.mvsm_prep_fits(l.wo.ty, l.wo.rows, l.wo.cols);
+                if let Some(f) = direct {
                     gpu.attn_one_direct(n, qkv, kv, nh, nkv, hd, a)?;
                     if !o_from_f32 {
                         gpu.quantize_act(a, n, qd, f, s.aq.ptr(), s.ad.ptr())?;

@@ -353,11 +353,6 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_DOWN_CL=1` (on the H200 the 3B step took 1.589-1.594 ms with a block per
     /// row in clusters of 8 against 1.226-1.238 without, docs/perf/cuda.md session 21).
     pub down_cl: std::cell::Cell<bool>,
-    /// Session 24: one-token steps of more than one attention split merge the slices in the
-    /// attention launch ([`Gpu::attn_one_merge`]: its last block per KV head) and the output
-    /// projection quantizes the merged rows itself where its staged form takes it (else
-    /// `quantize_act`): no merge launch, the same bits. `CROSSOVER_CUDA_ONE_FUSED=1|0`.
-    pub one_fused: std::cell::Cell<bool>,
     /// Blocks per cluster of the `mvqc_*` products ([`Gpu::down_cl`]; 1 to 8, default
     /// [`crate::kernels::MVQC_CLUSTER`]; `CROSSOVER_CUDA_MVQC_CL`).
     pub mvqc_cluster: std::cell::Cell<u32>,
@@ -587,9 +582,6 @@ impl Gpu {
             ),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
-            ),
-            one_fused: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_ONE_FUSED").as_deref() == Ok("1"),
             ),
             mvqc_cluster: std::cell::Cell::new(
                 env_usize(

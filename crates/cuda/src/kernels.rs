@@ -204,14 +204,6 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("attn_onew_d4".into());
     v.push("attn_batchm_d2".into());
     v.push("attn_batchm_d4".into());
-    for k in [
-        "attn_onem_d2",
-        "attn_onem_d4",
-        "attn_onemw_d2",
-        "attn_onemw_d4",
-    ] {
-        v.push(k.into());
-    }
     v.push("attn_merge".into());
     for (_, t) in QTYPES {
         for nt in MMF_NT {
@@ -1947,52 +1939,6 @@ impl Gpu {
         self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true, None, 0)
     }
 
-    /// [`Gpu::attn_one`] whose last block of each (token, KV head) to finish merges its heads'
-    /// slices into `merged` (`n x n_head*hd` floats) with attn_combine's operations in its
-    /// order, the same bits as [`Gpu::attn_one`] then [`Gpu::attn_merge`] (session 24: one-token
-    /// steps need no merge launch). The slices are staged in the block's shared memory, so
-    /// `n_split` is bounded ([`Gpu::attn_one_merge_fits`]). `cnt` holds one zeroed `u32` per
-    /// (token, KV head), left zeroed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attn_one_merge(
-        &self,
-        n: usize,
-        (q, kc, vc): (u64, u64, u64),
-        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
-        n_head: usize,
-        n_kv: usize,
-        hd: usize,
-        n_split: usize,
-        part: u64,
-        merged: u64,
-        cnt: u64,
-    ) -> Result<(), CudaError> {
-        if !Self::attn_one_merge_fits(n_head, n_kv, hd, n_split) {
-            return Err(CudaError::Arg(format!(
-                "attn_one_merge of {n_split} splits of {n_head} heads over {n_kv} KV heads of \
-                 {hd}: the slices do not fit the block's shared memory"
-            )));
-        }
-        let (g, kv) = (
-            (q, kc, vc),
-            (tok_pos, tok_seq, btab, max_blocks, block_tokens),
-        );
-        let m = Some((merged, cnt));
-        self.attn_split(n, g, kv, n_head, n_kv, hd, n_split, part, true, m, 0)
-    }
-
-    /// Whether [`Gpu::attn_one_merge`] takes `n_split` slices of `n_head / n_kv` heads of
-    /// `hd`: their partial results (and 16 bytes of alignment) fit the K/V stages' shared
-    /// memory.
-    pub fn attn_one_merge_fits(n_head: usize, n_kv: usize, hd: usize, n_split: usize) -> bool {
-        let stage_floats = 2 * 2 * 64 * (hd + 8) / 2;
-        n_kv > 0
-            && n_head.is_multiple_of(n_kv)
-            && n_head / n_kv <= 8
-            && PREFILL_HEAD_DIMS.contains(&hd)
-            && (n_head / n_kv) * n_split * (hd + 2) + 8 <= stage_floats
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn attn_split(
         &self,
@@ -2042,17 +1988,15 @@ impl Gpu {
         // (Their loaders take a warp's 16 rows from one cache block.)
         let wp = self.attn_wp.get() && block_tokens.is_multiple_of(16);
         let name = match (early, merge, wp) {
-            (true, Some(_), false) => ["attn_onem_d2", "attn_onem_d4"][d],
-            (true, Some(_), true) => ["attn_onemw_d2", "attn_onemw_d4"][d],
-            (true, None, false) => ["attn_one_d2", "attn_one_d4"][d],
-            (true, None, true) => ["attn_onew_d2", "attn_onew_d4"][d],
+            (true, _, false) => ["attn_one_d2", "attn_one_d4"][d],
+            (true, _, true) => ["attn_onew_d2", "attn_onew_d4"][d],
             (false, Some(_), _) => ["attn_batchm_d2", "attn_batchm_d4"][d],
             (false, None, false) => ["attn_batch_d2", "attn_batch_d4"][d],
             (false, None, true) => ["attn_batchw_d2", "attn_batchw_d4"][d],
         };
         let k = self.kernel_id(name)?;
         match merge {
-            Some((mg, mc)) => self.launch_id_smem(
+            Some((mg, mc)) if !early => self.launch_id_smem(
                 k,
                 grid,
                 (128, 1, 1),

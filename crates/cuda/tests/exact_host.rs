@@ -233,3 +233,18 @@ fn exact_forward_equals_the_cpu_engine_on_a_q4_k_m_llama() {
 fn exact_forward_equals_the_cpu_engine_on_a_q4_k_m_qwen() {
     synth_matches(Preset::Qwen25_05b, 2, 1, "qwen-q4_k_m", 70);
 }
+
+/// The same at full width and depth: a Llama-3.2-1B-shaped Q4_K_M (16 layers, 32 heads of 64)
+/// and one full-width Llama-3.2-3B layer (heads of 128). Slow on two cores (about 80 and 20 s),
+/// so run by hand: `cargo test --release -p cuda --test exact_host -- --ignored`.
+#[test]
+#[ignore]
+fn exact_forward_equals_the_cpu_engine_on_a_full_width_llama_1b() {
+    synth_matches(Preset::Llama32_1b, 16, 1, "llama-1b-full", 20);
+}
+
+#[test]
+#[ignore]
+fn exact_forward_equals_the_cpu_engine_on_a_full_width_llama_3b_layer() {
+    synth_matches(Preset::Llama32_3b, 1, 1, "llama-3b-layer", 70);
+}
