@@ -6,7 +6,9 @@
 //! alternating in the same process: an A/B on the same data).
 //!
 //! Usage: `cargo run --release -p quant --example packed_speed -- [TYPE] [ROWS] [COLS] [THREADS] [TOKENS] [ROUNDS] [ORDER]`
-//! (defaults: q4_k 8192 2048 1 64 3 both).
+//! (defaults: q4_k 8192 2048 1 64 3 both). `ROT_MB=N` streams decode from copies filling N MiB
+//! (default 512: from memory); `ROT_MB=1` keeps one copy, so a small matrix stays in cache and
+//! the kernels' own speed shows.
 use std::time::Instant;
 
 /// CPU seconds this process has used: on a shared machine, with one thread, a steadier
@@ -49,7 +51,11 @@ fn main() {
         .collect();
     let w = quant::quantize_to_vec(ty, &x).unwrap();
     let w: Vec<u8> = (0..rows).flat_map(|_| w.iter().copied()).collect();
-    let copies = (512 << 20) / w.len() + 1;
+    let rot_mb = std::env::var("ROT_MB")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(512);
+    let copies = (rot_mb << 20) / w.len() + 1;
     let ws: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
     let ps: Vec<Option<PackedMat>> = ws
         .iter()

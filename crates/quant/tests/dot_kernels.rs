@@ -843,25 +843,41 @@ fn matmul_is_bit_identical_to_scalar(isa: Isa) {
 }
 
 /// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0
-/// give the scalar reference's results bit for bit, for every token count (Q4_K: groups of 4
-/// and the tokens left over take llama.cpp's two orders), and unpack back to the GGUF bytes.
+/// (AVX-512) and of Q4_K (AVX2) give the scalar reference's results bit for bit, for every
+/// token count (Q4_K: groups of 4 and the tokens left over take llama.cpp's two orders), and
+/// unpack back to the GGUF bytes.
 #[test]
 fn dot_packed_is_bit_identical_to_scalar() {
-    if !Isa::Avx512.available() {
-        println!("skipping: AVX-512 not available on this CPU");
-        return;
+    let mut ran = false;
+    for (isa, types) in [
+        (
+            Isa::Avx512,
+            &[
+                GgmlType::Q4K,
+                GgmlType::Q6K,
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q8_0,
+            ][..],
+        ),
+        (Isa::Avx2, &[GgmlType::Q4K][..]),
+    ] {
+        if isa.available() {
+            packed_is_bit_identical_to_scalar(isa, types);
+            ran = true;
+        } else {
+            println!("skipping {}: not available on this CPU", isa.name());
+        }
     }
-    let mut rng = Rng(0x9ac4_ed01);
+    if !ran {
+        println!("skipping: no packed layout on this CPU");
+    }
+}
+
+fn packed_is_bit_identical_to_scalar(isa: Isa, types: &[GgmlType]) {
+    let mut rng = Rng(run_seed(&format!("packed-{}", isa.name())));
     let pool = Pool::new(2).unwrap();
-    for (ty, rows, cols, random_bytes) in [
-        GgmlType::Q4K,
-        GgmlType::Q6K,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-    ]
-    .into_iter()
-    .flat_map(|ty| {
+    for (ty, rows, cols, random_bytes) in types.iter().copied().flat_map(|ty| {
         [
             (ty, 16usize, 256usize, true),
             (ty, 48, 1024, false),
@@ -872,9 +888,9 @@ fn dot_packed_is_bit_identical_to_scalar() {
         let w: Vec<u8> = (0..rows)
             .flat_map(|_| weight_row(&mut rng, ty, cols, random_bytes))
             .collect();
-        let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
+        let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, isa)
             .unwrap()
-            .expect("16-row groups pack on AVX-512");
+            .expect("16-row groups pack");
         let rb = dot::row_bytes(ty, cols).unwrap();
         for r in 0..rows {
             assert_eq!(p.unpack_row(r).unwrap(), w[r * rb..(r + 1) * rb], "row {r}");
@@ -909,10 +925,10 @@ fn dot_packed_is_bit_identical_to_scalar() {
     // Shapes the packed kernel does not take are refused, not mangled.
     let ty = GgmlType::Q4K;
     let w = weight_row(&mut rng, ty, 256, false);
-    assert!(dot::PackedMat::pack_with_isa(ty, &w, 1, 256, Isa::Avx512)
+    assert!(dot::PackedMat::pack_with_isa(ty, &w, 1, 256, isa)
         .unwrap()
         .is_none());
-    assert!(dot::PackedMat::pack_with_isa(GgmlType::Q4K, &w, 1, 255, Isa::Avx512).is_err());
+    assert!(dot::PackedMat::pack_with_isa(GgmlType::Q4K, &w, 1, 255, isa).is_err());
 }
 
 /// The AMX kernels of the packed types (many-token products: tile-unit integer sums, the
@@ -1140,6 +1156,76 @@ fn dot_packed_extreme_sums_are_exact() {
                 }
             }
         }
+    }
+}
+
+/// The packed `Q4_K` kernels of every level this CPU has, at the edges of their integer sums:
+/// every nibble 15 (or 0, or half of them), every 6-bit scale and min 63, against activations
+/// that quantize to -127 throughout (all +1.0 or all -1.0: Q8_K's extreme, its scale's sign
+/// following the largest value) or to alternating signs. AVX2 keeps a sub-block's products in
+/// i16 (8 pairs of up to 15 * 127 each), so this is where an overflow or a saturation would show; every product (one token,
+/// groups of 4 and the tokens left over) is the scalar reference's bit for bit.
+#[test]
+fn dot_packed_q4k_extreme_sums_are_exact() {
+    let pool = Pool::new(2).unwrap();
+    let ty = GgmlType::Q4K;
+    let (rows, cols) = (32usize, 512usize);
+    let mut ran = false;
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if !isa.available() {
+            println!("skipping {}: not available on this CPU", isa.name());
+            continue;
+        }
+        ran = true;
+        for fill in [0xffu8, 0x00, 0x0f, 0xf0] {
+            // d = dmin = 1.0 (f16 0x3c00), the 12 scale bytes 0xff (every scale and min 63).
+            let block: Vec<u8> = (0..144)
+                .map(|i| match i {
+                    0 | 2 => 0x00,
+                    1 | 3 => 0x3c,
+                    4..16 => 0xff,
+                    _ => fill,
+                })
+                .collect();
+            let w: Vec<u8> = (0..rows * cols / 256).flat_map(|_| block.clone()).collect();
+            let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, isa)
+                .unwrap()
+                .expect("16-row groups pack");
+            for pattern in 0..3 {
+                let n_tokens = 9;
+                let x: Vec<f32> = (0..n_tokens * cols)
+                    .map(|i| match pattern {
+                        0 => 1.0,
+                        1 => -1.0,
+                        _ => [1.0, -1.0][(i / 4) % 2],
+                    })
+                    .collect();
+                for n in [1usize, 4, n_tokens] {
+                    let a = quantized_acts(ty, &x[..n * cols], n, cols, Isa::Scalar);
+                    if pattern < 2 {
+                        // Every activation byte at -127 (Q8_K's extreme).
+                        assert!(a.row(0).unwrap()[4..260].iter().all(|&q| q == 0x81));
+                    }
+                    let mut want = vec![f32::NAN; rows * n];
+                    dot::matmul_with_isa(ty, &w, rows, cols, &a, &mut want, &pool, Isa::Scalar)
+                        .unwrap();
+                    let mut got = vec![f32::NAN; rows * n];
+                    dot::matmul_packed(&p, &a, &mut got, &pool).unwrap();
+                    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                        assert_eq!(
+                            w.to_bits(),
+                            g.to_bits(),
+                            "{} fill {fill:#04x} pattern {pattern} {n} tokens: element {i}: \
+                             scalar {w} vs packed {g}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if !ran {
+        println!("skipping: no packed Q4_K kernel on this CPU");
     }
 }
 

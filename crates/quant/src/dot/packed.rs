@@ -73,6 +73,8 @@ struct Line([u8; 64]);
 pub struct PackedMat {
     /// Whether `data` is in the interleaved layout (else a plain copy of the GGUF bytes).
     interleaved: bool,
+    /// The instruction set whose kernels multiply the interleaved layout.
+    isa: Isa,
     ty: GgmlType,
     rows: usize,
     cols: usize,
@@ -84,6 +86,7 @@ impl std::fmt::Debug for PackedMat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PackedMat")
             .field("ty", &self.ty)
+            .field("isa", &self.isa)
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish()
@@ -92,12 +95,18 @@ impl std::fmt::Debug for PackedMat {
 
 impl PackedMat {
     /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
-    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` with a multiple of 16 rows, on AVX-512.
+    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` on AVX-512, `Q4_K` on AVX2, with a multiple of
+    /// 16 rows.
     pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
-        matches!(
-            ty,
-            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
-        ) && isa == Isa::Avx512
+        let ty_ok = match isa {
+            Isa::Avx512 => matches!(
+                ty,
+                GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
+            ),
+            Isa::Avx2 => ty == GgmlType::Q4K,
+            _ => false,
+        };
+        ty_ok
             && isa.available()
             && rows > 0
             && rows.is_multiple_of(Q4K_GROUP_ROWS)
@@ -186,6 +195,7 @@ impl PackedMat {
         }
         Ok(Some(PackedMat {
             interleaved: true,
+            isa,
             ty,
             rows,
             cols,
@@ -231,6 +241,7 @@ impl PackedMat {
         }
         Ok(PackedMat {
             interleaved: false,
+            isa: Isa::Scalar,
             ty,
             rows,
             cols,
@@ -296,7 +307,7 @@ impl PackedMat {
     /// for other types.
     pub(crate) fn amx_kernel(&self, order: SumOrder) -> Option<(Kernel, bool)> {
         #[cfg(target_arch = "x86_64")]
-        if self.interleaved && super::amx::amx_available() {
+        if self.interleaved && self.isa == Isa::Avx512 && super::amx::amx_available() {
             if self.ty == GgmlType::Q4K {
                 return Some((super::amx::packed_q4k_amx_kernel(), false));
             }
@@ -309,6 +320,10 @@ impl PackedMat {
     /// The kernel for groups of 4 tokens and the one for the tokens left over, in summation
     /// order `order` (heeded by the 32-element block types).
     pub(crate) fn kernels(&self, order: SumOrder) -> Option<(Kernel, Kernel)> {
+        #[cfg(target_arch = "x86_64")]
+        if self.interleaved && self.isa == Isa::Avx2 {
+            return (self.ty == GgmlType::Q4K).then(super::avx2_packed::packed_q4k_kernels);
+        }
         #[cfg(target_arch = "x86_64")]
         if self.interleaved {
             if self.ty == GgmlType::Q4K {
