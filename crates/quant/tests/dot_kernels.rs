@@ -843,7 +843,7 @@ fn matmul_is_bit_identical_to_scalar(isa: Isa) {
 }
 
 /// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0
-/// (AVX-512) and of Q4_K (AVX2) give the scalar reference's results bit for bit, for every
+/// (AVX-512) and of Q4_K and Q6_K (AVX2) give the scalar reference's results bit for bit, for every
 /// token count (Q4_K: groups of 4 and the tokens left over take llama.cpp's two orders), and
 /// unpack back to the GGUF bytes.
 #[test]
@@ -860,7 +860,7 @@ fn dot_packed_is_bit_identical_to_scalar() {
                 GgmlType::Q8_0,
             ][..],
         ),
-        (Isa::Avx2, &[GgmlType::Q4K][..]),
+        (Isa::Avx2, &[GgmlType::Q4K, GgmlType::Q6K][..]),
     ] {
         if isa.available() {
             packed_is_bit_identical_to_scalar(isa, types);
@@ -1159,16 +1159,17 @@ fn dot_packed_extreme_sums_are_exact() {
     }
 }
 
-/// The packed `Q4_K` kernels of every level this CPU has, at the edges of their integer sums:
-/// every nibble 15 (or 0, or half of them), every 6-bit scale and min 63, against activations
-/// that quantize to -127 throughout (all +1.0 or all -1.0: Q8_K's extreme, its scale's sign
-/// following the largest value) or to alternating signs. AVX2 keeps a sub-block's products in
-/// i16 (8 pairs of up to 15 * 127 each), so this is where an overflow or a saturation would show; every product (one token,
-/// groups of 4 and the tokens left over) is the scalar reference's bit for bit.
+/// The packed `Q4_K` and `Q6_K` kernels of every level this CPU has, at the edges of their
+/// integer sums: every value at its largest (Q4_K nibbles 15, Q6_K 6-bit values 63; or 0, or
+/// half of them), every Q4_K scale and min 63, every Q6_K scale -128 or 127, against
+/// activations that quantize to -127 throughout (all +1.0 or all -1.0: Q8_K's extreme, its
+/// scale's sign following the largest value) or to alternating signs. AVX2 keeps a sub-block's
+/// products in i16 (Q4_K: 8 pairs of up to 15 * 127 each; Q6_K: 2 pairs of up to 63 * 127),
+/// so this is where an overflow or a saturation would show; every product (one token, groups
+/// of 4 and the tokens left over) is the scalar reference's bit for bit.
 #[test]
-fn dot_packed_q4k_extreme_sums_are_exact() {
+fn dot_packed_kquant_extreme_sums_are_exact() {
     let pool = Pool::new(2).unwrap();
-    let ty = GgmlType::Q4K;
     let (rows, cols) = (32usize, 512usize);
     let mut ran = false;
     for isa in [Isa::Avx512, Isa::Avx2] {
@@ -1177,17 +1178,44 @@ fn dot_packed_q4k_extreme_sums_are_exact() {
             continue;
         }
         ran = true;
-        for fill in [0xffu8, 0x00, 0x0f, 0xf0] {
-            // d = dmin = 1.0 (f16 0x3c00), the 12 scale bytes 0xff (every scale and min 63).
-            let block: Vec<u8> = (0..144)
-                .map(|i| match i {
-                    0 | 2 => 0x00,
-                    1 | 3 => 0x3c,
-                    4..16 => 0xff,
-                    _ => fill,
-                })
-                .collect();
+        let cases = [
+            (GgmlType::Q4K, 0xffu8, 0xffu8),
+            (GgmlType::Q4K, 0x00, 0xff),
+            (GgmlType::Q4K, 0x0f, 0xff),
+            (GgmlType::Q4K, 0xf0, 0xff),
+            (GgmlType::Q6K, 0xff, 0x80),
+            (GgmlType::Q6K, 0xff, 0x7f),
+            (GgmlType::Q6K, 0x00, 0x80),
+            (GgmlType::Q6K, 0x0f, 0x80),
+        ];
+        for (ty, fill, scale) in cases {
+            if !dot::PackedMat::packable(ty, rows, cols, isa) {
+                continue;
+            }
+            // Q4_K: d = dmin = 1.0 (f16 0x3c00), the 12 scale bytes `scale` (0xff: every scale
+            // and min 63). Q6_K: ql and qh `fill`, the 16 scales `scale`, d = 1.0.
+            let block: Vec<u8> = if ty == GgmlType::Q4K {
+                (0..144)
+                    .map(|i| match i {
+                        0 | 2 => 0x00,
+                        1 | 3 => 0x3c,
+                        4..16 => scale,
+                        _ => fill,
+                    })
+                    .collect()
+            } else {
+                (0..210)
+                    .map(|i| match i {
+                        0..192 => fill,
+                        192..208 => scale,
+                        208 => 0x00,
+                        _ => 0x3c,
+                    })
+                    .collect()
+            };
+            let per_row = cols / 256 * block.len();
             let w: Vec<u8> = (0..rows * cols / 256).flat_map(|_| block.clone()).collect();
+            assert_eq!(w.len(), rows * per_row);
             let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, isa)
                 .unwrap()
                 .expect("16-row groups pack");
@@ -1215,8 +1243,8 @@ fn dot_packed_q4k_extreme_sums_are_exact() {
                         assert_eq!(
                             w.to_bits(),
                             g.to_bits(),
-                            "{} fill {fill:#04x} pattern {pattern} {n} tokens: element {i}: \
-                             scalar {w} vs packed {g}",
+                            "{} {ty} fill {fill:#04x} scale {scale:#04x} pattern {pattern} \
+                             {n} tokens: element {i}: scalar {w} vs packed {g}",
                             isa.name()
                         );
                     }
@@ -1225,7 +1253,7 @@ fn dot_packed_q4k_extreme_sums_are_exact() {
         }
     }
     if !ran {
-        println!("skipping: no packed Q4_K kernel on this CPU");
+        println!("skipping: no packed K-quant kernel on this CPU");
     }
 }
 

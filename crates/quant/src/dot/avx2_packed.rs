@@ -10,6 +10,10 @@
 //! integers are therefore those of the scalar reference, and the float steps per (row, token)
 //! are its own, lane by lane, so the results are bit for bit [`super::scalar::dot_q4_k`]'s
 //! (groups of 4 tokens) and [`super::scalar::dot_q4_k_gemv`]'s (the tokens left over).
+//! `Q6_K`'s 6-bit values take 4 pairs per i16 sum (|sum| <= 4 * 63 * 127 = 32,004), so each
+//! sub-block makes two `vpmaddwd` with its signed scale, and the value offset (`- 32` per
+//! element) is subtracted once per super-block as `32 * sum_j scale_j * bsum_j`: the same
+//! integer as [`super::scalar::dot_q6_k`]'s.
 //!
 //! Next to the GGUF-layout 8-row kernels of [`super::avx2`] this drops every horizontal
 //! reduction and transpose (lane `r` is row `r` throughout), unpacks each weight byte once for
@@ -18,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::kernels::{Kernel, Tile, TileFn};
-use super::packed::Q4K_GROUP_BYTES;
+use super::packed::{Q4K_GROUP_BYTES, Q6K_GROUP_BYTES};
 
 /// 32 bytes at `p`.
 ///
@@ -296,4 +300,165 @@ pub(crate) fn packed_q4k_kernels() -> (Kernel, Kernel) {
         tile,
     };
     (k(t_q4k_x16), k(t_q4k_x16_gemv))
+}
+
+/// Lane `r` of half `h` (rows `8h..8h+8`) as the i16 pair `(s_r, s_r)` of the 16 signed row
+/// bytes at `p`, sign-extended: a byte shuffle puts `s_r` in the high byte of both i16, an
+/// arithmetic shift brings it down.
+///
+/// # Safety
+/// `p` valid for 16 bytes; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn row_pairs_i8(p: *const u8, h: usize) -> __m256i {
+    const Z: i8 = -128;
+    let ctrl = if h == 0 {
+        _mm256_setr_epi8(
+            Z, 0, Z, 0, Z, 1, Z, 1, Z, 2, Z, 2, Z, 3, Z, 3, Z, 4, Z, 4, Z, 5, Z, 5, Z, 6, Z, 6, Z,
+            7, Z, 7,
+        )
+    } else {
+        _mm256_setr_epi8(
+            Z, 8, Z, 8, Z, 9, Z, 9, Z, 10, Z, 10, Z, 11, Z, 11, Z, 12, Z, 12, Z, 13, Z, 13, Z, 14,
+            Z, 14, Z, 15, Z, 15,
+        )
+    };
+    // SAFETY: caller's contract.
+    let b = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)) };
+    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, ctrl))
+}
+
+/// A tile of 16 packed `Q6_K` rows × `T` tokens, lane `r` of the two 8-row halves = row `r`.
+/// Per sub-block `j`, half and token: the four quarters' unsigned 6-bit values times the
+/// broadcast activation bytes (`vpmaddubsw`, two quarters per i16 sum), each i16 sum times the
+/// row's scale (`vpmaddwd`) into the super-block's integer; then `32 * sum_j scale_j * bsum_j`
+/// (the value offset) subtracted: exactly the scalar reference's integer. The float side per
+/// (row, token) is [`super::scalar::dot_q6_k`]'s: `r = isum * d`, `acc = fma(r, d_y, acc)` per
+/// super-block, lane by lane.
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `T == t.toks`, `t.w` at the start of a packed
+/// group of `t.nb` super-blocks; AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `h` and `k` index several arrays in step
+unsafe fn q6k_x16<const T: usize>(t: &Tile) {
+    let zi = _mm256_setzero_si256();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [[_mm256_setzero_ps(); T]; 2];
+    // Scale pairs (sub-blocks 2m, 2m + 1) of the 16 rows, interleaved row by row.
+    let mut scp = ScaleMins([0; 256]);
+    for b in 0..t.nb {
+        // SAFETY: super-block b of the group (3360 bytes at x) and block b of every token's
+        // activation row (292 bytes at ys[k]) exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * Q6K_GROUP_BYTES);
+            let d = [f16x8(x), f16x8(x.add(16))];
+            let mut ys = [t.a; T];
+            let mut dy = [_mm256_setzero_ps(); T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * 292);
+                dy[k] = _mm256_set1_ps(std::ptr::read_unaligned(ys[k] as *const f32));
+            }
+            let mut isum = [[zi; T]; 2];
+            for j in 0..16 {
+                let q = x.add(288 + 192 * j);
+                for h in 0..2 {
+                    let l0 = ld256(q.add(32 * h));
+                    let l1 = ld256(q.add(64 + 32 * h));
+                    let hb = ld256(q.add(128 + 32 * h));
+                    // Quarter k: low 4 bits from l0/l1 (low or high nibble), top 2 bits moved
+                    // from bits 2k of `hb` to bits 4..6 (16-bit shifts: the masked bits never
+                    // cross a byte).
+                    let w0 = _mm256_or_si256(
+                        _mm256_and_si256(l0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m30),
+                    );
+                    let w1 = _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m30),
+                    );
+                    let w2 = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                        _mm256_and_si256(hb, m30),
+                    );
+                    let w3 = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m30),
+                    );
+                    let sc = row_pairs_i8(x.add(32 + 16 * j), h);
+                    for k in 0..T {
+                        let yq = ys[k].add(4 + 16 * j);
+                        let s01 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w0, bcast32(yq)),
+                            _mm256_maddubs_epi16(w1, bcast32(yq.add(4))),
+                        );
+                        let s23 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w2, bcast32(yq.add(8))),
+                            _mm256_maddubs_epi16(w3, bcast32(yq.add(12))),
+                        );
+                        let s = _mm256_add_epi32(
+                            _mm256_madd_epi16(s01, sc),
+                            _mm256_madd_epi16(s23, sc),
+                        );
+                        isum[h][k] = _mm256_add_epi32(isum[h][k], s);
+                    }
+                }
+            }
+            // Lane pairs (scale_{2m}, scale_{2m+1}) per row, for the offset's sums.
+            let o = scp.0.as_mut_ptr() as *mut __m256i;
+            for m in 0..8 {
+                _mm256_store_si256(o.add(m), zip_rows(ld256(x.add(32 + 32 * m))));
+            }
+            let sp = scp.0.as_ptr();
+            for h in 0..2 {
+                for k in 0..T {
+                    let mut corr = zi;
+                    for m in 0..8 {
+                        let pair = _mm256_cvtepi8_epi16(_mm_load_si128(
+                            sp.add(32 * m + 16 * h) as *const __m128i
+                        ));
+                        let bs = bcast32(ys[k].add(260 + 4 * m));
+                        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(pair, bs));
+                    }
+                    let is = _mm256_sub_epi32(isum[h][k], _mm256_slli_epi32::<5>(corr));
+                    let r = _mm256_mul_ps(_mm256_cvtepi32_ps(is), d[h]);
+                    acc[h][k] = _mm256_fmadd_ps(r, dy[k], acc[h][k]);
+                }
+            }
+        }
+    }
+    for k in 0..T {
+        for h in 0..2 {
+            // SAFETY: outputs (k, 0..16) are inside the tile.
+            unsafe { _mm256_storeu_ps(t.out.add(k * t.out_stride + 8 * h), acc[h][k]) };
+        }
+    }
+}
+
+/// # Safety
+/// The [`Tile`] contract of [`q6k_x16`].
+unsafe fn t_q6k_x16(t: &Tile) {
+    // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+    unsafe {
+        match t.toks {
+            1 => q6k_x16::<1>(t),
+            2 => q6k_x16::<2>(t),
+            3 => q6k_x16::<3>(t),
+            4 => q6k_x16::<4>(t),
+            _ => debug_assert!(false, "tile with {} tokens", t.toks),
+        }
+    }
+}
+
+/// The packed `Q6_K` kernel on AVX2 (every token count; llama.cpp's tiled order per
+/// super-block). Rows come in whole groups of 16.
+pub(crate) fn packed_q6k_kernel() -> Kernel {
+    Kernel {
+        mr: 16,
+        nt: 4,
+        mr1: 16,
+        exact_rows: true,
+        tile: t_q6k_x16,
+    }
 }

@@ -95,15 +95,15 @@ impl std::fmt::Debug for PackedMat {
 
 impl PackedMat {
     /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
-    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` on AVX-512, `Q4_K` on AVX2, with a multiple of
-    /// 16 rows.
+    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` on AVX-512, `Q4_K` or `Q6_K` on AVX2, with a
+    /// multiple of 16 rows.
     pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
         let ty_ok = match isa {
             Isa::Avx512 => matches!(
                 ty,
                 GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
             ),
-            Isa::Avx2 => ty == GgmlType::Q4K,
+            Isa::Avx2 => matches!(ty, GgmlType::Q4K | GgmlType::Q6K),
             _ => false,
         };
         ty_ok
@@ -322,7 +322,14 @@ impl PackedMat {
     pub(crate) fn kernels(&self, order: SumOrder) -> Option<(Kernel, Kernel)> {
         #[cfg(target_arch = "x86_64")]
         if self.interleaved && self.isa == Isa::Avx2 {
-            return (self.ty == GgmlType::Q4K).then(super::avx2_packed::packed_q4k_kernels);
+            return match self.ty {
+                GgmlType::Q4K => Some(super::avx2_packed::packed_q4k_kernels()),
+                GgmlType::Q6K => {
+                    let k = super::avx2_packed::packed_q6k_kernel();
+                    Some((k, k))
+                }
+                _ => None,
+            };
         }
         #[cfg(target_arch = "x86_64")]
         if self.interleaved {
