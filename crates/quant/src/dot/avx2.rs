@@ -307,123 +307,35 @@ unsafe fn q8k_block(x: *const f32, y: *mut u8) {
     }
 }
 
-// ---- dot products: one weight row · one activation row ----------------------------------------
+// ---- 32-element block types: tiles of rows × tokens, in either summation order ------------
 
-/// # Safety
-/// `w`: `nb` Q4_0 blocks; `a`: `nb` Q8_0 blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(18 * i), a.add(34 * i));
-            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
-            let qx = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
-            let p = _mm256_cvtepi32_ps(dot_ss8(qx, ld256(y.add(2))));
-            acc = _mm256_fmadd_ps(d, p, acc);
-        }
-    }
-    hsum_f32(acc)
-}
-
-/// # Safety
-/// `w`: `nb` Q4_1 blocks; `a`: `nb` Q8_1 blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    // `m_x * s_y` by fused multiply-add per block, as ggml's C loop compiles.
-    let mut summs = 0f32;
-    // SAFETY: block i of each row lies within the caller's ranges (8 bytes from the start of
-    // a block are inside it).
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(20 * i), a.add(36 * i));
-            let (fx, fy) = (f16x4(x), f16x4(y));
-            summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
-            let d = _mm256_broadcastss_ps(_mm_mul_ss(fx, fy));
-            let p = _mm256_cvtepi32_ps(dot_us8(nibbles32(x.add(4)), ld256(y.add(4))));
-            acc = _mm256_fmadd_ps(d, p, acc);
-        }
-    }
-    hsum_f32(acc) + summs
-}
-
-/// # Safety
-/// `w`: `nb` Q5_0 blocks; `a`: `nb` Q8_0 blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(22 * i), a.add(34 * i));
-            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
-            // Without the fifth bit the value is q - 16: OR-ing 0xF0 into a nibble makes
-            // exactly that signed byte.
-            let hi = _mm256_andnot_si256(bits32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-            let qx = _mm256_or_si256(nibbles32(x.add(6)), hi);
-            let p = _mm256_cvtepi32_ps(dot_ss8(qx, ld256(y.add(2))));
-            acc = _mm256_fmadd_ps(d, p, acc);
-        }
-    }
-    hsum_f32(acc)
-}
-
-/// # Safety
-/// `w`: `nb` Q5_1 blocks; `a`: `nb` Q8_1 blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(24 * i), a.add(36 * i));
-            let (fx, fy) = (f16x4(x), f16x4(y));
-            summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
-            let d = _mm256_broadcastss_ps(_mm_mul_ss(fx, fy));
-            let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
-            let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
-            let p = _mm256_cvtepi32_ps(dot_us8(qx, ld256(y.add(4))));
-            acc = _mm256_fmadd_ps(d, p, acc);
-        }
-    }
-    hsum_f32(acc) + summs
-}
-
-/// # Safety
-/// `w`, `a`: `nb` Q8_0 blocks each.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    // SAFETY: block i of each row lies within the caller's ranges.
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(34 * i), a.add(34 * i));
-            let d = _mm256_broadcastss_ps(_mm_mul_ss(f16x4(x), f16x4(y)));
-            let p = _mm256_cvtepi32_ps(dot_ss8(ld256(x.add(2)), ld256(y.add(2))));
-            acc = _mm256_fmadd_ps(d, p, acc);
-        }
-    }
-    hsum_f32(acc)
-}
-
-// ---- whole-block integer sums (`SumOrder::Block`) ---------------------------------------------
-
-/// The integer dot of one block (8 lanes of partial sums, from the type's unpacking) for the
-/// whole-block order, and the block's scale fields.
+/// One 32-element block type's weights as bytes (their integer dot with an activation block,
+/// [`pair_dot`], is 8 i32 lanes, lane `j` the 4 products of elements `4j..4j+4`: ggml's
+/// `vec_dot` lanes; their sum is the whole-block order's exact integer), and its scale fields.
 trait BlockDot {
     /// Weight and activation block bytes.
     const WB: usize;
     const AB: usize;
     /// Whether the type has a min (`m` at byte 2 of the weight block, `s` of the `Q8_1` block).
     const MIN: bool;
-    /// The block's integer dot as 8 i32 lanes whose sum is exact.
+    /// Whether [`BlockDot::unpack`] gives signed bytes (else unsigned).
+    const SIGNED: bool;
+    /// The block's 32 values as bytes, in element order.
     ///
     /// # Safety
-    /// `x`, `y` point at whole blocks; AVX2 available.
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i;
+    /// `x` points at a whole weight block; AVX2 available.
+    unsafe fn unpack(x: *const u8) -> __m256i;
+}
+
+/// The integer dot of unpacked weights `q` ([`BlockDot::unpack`]) and activation quants `y`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair_dot<B: BlockDot + ?Sized>(q: __m256i, y: __m256i) -> __m256i {
+    if B::SIGNED {
+        dot_ss8(q, y)
+    } else {
+        dot_us8(q, y)
+    }
 }
 
 struct B4_0;
@@ -431,14 +343,12 @@ impl BlockDot for B4_0 {
     const WB: usize = 18;
     const AB: usize = 34;
     const MIN: bool = false;
+    const SIGNED: bool = true;
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
-        // SAFETY: whole blocks (quants at +2).
-        unsafe {
-            let qx = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
-            dot_ss8(qx, ld256(y.add(2)))
-        }
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        // SAFETY: whole block (quants at +2).
+        unsafe { _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8)) }
     }
 }
 
@@ -447,11 +357,12 @@ impl BlockDot for B4_1 {
     const WB: usize = 20;
     const AB: usize = 36;
     const MIN: bool = true;
+    const SIGNED: bool = false;
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
-        // SAFETY: whole blocks (quants at +4).
-        unsafe { dot_us8(nibbles32(x.add(4)), ld256(y.add(4))) }
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        // SAFETY: whole block (quants at +4).
+        unsafe { nibbles32(x.add(4)) }
     }
 }
 
@@ -460,14 +371,16 @@ impl BlockDot for B5_0 {
     const WB: usize = 22;
     const AB: usize = 34;
     const MIN: bool = false;
+    const SIGNED: bool = true;
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
-        // SAFETY: whole blocks (high bits at +2, quants at +6).
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        // Without the fifth bit the value is q - 16: OR-ing 0xF0 into a nibble makes exactly
+        // that signed byte.
+        // SAFETY: whole block (high bits at +2, quants at +6).
         unsafe {
             let hi = _mm256_andnot_si256(bits32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-            let qx = _mm256_or_si256(nibbles32(x.add(6)), hi);
-            dot_ss8(qx, ld256(y.add(2)))
+            _mm256_or_si256(nibbles32(x.add(6)), hi)
         }
     }
 }
@@ -477,14 +390,14 @@ impl BlockDot for B5_1 {
     const WB: usize = 24;
     const AB: usize = 36;
     const MIN: bool = true;
+    const SIGNED: bool = false;
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
-        // SAFETY: whole blocks (high bits at +4, quants at +8).
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        // SAFETY: whole block (high bits at +4, quants at +8).
         unsafe {
             let hi = _mm256_and_si256(bits32(x.add(4)), _mm256_set1_epi8(0x10));
-            let qx = _mm256_or_si256(nibbles32(x.add(8)), hi);
-            dot_us8(qx, ld256(y.add(4)))
+            _mm256_or_si256(nibbles32(x.add(8)), hi)
         }
     }
 }
@@ -494,38 +407,132 @@ impl BlockDot for B8_0 {
     const WB: usize = 34;
     const AB: usize = 34;
     const MIN: bool = false;
+    const SIGNED: bool = true;
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn idot(x: *const u8, y: *const u8) -> __m256i {
-        // SAFETY: whole blocks (quants at +2).
-        unsafe { dot_ss8(ld256(x.add(2)), ld256(y.add(2))) }
+    unsafe fn unpack(x: *const u8) -> __m256i {
+        // SAFETY: whole block (quants at +2).
+        unsafe { ld256(x.add(2)) }
     }
 }
 
-/// One row · one activation row in the whole-block order (`scalar::dot_q4_1_block` and its
-/// siblings): per block the exact integer sum, then `acc = fma(d_w * d_y, isum, acc)`; the min
-/// terms `summs = fma(m_w, s_y, summs)`; `acc + summs`.
+/// An `R × T` tile of a 32-element block type: each weight block is unpacked once for the
+/// tile's `T` tokens and each activation block loaded once for its `R` rows; per
+/// (row, token) the float operations are the scalar references', in their order: `GGML`
+/// ggml's `vec_dot` (`scalar::dot_q4_1` and its siblings: eight f32 lanes, `lane =
+/// fma(d_w * d_y, isum_j, lane)`, `hsum_float_8` at the end), else the whole-block order
+/// (`scalar::dot_q4_1_block`: `acc = fma(d_w * d_y, isum, acc)` with the exact block sum);
+/// the min terms `summs = fma(m_w, s_y, summs)`; the result plus `summs`.
 ///
 /// # Safety
-/// `w`: `nb` weight blocks of `B`; `a`: `nb` activation blocks; AVX2/FMA/F16C available.
+/// The [`Tile`] contract with `R == t.rows`, `T == t.toks`; AVX2/FMA/F16C available.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_block<B: BlockDot>(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let (mut acc, mut summs) = (0f32, 0f32);
-    // SAFETY: block i of each row lies within the caller's ranges (8 bytes from the start of
-    // a block are inside it).
-    unsafe {
-        for i in 0..nb {
-            let (x, y) = (w.add(B::WB * i), a.add(B::AB * i));
-            let (fx, fy) = (f16x4(x), f16x4(y));
-            let isum = hsum_i32(B::idot(x, y));
-            acc = (lane(fx, 0) * lane(fy, 0)).mul_add(isum as f32, acc);
-            if B::MIN {
-                summs = lane(fx, 1).mul_add(lane(fy, 1), summs);
+#[allow(clippy::needless_range_loop)] // `r` and `k` index several arrays in step
+unsafe fn legacy_tile<B: BlockDot, const R: usize, const T: usize, const GGML: bool>(t: &Tile) {
+    let mut wrow = [t.w; R];
+    for (r, p) in wrow.iter_mut().enumerate() {
+        *p = t.w.wrapping_add(r * t.w_stride);
+    }
+    let mut arow = [t.a; T];
+    for (k, p) in arow.iter_mut().enumerate() {
+        *p = t.a.wrapping_add(k * t.a_stride);
+    }
+    let mut lanes = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[0f32; T]; R];
+    let mut summs = [[0f32; T]; R];
+    for b in 0..t.nb {
+        // SAFETY: block b exists in every row and token of the tile (b < t.nb); 8 bytes from
+        // the start of a block are inside it.
+        unsafe {
+            let mut y = [_mm256_setzero_si256(); T];
+            let mut fy = [_mm_setzero_ps(); T];
+            for k in 0..T {
+                let y0 = arow[k].add(b * B::AB);
+                y[k] = ld256(y0.add(B::AB - 32));
+                fy[k] = f16x4(y0);
+            }
+            for r in 0..R {
+                let x = wrow[r].add(b * B::WB);
+                let fx = f16x4(x);
+                let q = B::unpack(x);
+                for k in 0..T {
+                    let i = pair_dot::<B>(q, y[k]);
+                    if GGML {
+                        let d = _mm256_broadcastss_ps(_mm_mul_ss(fx, fy[k]));
+                        lanes[r][k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), lanes[r][k]);
+                    } else {
+                        let d = lane(fx, 0) * lane(fy[k], 0);
+                        acc[r][k] = d.mul_add(hsum_i32(i) as f32, acc[r][k]);
+                    }
+                    if B::MIN {
+                        summs[r][k] = lane(fx, 1).mul_add(lane(fy[k], 1), summs[r][k]);
+                    }
+                }
             }
         }
     }
-    acc + summs
+    for r in 0..R {
+        for k in 0..T {
+            let v = if GGML {
+                hsum_f32(lanes[r][k])
+            } else {
+                acc[r][k]
+            };
+            // SAFETY: output (k, r) is inside the tile.
+            unsafe { *t.out.add(k * t.out_stride + r) = v + summs[r][k] };
+        }
+    }
 }
+
+/// The tile functions of a 32-element type: `R` rows × 2-4 tokens through [`legacy_tile`];
+/// one token (and rows short of `R`) row by row, so a one-token product reads each weight row
+/// start to end in address order (rows read side by side from memory were 2-3x slower here,
+/// as for the K-quants, [`K_CHUNK`]).
+macro_rules! legacy_kernel {
+    ($name:ident, $ty:ty, $ggml:expr, $mr:literal) => {
+        /// # Safety
+        /// The [`Tile`] contract; AVX2/FMA/F16C available.
+        unsafe fn $name(t: &Tile) {
+            #[inline(always)]
+            unsafe fn f<const R: usize, const T: usize>(t: &Tile) {
+                // SAFETY: forwarded; the caller passes R == rows, T == toks.
+                unsafe { legacy_tile::<$ty, R, T, { $ggml }>(t) }
+            }
+            // SAFETY: forwarded: every call covers rows and tokens inside the tile.
+            unsafe {
+                if t.rows == $mr && t.toks > 1 {
+                    match t.toks {
+                        2 => f::<$mr, 2>(t),
+                        3 => f::<$mr, 3>(t),
+                        4 => f::<$mr, 4>(t),
+                        _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                    }
+                } else {
+                    for r in 0..t.rows {
+                        let s = t.row(r);
+                        match t.toks {
+                            1 => f::<1, 1>(&s),
+                            2 => f::<1, 2>(&s),
+                            3 => f::<1, 3>(&s),
+                            4 => f::<1, 4>(&s),
+                            _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+legacy_kernel!(t_q4_0, B4_0, true, 1);
+legacy_kernel!(t_q4_1, B4_1, true, 2);
+legacy_kernel!(t_q5_0, B5_0, true, 1);
+legacy_kernel!(t_q5_1, B5_1, true, 2);
+legacy_kernel!(t_q8_0, B8_0, true, 1);
+legacy_kernel!(t_q4_0_block, B4_0, false, 1);
+legacy_kernel!(t_q4_1_block, B4_1, false, 2);
+legacy_kernel!(t_q5_0_block, B5_0, false, 1);
+legacy_kernel!(t_q5_1_block, B5_1, false, 2);
+legacy_kernel!(t_q8_0_block, B8_0, false, 1);
 
 // ---- K-quants: exact integer sums per super-block, the scalar references' float steps -------
 
@@ -1301,16 +1308,6 @@ macro_rules! row_tile {
 row_tile!(t_f32, dot_f32w);
 row_tile!(t_f16, dot_f16w);
 row_tile!(t_bf16, dot_bf16w);
-row_tile!(t_q4_0, dot_q4_0);
-row_tile!(t_q4_1, dot_q4_1);
-row_tile!(t_q5_0, dot_q5_0);
-row_tile!(t_q5_1, dot_q5_1);
-row_tile!(t_q8_0, dot_q8_0);
-row_tile!(t_q4_0_block, dot_block::<B4_0>);
-row_tile!(t_q4_1_block, dot_block::<B4_1>);
-row_tile!(t_q5_0_block, dot_block::<B5_0>);
-row_tile!(t_q5_1_block, dot_block::<B5_1>);
-row_tile!(t_q8_0_block, dot_block::<B8_0>);
 
 /// Rows per K-quant tile: the eight lanes of [`dot_k8`] and [`dot_q4_k8`].
 const K_ROWS: usize = 8;
@@ -1371,15 +1368,20 @@ pub(crate) fn kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
         Q6K => t_q6_k,
         _ => return None,
     };
-    let mr = if matches!(ty, Q2K | Q3K | Q4K | Q5K | Q6K) {
-        K_ROWS
-    } else {
-        4
+    // Rows per tile (several tokens) and per one-token tile: the K-quants' 8 lanes; the
+    // 32-element types' tiles of 2 (unsigned values) or 1 (signed: two more registers per
+    // row) rows × 4 tokens (`legacy_tile`; with 2 rows the signed types spill and ran at half
+    // speed); float rows one by one.
+    let (mr, mr1) = match ty {
+        Q2K | Q3K | Q4K | Q5K | Q6K => (K_ROWS, K_ROWS),
+        Q4_1 | Q5_1 => (2, 4),
+        Q4_0 | Q5_0 | Q8_0 => (1, 4),
+        _ => (4, 4),
     };
     Some(Kernel {
         mr,
         nt: 4,
-        mr1: mr,
+        mr1,
         exact_rows: false,
         tile,
     })
