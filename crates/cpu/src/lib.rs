@@ -227,12 +227,14 @@ impl CpuBackend {
                 opts.decode_order.name(),
                 if opts.no_repack {
                     "memory-mapped (no repack)"
-                } else if dot::best_isa() == dot::Isa::Avx512 {
-                    "repacked"
                 } else {
-                    // `PackedMat` has AVX-512 layouts only; elsewhere the weights are copied
-                    // into owned memory as they are (`Weights::own`).
-                    "copied into memory (not repacked: no packed kernels on this level)"
+                    match dot::best_isa() {
+                        dot::Isa::Avx512 => "repacked",
+                        // `PackedMat`'s AVX2 kernels take Q4_K and Q6_K; other types are
+                        // copied into owned memory as they are (`Weights::own`).
+                        dot::Isa::Avx2 => "repacked (Q4_K, Q6_K) or copied",
+                        _ => "copied into memory (not repacked: no packed kernels on this level)",
+                    }
                 }
             ),
             max_batch_tokens: opts.max_batch_tokens,

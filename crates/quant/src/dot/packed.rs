@@ -13,6 +13,9 @@
 //! [`super::scalar::dot_q4_k_gemv`] (the tokens left over, and decode), so the results are bit
 //! for bit those of the GGUF-layout kernels (and of llama.cpp).
 //!
+//! The AVX2 kernels (`super::avx2_packed`) read the `Q4_K` and `Q6_K` layouts below as two
+//! 8-row halves: bytes 0..32 of each 64-byte vector are rows 0..8, bytes 32..64 rows 8..16.
+//!
 //! `Q4_0`, `Q4_1` and `Q8_0` use the same idea for decode, where a one-token product otherwise
 //! spends most of its time on per-row unpacking and scalar scale work: per 16-row group and
 //! block, the rows' `d` (and `m`) as f16 vectors and the quants as vectors of 16 rows × 4
