@@ -457,17 +457,10 @@ fn product<O: ExactOps>(
         ops.quantize(x, n_tok, m.cols, fmt, b.a[B_AQ], b.a[B_AD])?;
         *quantized = Some((x, fmt));
     }
-    let ty = ex_type(m.ty).ok_or_else(|| CudaError::Arg(format!("type {}", m.ty)))?;
-    let rb = m.ty.bytes_for(m.cols as u64).unwrap_or(0) as i64;
-    let ord = match order {
-        SumOrder::Ggml => 0,
-        SumOrder::Block => 1,
-    };
     let mm = MatMul {
-        ty,
-        order: ord,
+        ty: m.ty,
+        order,
         w: m.w,
-        row_bytes: rb,
         rows: m.rows,
         cols: m.cols,
     };
@@ -482,28 +475,28 @@ fn product<O: ExactOps>(
     )
 }
 
-/// One matrix as exact.cu's products take it: `ty` a weight type code (gguf's numbering),
-/// `order` 0 for the CPU's ggml order, 1 for its block order; `rows` rows of `row_bytes` at `w`.
+/// One matrix as exact.cu's products take it: `rows` rows of `cols` elements of `ty` at `w`
+/// (GGUF layout), multiplied in the CPU backend's summation order `order`.
 pub struct MatMul {
-    pub ty: i32,
-    pub order: i32,
+    pub ty: GgmlType,
+    pub order: SumOrder,
     pub w: u64,
-    pub row_bytes: i64,
     pub rows: usize,
     pub cols: usize,
 }
 
-/// Integers per block of `ty` in the order `order` (exact.cu's `ex_ints`).
-fn ints_per_block(ty: i32, order: i32) -> usize {
-    const Q2_K: i32 = 10;
-    const Q4_K: i32 = 12;
-    const Q5_K: i32 = 13;
-    match ty {
-        Q4_K | Q5_K => 8,
-        Q2_K => 2,
-        t if t > Q2_K => 1,
-        _ if order == 0 => 8,
-        _ => 1,
+/// Integers per block of `ty` that the first pass stores in `order` (exact.cu's `ex_ints`):
+/// Q4_K and Q5_K the scale and min sums of each of 4 sub-block pairs, Q2_K a block's scale
+/// and min sums, Q3_K and Q6_K its sum; the 32-element types ggml's 8 lanes, or the block's
+/// sum in the block order.
+fn ints_per_block(ty: GgmlType, order: SumOrder) -> usize {
+    use GgmlType::*;
+    match (ty, order) {
+        (Q4K | Q5K, _) => 8,
+        (Q2K, _) => 2,
+        (Q3K | Q6K, _) => 1,
+        (_, SumOrder::Ggml) => 8,
+        (_, SumOrder::Block) => 1,
     }
 }
 
@@ -523,12 +516,17 @@ pub fn matmul<O: ExactOps>(
     if n_tok == 0 || m.rows == 0 {
         return Ok(());
     }
-    let k = ints_per_block(m.ty, m.order);
-    let nb = if m.ty >= 10 {
-        m.cols / 256
-    } else {
-        m.cols / 32
+    let ty = ex_type(m.ty).ok_or_else(|| CudaError::Arg(format!("type {}", m.ty)))?;
+    let order = match m.order {
+        SumOrder::Ggml => 0,
+        SumOrder::Block => 1,
     };
+    let row_bytes =
+        m.ty.bytes_for(m.cols as u64)
+            .ok_or_else(|| CudaError::Arg(format!("{} columns of {}", m.cols, m.ty)))?
+            as i64;
+    let k = ints_per_block(m.ty, m.order);
+    let nb = m.cols / m.ty.block_size();
     let per_row = 4 * k * nb * n_tok;
     let chunk = (part_bytes / per_row.max(1)).min(m.rows);
     if chunk == 0 {
@@ -542,14 +540,14 @@ pub fn matmul<O: ExactOps>(
     let mut r0 = 0;
     while r0 < m.rows {
         let rows = chunk.min(m.rows - r0);
-        let w = m.w + (r0 as u64) * m.row_bytes as u64;
+        let w = m.w + (r0 as u64) * row_bytes as u64;
         let ri = i32_of(rows, "rows")?;
         ops.mm_int(
             n_tok * rows * nb,
-            m.ty,
-            m.order,
+            ty,
+            order,
             w,
-            m.row_bytes,
+            row_bytes,
             ri,
             cols,
             qs,
@@ -558,10 +556,10 @@ pub fn matmul<O: ExactOps>(
         )?;
         ops.mm_float(
             n_tok * rows,
-            m.ty,
-            m.order,
+            ty,
+            order,
             w,
-            m.row_bytes,
+            row_bytes,
             ri,
             cols,
             ds,

@@ -59,13 +59,10 @@ fn exact_products_equal_the_cpu_products() {
                 let fmt: ActFormat = act_format(ty).unwrap();
                 ops.quantize(bufs[0], n_tok, cols, fmt, bufs[1], bufs[2])
                     .unwrap();
-                let rb = ty.bytes_for(cols as u64).unwrap() as i64;
-                let ord = i32::from(order == SumOrder::Block);
                 let mm = cuda::exact::MatMul {
-                    ty: ty as i32,
-                    order: ord,
+                    ty,
+                    order,
                     w: w.as_ptr() as u64,
-                    row_bytes: rb,
                     rows,
                     cols,
                 };

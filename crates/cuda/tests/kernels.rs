@@ -4505,13 +4505,10 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
                     let fmt = act_format(ty).unwrap();
                     ops.quantize(bufs[0], n_tok, cols, fmt, bufs[1], bufs[2])
                         .unwrap();
-                    let rb = ty.bytes_for(cols as u64).unwrap() as i64;
-                    let ord = i32::from(order == SumOrder::Block);
                     let mm = cuda::exact::MatMul {
-                        ty: ty as i32,
-                        order: ord,
+                        ty,
+                        order,
                         w: wd.ptr(),
-                        row_bytes: rb,
                         rows,
                         cols,
                     };

@@ -65,7 +65,7 @@ pub(crate) unsafe fn rd_f32(p: *const u8) -> f32 {
 /// `p` valid for 32 bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ld256(p: *const u8) -> __m256i {
+pub(crate) unsafe fn ld256(p: *const u8) -> __m256i {
     // SAFETY: caller's contract; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }

@@ -21,19 +21,9 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{Kernel, Tile, TileFn};
+use super::avx2::ld256;
+use super::kernels::{packed16, Kernel, Tile};
 use super::packed::{Q4K_GROUP_BYTES, Q6K_GROUP_BYTES};
-
-/// 32 bytes at `p`.
-///
-/// # Safety
-/// `p` valid for 32 bytes; AVX available.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn ld256(p: *const u8) -> __m256i {
-    // SAFETY: caller's contract.
-    unsafe { _mm256_loadu_si256(p as *const __m256i) }
-}
 
 /// The 4 bytes at `p` in every 32-bit lane.
 ///
@@ -292,14 +282,7 @@ packed_q4k_tile!(t_q4k_x16_gemv, false);
 /// The packed `Q4_K` kernels on AVX2: groups of 4 tokens (llama.cpp's gemm order) and the
 /// tokens left over (its gemv order). Rows come in whole groups of 16.
 pub(crate) fn packed_q4k_kernels() -> (Kernel, Kernel) {
-    let k = |tile: TileFn| Kernel {
-        mr: 16,
-        nt: 4,
-        mr1: 16,
-        exact_rows: true,
-        tile,
-    };
-    (k(t_q4k_x16), k(t_q4k_x16_gemv))
+    (packed16(t_q4k_x16, 4), packed16(t_q4k_x16_gemv, 4))
 }
 
 /// Lane `r` of half `h` (rows `8h..8h+8`) as the i16 pair `(s_r, s_r)` of the 16 signed row
@@ -454,11 +437,5 @@ unsafe fn t_q6k_x16(t: &Tile) {
 /// The packed `Q6_K` kernel on AVX2 (every token count; llama.cpp's tiled order per
 /// super-block). Rows come in whole groups of 16.
 pub(crate) fn packed_q6k_kernel() -> Kernel {
-    Kernel {
-        mr: 16,
-        nt: 4,
-        mr1: 16,
-        exact_rows: true,
-        tile: t_q6k_x16,
-    }
+    packed16(t_q6k_x16, 4)
 }

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::kernels::{tile_dispatch, Kernel, Tile, TileFn};
+use super::kernels::{packed16, tile_dispatch, Kernel, Tile, TileFn};
 use super::SumOrder;
 
 /// Horizontal sum of 16 lanes.
@@ -1953,13 +1953,7 @@ pub(crate) fn packed_legacy_kernel(ty: GgmlType, order: SumOrder) -> Option<Kern
         (GgmlType::Q8_0, SumOrder::Block) => (x16b_q8_0, X16_BLOCK_NT),
         _ => return None,
     };
-    Some(Kernel {
-        mr: 16,
-        nt,
-        mr1: 16,
-        exact_rows: true,
-        tile,
-    })
+    Some(packed16(tile, nt))
 }
 
 /// 64 bytes, aligned (scratch for unpacked scales).
@@ -1991,14 +1985,7 @@ packed_kernel!(t_q4k_x16_gemv, false);
 /// The packed `Q4_K` kernels: groups of 4 tokens (llama.cpp's gemm order) and the tokens left
 /// over (its gemv order). Rows come in whole groups of 16.
 pub(crate) fn packed_q4k_kernels() -> (Kernel, Kernel) {
-    let k = |tile: TileFn| Kernel {
-        mr: 16,
-        nt: 4,
-        mr1: 16,
-        exact_rows: true,
-        tile,
-    };
-    (k(t_q4k_x16), k(t_q4k_x16_gemv))
+    (packed16(t_q4k_x16, 4), packed16(t_q4k_x16_gemv, 4))
 }
 
 // ---- packed Q6_K (16 interleaved rows, see `super::packed`) ---------------------------------
@@ -2128,13 +2115,7 @@ fn prefetch_ahead(x: *const u8, bytes: usize) {
 /// The packed `Q6_K` kernel (every token count; llama.cpp's tiled order per super-block).
 /// Rows come in whole groups of 16.
 pub(crate) fn packed_q6k_kernel() -> Kernel {
-    Kernel {
-        mr: 16,
-        nt: 4,
-        mr1: 16,
-        exact_rows: true,
-        tile: t_q6k_x16,
-    }
+    packed16(t_q6k_x16, 4)
 }
 
 // ---- float weights (f32 activations) --------------------------------------------------------

@@ -41,6 +41,19 @@ impl Tile {
 
 pub(crate) type TileFn = unsafe fn(&Tile);
 
+/// A kernel over a packed 16-row layout (`super::packed`): tiles of exactly 16 rows and up to
+/// `nt` tokens.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn packed16(tile: TileFn, nt: usize) -> Kernel {
+    Kernel {
+        mr: 16,
+        nt,
+        mr1: 16,
+        exact_rows: true,
+        tile,
+    }
+}
+
 /// A tile function and the largest tile it takes.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
