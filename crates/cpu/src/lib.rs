@@ -229,10 +229,9 @@ impl CpuBackend {
                     "memory-mapped (no repack)"
                 } else {
                     match dot::best_isa() {
-                        dot::Isa::Avx512 => "repacked",
-                        // `PackedMat`'s AVX2 kernels take Q4_K and Q6_K; other types are
-                        // copied into owned memory as they are (`Weights::own`).
-                        dot::Isa::Avx2 => "repacked (Q4_K, Q6_K) or copied",
+                        dot::Isa::Avx512 | dot::Isa::Avx2 => "repacked",
+                        // `PackedMat` has x86 layouts only; elsewhere the weights are copied
+                        // into owned memory as they are (`Weights::own`).
                         _ => "copied into memory (not repacked: no packed kernels on this level)",
                     }
                 }

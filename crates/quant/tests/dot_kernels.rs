@@ -843,7 +843,7 @@ fn matmul_is_bit_identical_to_scalar(isa: Isa) {
 }
 
 /// The packed layouts (16 interleaved rows, made at load) of Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0
-/// (AVX-512) and of Q4_K and Q6_K (AVX2) give the scalar reference's results bit for bit, for every
+/// (AVX-512 and AVX2) give the scalar reference's results bit for bit, for every
 /// token count (Q4_K: groups of 4 and the tokens left over take llama.cpp's two orders), and
 /// unpack back to the GGUF bytes.
 #[test]
@@ -860,7 +860,16 @@ fn dot_packed_is_bit_identical_to_scalar() {
                 GgmlType::Q8_0,
             ][..],
         ),
-        (Isa::Avx2, &[GgmlType::Q4K, GgmlType::Q6K][..]),
+        (
+            Isa::Avx2,
+            &[
+                GgmlType::Q4K,
+                GgmlType::Q6K,
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q8_0,
+            ][..],
+        ),
     ] {
         if isa.available() {
             packed_is_bit_identical_to_scalar(isa, types);
@@ -919,6 +928,31 @@ fn packed_is_bit_identical_to_scalar(isa: Isa, types: &[GgmlType]) {
                     "{ty} {rows}x{cols}x{n_tokens}: element {i}: scalar {a} vs packed {b}"
                 );
                 assert_eq!(b.to_bits(), c.to_bits(), "element {i}: f32 entry point");
+            }
+            // The whole-block order (decode's), where a type has one.
+            let order = dot::SumOrder::Block;
+            let mut want_b = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_ordered(
+                ty,
+                &w,
+                rows,
+                cols,
+                &acts,
+                &mut want_b,
+                &pool,
+                Isa::Scalar,
+                order,
+            )
+            .unwrap();
+            let mut got_b = vec![f32::NAN; rows * n_tokens];
+            dot::matmul_packed_ordered(&p, &acts, &mut got_b, &pool, false, order).unwrap();
+            for (i, (a, b)) in want_b.iter().zip(&got_b).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{ty} {rows}x{cols}x{n_tokens} block order: element {i}: scalar {a} vs \
+                     packed {b}"
+                );
             }
         }
     }
@@ -1087,10 +1121,16 @@ fn dot_block_order_is_bit_identical_everywhere() {
 /// reference's results bit for bit.
 #[test]
 fn dot_packed_extreme_sums_are_exact() {
-    if !Isa::Avx512.available() {
-        println!("skipping: AVX-512 not available on this CPU");
-        return;
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if isa.available() {
+            packed_extreme_sums_are_exact(isa);
+        } else {
+            println!("skipping {}: not available on this CPU", isa.name());
+        }
     }
+}
+
+fn packed_extreme_sums_are_exact(isa: Isa) {
     let pool = Pool::new(2).unwrap();
     let (rows, cols) = (32usize, 256usize);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
@@ -1106,9 +1146,9 @@ fn dot_packed_extreme_sums_are_exact() {
                 })
                 .collect();
             let w: Vec<u8> = (0..rows * cols / 32).flat_map(|_| block.clone()).collect();
-            let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, Isa::Avx512)
+            let p = dot::PackedMat::pack_with_isa(ty, &w, rows, cols, isa)
                 .unwrap()
-                .expect("16-row groups pack on AVX-512");
+                .expect("16-row groups pack");
             for pattern in 0..3 {
                 let n_tokens = 9;
                 let x: Vec<f32> = (0..n_tokens * cols)
@@ -1147,8 +1187,9 @@ fn dot_packed_extreme_sums_are_exact() {
                                 assert_eq!(
                                     want.to_bits(),
                                     g.to_bits(),
-                                    "{ty} fill {fill:#04x} pattern {pattern} {order:?} {n} tokens: \
-                                     token {t} row {r}: scalar {want} vs packed {g}"
+                                    "{} {ty} fill {fill:#04x} pattern {pattern} {order:?} {n} \
+                                     tokens: token {t} row {r}: scalar {want} vs packed {g}",
+                                    isa.name()
                                 );
                             }
                         }

@@ -10,10 +10,15 @@
 //! integers are therefore those of the scalar reference, and the float steps per (row, token)
 //! are its own, lane by lane, so the results are bit for bit [`super::scalar::dot_q4_k`]'s
 //! (groups of 4 tokens) and [`super::scalar::dot_q4_k_gemv`]'s (the tokens left over).
-//! `Q6_K`'s 6-bit values take 4 pairs per i16 sum (|sum| <= 4 * 63 * 127 = 32,004), so each
+//! `Q6_K`'s 6-bit values take 4 products per i16 sum (|sum| <= 4 * 63 * 127 = 32,004), so each
 //! sub-block makes two `vpmaddwd` with its signed scale, and the value offset (`- 32` per
 //! element) is subtracted once per super-block as `32 * sum_j scale_j * bsum_j`: the same
 //! integer as [`super::scalar::dot_q6_k`]'s.
+//!
+//! The 32-element types (`Q4_0`, `Q4_1`, `Q8_0`, `avx512::LegacyX16`'s layout) keep ggml's
+//! eight group accumulators per row as eight vectors across the rows (prompts), or in the
+//! whole-block order sum a block's eight groups exactly before one fma (decode); `Q8_0`'s
+//! values, stored `q + 128` for `vpdpbusd`, go back to signed bytes and ggml's sign trick.
 //!
 //! Next to the GGUF-layout 8-row kernels of [`super::avx2`] this drops every horizontal
 //! reduction and transpose (lane `r` is row `r` throughout), unpacks each weight byte once for
@@ -21,9 +26,13 @@
 
 use std::arch::x86_64::*;
 
+use gguf::GgmlType;
+
 use super::avx2::ld256;
+use super::avx512::{LegacyX16, BLOCK_ACT, BLOCK_ACT_Q, X16Q4_0, X16Q4_1, X16Q8_0};
 use super::kernels::{packed16, Kernel, Tile};
 use super::packed::{Q4K_GROUP_BYTES, Q6K_GROUP_BYTES};
+use super::SumOrder;
 
 /// The 4 bytes at `p` in every 32-bit lane.
 ///
@@ -438,4 +447,274 @@ unsafe fn t_q6k_x16(t: &Tile) {
 /// super-block). Rows come in whole groups of 16.
 pub(crate) fn packed_q6k_kernel() -> Kernel {
     packed16(t_q6k_x16, 4)
+}
+
+// ---- packed 32-element types (Q4_0, Q4_1, Q8_0; `LegacyX16`'s layout) -------------------------
+
+/// The 32-bit lane pairs of `w` (8 rows × 4 weight values, unsigned or signed by `Q8`) times
+/// the 4 activation bytes at `y` broadcast to every lane, as i16 pairs: `vpmaddubsw` of the
+/// unsigned weights, or for the signed `Q8_0` values (stored `q + 128`, here `q`) ggml's sign
+/// trick `|w| * (y * sign(w))`, which stays inside i16 where `q + 128` would not.
+///
+/// # Safety
+/// `y` valid for 4 bytes; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn group_pairs<const Q8: bool>(w: __m256i, y: *const u8) -> __m256i {
+    // SAFETY: caller's contract.
+    let b = unsafe { bcast32(y) };
+    if Q8 {
+        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(b, w))
+    } else {
+        _mm256_maddubs_epi16(w, b)
+    }
+}
+
+/// Weight vector `j` (group `j`: 4 values of each of rows `8h..8h+8`) of the packed group
+/// block whose quant vectors start at `q`: nibbles (low for `j < 4`, high for the rest) or,
+/// for `Q8`, the signed bytes.
+///
+/// # Safety
+/// `q` at the quant vectors of a packed group block; AVX2 available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn group_weights<const Q8: bool>(q: *const u8, j: usize, h: usize) -> __m256i {
+    // SAFETY: the group block holds 4 (nibbles) or 8 (Q8) vectors of 64 bytes at `q`.
+    unsafe {
+        if Q8 {
+            _mm256_xor_si256(ld256(q.add(64 * j + 32 * h)), _mm256_set1_epi8(-128))
+        } else {
+            let v = ld256(q.add(64 * (j % 4) + 32 * h));
+            let m4 = _mm256_set1_epi8(0x0f);
+            if j < 4 {
+                _mm256_and_si256(v, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+            }
+        }
+    }
+}
+
+/// A tile of 16 packed rows of a 32-element type × `T` tokens (at most 2) in ggml's `vec_dot`
+/// order, one 8-row half at a time: per (row, token) eight accumulators, `j` holding group `j`
+/// of every block (`fma(d_w * d_y, isum_j, acc_j)`; `Q4_0`'s value offset as the seed
+/// `-8 * sum(y_j)` of each group's integer), the min term its own fma chain, then
+/// `hsum_float_8` (`((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`) plus the min sum, all as
+/// vectors across the rows (`scalar::dot_q4_1` and its siblings, lane by lane).
+///
+/// # Safety
+/// The [`Tile`] contract with `t.rows == 16`, `T == t.toks`, `t.w` at a packed group of `t.nb`
+/// blocks of `L`; AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `h`, `k` and `j` index several arrays in step
+unsafe fn legacy_x16<L: LegacyX16, const T: usize, const Q8: bool>(t: &Tile) {
+    let zf = _mm256_setzero_ps();
+    let gb = 16 * L::WB;
+    let mut acc = [[[zf; 8]; T]; 2];
+    let mut summs = [[zf; T]; 2];
+    for b in 0..t.nb {
+        // SAFETY: group block b and every token's block b exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * gb);
+            let mut ys = [t.a; T];
+            let mut dy = [zf; T];
+            let mut sy = [zf; T];
+            // Per token, minus the offset times each group's activation sum (`Q4_0`).
+            let mut seeds = [[0i32; 8]; T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * L::AB);
+                let y = ys[k];
+                dy[k] = _mm256_set1_ps(half::f16::from_bits(rd_u16(y)).to_f32());
+                if L::MIN {
+                    sy[k] = _mm256_set1_ps(half::f16::from_bits(rd_u16(y.add(2))).to_f32());
+                }
+                if L::OFF_SHIFT != 0 && !Q8 {
+                    let yq = ld256(y.add(L::AQ));
+                    let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), yq);
+                    let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+                    let sh = _mm_cvtsi32_si128(L::OFF_SHIFT);
+                    let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(sums, sh));
+                    _mm256_storeu_si256(seeds[k].as_mut_ptr() as *mut __m256i, neg);
+                }
+            }
+            let q = x.add(L::QOFF);
+            for h in 0..2 {
+                let dw = f16x8(x.add(16 * h));
+                let mut dd = [zf; T];
+                for k in 0..T {
+                    dd[k] = _mm256_mul_ps(dw, dy[k]);
+                    if L::MIN {
+                        let mw = f16x8(x.add(32 + 16 * h));
+                        summs[h][k] = _mm256_fmadd_ps(mw, sy[k], summs[h][k]);
+                    }
+                }
+                for j in 0..8 {
+                    let w = group_weights::<Q8>(q, j, h);
+                    for k in 0..T {
+                        let p = group_pairs::<Q8>(w, ys[k].add(L::AQ + 4 * j));
+                        let mut i = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                        if L::OFF_SHIFT != 0 && !Q8 {
+                            i = _mm256_add_epi32(i, _mm256_set1_epi32(seeds[k][j]));
+                        }
+                        acc[h][k][j] = _mm256_fmadd_ps(dd[k], _mm256_cvtepi32_ps(i), acc[h][k][j]);
+                    }
+                }
+            }
+        }
+    }
+    for k in 0..T {
+        for h in 0..2 {
+            let a = &acc[h][k];
+            let s = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])),
+            );
+            // SAFETY: outputs (k, 0..16) are inside the tile.
+            unsafe {
+                _mm256_storeu_ps(
+                    t.out.add(k * t.out_stride + 8 * h),
+                    _mm256_add_ps(s, summs[h][k]),
+                )
+            };
+        }
+    }
+}
+
+/// [`legacy_x16`] in the whole-block order (`scalar::dot_q4_1_block` and its siblings, lane by
+/// lane): per (8-row half, token) and block, the exact integer sum of the block (the unsigned
+/// types' eight groups' `vpmaddubsw` pairs summed in i16: at most 8 * 2 * 15 * 127 = 30,480;
+/// `Q8_0`'s by `vpmaddwd` per group; `Q4_0` seeded with `-8 * sum(y)`), then one conversion and
+/// one `acc = fma(d_w * d_y, isum, acc)`; the min term its own fma chain; at the end
+/// `acc + summs`. The activations are the rows of `avx512::block_acts` (`d`, `s` or the seed
+/// ready per block: the matmul prepares them for every packed whole-block product).
+///
+/// # Safety
+/// As [`legacy_x16`], with `t.a` at rows of `block_acts` made for this type.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `h` and `k` index several arrays in step
+unsafe fn legacy_x16_block<L: LegacyX16, const T: usize, const Q8: bool>(t: &Tile) {
+    let zf = _mm256_setzero_ps();
+    let zi = _mm256_setzero_si256();
+    let ones = _mm256_set1_epi16(1);
+    let gb = 16 * L::WB;
+    let mut acc = [[zf; T]; 2];
+    let mut summs = [[zf; T]; 2];
+    for b in 0..t.nb {
+        // SAFETY: group block b and every token's block b exist by the tile contract.
+        unsafe {
+            let x = t.w.add(b * gb);
+            let mut ys = [t.a; T];
+            for k in 0..T {
+                ys[k] = t.a.add(k * t.a_stride + b * BLOCK_ACT);
+            }
+            let q = x.add(L::QOFF);
+            for h in 0..2 {
+                let mut p16 = [zi; T];
+                let mut p32 = [zi; T];
+                for j in 0..8 {
+                    let w = group_weights::<Q8>(q, j, h);
+                    for k in 0..T {
+                        let p = group_pairs::<Q8>(w, ys[k].add(BLOCK_ACT_Q + 4 * j));
+                        if Q8 {
+                            p32[k] = _mm256_add_epi32(p32[k], _mm256_madd_epi16(p, ones));
+                        } else {
+                            p16[k] = _mm256_add_epi16(p16[k], p);
+                        }
+                    }
+                }
+                let dw = f16x8(x.add(16 * h));
+                for k in 0..T {
+                    let y = ys[k];
+                    let mut isum = if Q8 {
+                        p32[k]
+                    } else {
+                        _mm256_madd_epi16(p16[k], ones)
+                    };
+                    if L::OFF_SHIFT != 0 && !Q8 {
+                        let seed = std::ptr::read_unaligned(y.add(4) as *const i32);
+                        isum = _mm256_add_epi32(isum, _mm256_set1_epi32(seed));
+                    }
+                    let dy = _mm256_set1_ps(std::ptr::read_unaligned(y as *const f32));
+                    let dd = _mm256_mul_ps(dw, dy);
+                    acc[h][k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc[h][k]);
+                    if L::MIN {
+                        let mw = f16x8(x.add(32 + 16 * h));
+                        let sy = _mm256_set1_ps(std::ptr::read_unaligned(y.add(4) as *const f32));
+                        summs[h][k] = _mm256_fmadd_ps(mw, sy, summs[h][k]);
+                    }
+                }
+            }
+        }
+    }
+    for k in 0..T {
+        for h in 0..2 {
+            // SAFETY: outputs (k, 0..16) are inside the tile.
+            unsafe {
+                _mm256_storeu_ps(
+                    t.out.add(k * t.out_stride + 8 * h),
+                    _mm256_add_ps(acc[h][k], summs[h][k]),
+                )
+            };
+        }
+    }
+}
+
+/// The little-endian u16 at `p`.
+///
+/// # Safety
+/// `p` valid for 2 bytes.
+#[inline(always)]
+unsafe fn rd_u16(p: *const u8) -> u16 {
+    // SAFETY: caller's contract.
+    unsafe { std::ptr::read_unaligned(p as *const u16) }
+}
+
+macro_rules! legacy_x16_kernels {
+    ($ggml:ident, $block:ident, $ty:ty, $q8:expr) => {
+        /// # Safety
+        /// The [`Tile`] contract of [`legacy_x16`].
+        unsafe fn $ggml(t: &Tile) {
+            // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+            unsafe {
+                match t.toks {
+                    1 => legacy_x16::<$ty, 1, { $q8 }>(t),
+                    2 => legacy_x16::<$ty, 2, { $q8 }>(t),
+                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                }
+            }
+        }
+
+        /// # Safety
+        /// The [`Tile`] contract of [`legacy_x16_block`].
+        unsafe fn $block(t: &Tile) {
+            // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
+            unsafe {
+                match t.toks {
+                    1 => legacy_x16_block::<$ty, 1, { $q8 }>(t),
+                    2 => legacy_x16_block::<$ty, 2, { $q8 }>(t),
+                    3 => legacy_x16_block::<$ty, 3, { $q8 }>(t),
+                    4 => legacy_x16_block::<$ty, 4, { $q8 }>(t),
+                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
+                }
+            }
+        }
+    };
+}
+legacy_x16_kernels!(x16_q4_0, x16b_q4_0, X16Q4_0, false);
+legacy_x16_kernels!(x16_q4_1, x16b_q4_1, X16Q4_1, false);
+legacy_x16_kernels!(x16_q8_0, x16b_q8_0, X16Q8_0, true);
+
+/// The packed kernel of a 32-element type on AVX2 in summation order `order` (up to 2 tokens
+/// per tile in ggml's order, 4 in the whole-block order).
+pub(crate) fn packed_legacy_kernel(ty: GgmlType, order: SumOrder) -> Option<Kernel> {
+    let (tile, nt): (unsafe fn(&Tile), usize) = match (ty, order) {
+        (GgmlType::Q4_0, SumOrder::Ggml) => (x16_q4_0, 2),
+        (GgmlType::Q4_1, SumOrder::Ggml) => (x16_q4_1, 2),
+        (GgmlType::Q8_0, SumOrder::Ggml) => (x16_q8_0, 2),
+        (GgmlType::Q4_0, SumOrder::Block) => (x16b_q4_0, 4),
+        (GgmlType::Q4_1, SumOrder::Block) => (x16b_q4_1, 4),
+        (GgmlType::Q8_0, SumOrder::Block) => (x16b_q8_0, 4),
+        _ => return None,
+    };
+    Some(packed16(tile, nt))
 }

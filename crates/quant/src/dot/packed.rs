@@ -13,8 +13,8 @@
 //! [`super::scalar::dot_q4_k_gemv`] (the tokens left over, and decode), so the results are bit
 //! for bit those of the GGUF-layout kernels (and of llama.cpp).
 //!
-//! The AVX2 kernels (`super::avx2_packed`) read the `Q4_K` and `Q6_K` layouts below as two
-//! 8-row halves: bytes 0..32 of each 64-byte vector are rows 0..8, bytes 32..64 rows 8..16.
+//! The AVX2 kernels (`super::avx2_packed`) read the same layouts as two 8-row halves: bytes
+//! 0..32 of each 64-byte vector are rows 0..8, bytes 32..64 rows 8..16.
 //!
 //! `Q4_0`, `Q4_1` and `Q8_0` use the same idea for decode, where a one-token product otherwise
 //! spends most of its time on per-row unpacking and scalar scale work: per 16-row group and
@@ -98,17 +98,13 @@ impl std::fmt::Debug for PackedMat {
 
 impl PackedMat {
     /// Whether [`PackedMat::pack_with_isa`] would pack a `rows × cols` matrix of `ty` for `isa`:
-    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` on AVX-512, `Q4_K` or `Q6_K` on AVX2, with a
-    /// multiple of 16 rows.
+    /// `Q4_K`, `Q6_K`, `Q4_0`, `Q4_1` or `Q8_0` with a multiple of 16 rows, on AVX-512 or AVX2.
     pub fn packable(ty: GgmlType, rows: usize, cols: usize, isa: Isa) -> bool {
-        let ty_ok = match isa {
-            Isa::Avx512 => matches!(
+        let ty_ok = matches!(isa, Isa::Avx512 | Isa::Avx2)
+            && matches!(
                 ty,
                 GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
-            ),
-            Isa::Avx2 => matches!(ty, GgmlType::Q4K | GgmlType::Q6K),
-            _ => false,
-        };
+            );
         ty_ok
             && isa.available()
             && rows > 0
@@ -331,7 +327,7 @@ impl PackedMat {
                     let k = super::avx2_packed::packed_q6k_kernel();
                     Some((k, k))
                 }
-                _ => None,
+                _ => super::avx2_packed::packed_legacy_kernel(self.ty, order).map(|k| (k, k)),
             };
         }
         #[cfg(target_arch = "x86_64")]
