@@ -824,7 +824,7 @@ impl KSums for KQ5 {
 /// # Safety
 /// `p` valid for 2 bytes.
 #[inline(always)]
-unsafe fn rd_f16(p: *const u8) -> f32 {
+pub(crate) unsafe fn rd_f16(p: *const u8) -> f32 {
     // SAFETY: caller's contract.
     half::f16::from_bits(unsafe { std::ptr::read_unaligned(p as *const u16) }).to_f32()
 }

@@ -4,8 +4,8 @@
 //!
 //! Without `vpdpbusd`, a row's partial sums come from `vpmaddubsw` (unsigned weight bytes times
 //! the signed activation bytes broadcast to every lane, pairs added to i16) kept in i16 over a
-//! whole 32-element sub-block (at most 8 such pairs per lane: |sum| <= 8 * 2 * 15 * 128 =
-//! 30,720 for 4-bit values, so no i16 overflows or saturates), then one `vpmaddwd` with the
+//! whole 32-element sub-block (at most 8 such pairs per lane: |sum| <= 8 * 2 * 15 * 127 =
+//! 30,480 for 4-bit values, so no i16 overflows or saturates), then one `vpmaddwd` with the
 //! row's sub-block scale in both i16 halves of its lane: exactly `scale * sum` in i32. The
 //! integers are therefore those of the scalar reference, and the float steps per (row, token)
 //! are its own, lane by lane, so the results are bit for bit [`super::scalar::dot_q4_k`]'s
@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::avx2::ld256;
+use super::avx2::{ld256, rd_f16};
 use super::avx512::{LegacyX16, BLOCK_ACT, BLOCK_ACT_Q, X16Q4_0, X16Q4_1, X16Q8_0};
 use super::kernels::{packed16, Kernel, Tile};
 use super::packed::{Q4K_GROUP_BYTES, Q6K_GROUP_BYTES};
@@ -524,9 +524,9 @@ unsafe fn legacy_x16<L: LegacyX16, const T: usize, const Q8: bool>(t: &Tile) {
             for k in 0..T {
                 ys[k] = t.a.add(k * t.a_stride + b * L::AB);
                 let y = ys[k];
-                dy[k] = _mm256_set1_ps(half::f16::from_bits(rd_u16(y)).to_f32());
+                dy[k] = _mm256_set1_ps(rd_f16(y));
                 if L::MIN {
-                    sy[k] = _mm256_set1_ps(half::f16::from_bits(rd_u16(y.add(2))).to_f32());
+                    sy[k] = _mm256_set1_ps(rd_f16(y.add(2)));
                 }
                 if L::OFF_SHIFT != 0 && !Q8 {
                     let yq = ld256(y.add(L::AQ));
@@ -657,16 +657,6 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize, const Q8: bool>(t: &Til
             };
         }
     }
-}
-
-/// The little-endian u16 at `p`.
-///
-/// # Safety
-/// `p` valid for 2 bytes.
-#[inline(always)]
-unsafe fn rd_u16(p: *const u8) -> u16 {
-    // SAFETY: caller's contract.
-    unsafe { std::ptr::read_unaligned(p as *const u16) }
 }
 
 macro_rules! legacy_x16_kernels {
