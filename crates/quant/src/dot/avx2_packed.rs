@@ -30,7 +30,7 @@ use gguf::GgmlType;
 
 use super::avx2::{ld256, rd_f16};
 use super::avx512::{LegacyX16, BLOCK_ACT, BLOCK_ACT_Q, X16Q4_0, X16Q4_1, X16Q8_0};
-use super::kernels::{packed16, Kernel, Tile};
+use super::kernels::{packed16, toks_dispatch, Kernel, Tile};
 use super::packed::{Q4K_GROUP_BYTES, Q6K_GROUP_BYTES};
 use super::SumOrder;
 
@@ -273,15 +273,7 @@ macro_rules! packed_q4k_tile {
         /// The [`Tile`] contract of [`q4k_x16`].
         unsafe fn $name(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => q4k_x16::<1, { $pairs }>(t),
-                    2 => q4k_x16::<2, { $pairs }>(t),
-                    3 => q4k_x16::<3, { $pairs }>(t),
-                    4 => q4k_x16::<4, { $pairs }>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| q4k_x16::<T, { $pairs }>(t)) }
         }
     };
 }
@@ -432,15 +424,7 @@ unsafe fn q6k_x16<const T: usize>(t: &Tile) {
 /// The [`Tile`] contract of [`q6k_x16`].
 unsafe fn t_q6k_x16(t: &Tile) {
     // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-    unsafe {
-        match t.toks {
-            1 => q6k_x16::<1>(t),
-            2 => q6k_x16::<2>(t),
-            3 => q6k_x16::<3>(t),
-            4 => q6k_x16::<4>(t),
-            _ => debug_assert!(false, "tile with {} tokens", t.toks),
-        }
-    }
+    unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| q6k_x16::<T>(t)) }
 }
 
 /// The packed `Q6_K` kernel on AVX2 (every token count; llama.cpp's tiled order per
@@ -665,28 +649,14 @@ macro_rules! legacy_x16_kernels {
         /// The [`Tile`] contract of [`legacy_x16`].
         unsafe fn $ggml(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => legacy_x16::<$ty, 1, { $q8 }>(t),
-                    2 => legacy_x16::<$ty, 2, { $q8 }>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2], |T| legacy_x16::<$ty, T, { $q8 }>(t)) }
         }
 
         /// # Safety
         /// The [`Tile`] contract of [`legacy_x16_block`].
         unsafe fn $block(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => legacy_x16_block::<$ty, 1, { $q8 }>(t),
-                    2 => legacy_x16_block::<$ty, 2, { $q8 }>(t),
-                    3 => legacy_x16_block::<$ty, 3, { $q8 }>(t),
-                    4 => legacy_x16_block::<$ty, 4, { $q8 }>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| legacy_x16_block::<$ty, T, { $q8 }>(t)) }
         }
     };
 }

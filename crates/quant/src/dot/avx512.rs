@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::kernels::{packed16, tile_dispatch, Kernel, Tile, TileFn};
+use super::kernels::{packed16, tile_dispatch, toks_dispatch, Kernel, Tile, TileFn};
 use super::SumOrder;
 
 /// Horizontal sum of 16 lanes.
@@ -1901,13 +1901,7 @@ macro_rules! legacy_x16_kernel {
         /// The [`Tile`] contract of [`legacy_x16`].
         unsafe fn $name(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => legacy_x16::<$ty, 1>(t),
-                    2 => legacy_x16::<$ty, 2>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2], |T| legacy_x16::<$ty, T>(t)) }
         }
     };
 }
@@ -1925,15 +1919,7 @@ macro_rules! legacy_x16_block_kernel {
         /// The [`Tile`] contract of [`legacy_x16_block`].
         unsafe fn $name(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => legacy_x16_block::<$ty, 1>(t),
-                    2 => legacy_x16_block::<$ty, 2>(t),
-                    3 => legacy_x16_block::<$ty, 3>(t),
-                    4 => legacy_x16_block::<$ty, 4>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| legacy_x16_block::<$ty, T>(t)) }
         }
     };
 }
@@ -1967,15 +1953,7 @@ macro_rules! packed_kernel {
         /// The [`Tile`] contract of [`q4k_x16`].
         unsafe fn $name(t: &Tile) {
             // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-            unsafe {
-                match t.toks {
-                    1 => q4k_x16::<1, { $pairs }>(t),
-                    2 => q4k_x16::<2, { $pairs }>(t),
-                    3 => q4k_x16::<3, { $pairs }>(t),
-                    4 => q4k_x16::<4, { $pairs }>(t),
-                    _ => debug_assert!(false, "tile with {} tokens", t.toks),
-                }
-            }
+            unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| q4k_x16::<T, { $pairs }>(t)) }
         }
     };
 }
@@ -2078,15 +2056,7 @@ unsafe fn q6k_x16<const T: usize>(t: &Tile) {
 /// The [`Tile`] contract of [`q6k_x16`].
 unsafe fn t_q6k_x16(t: &Tile) {
     // SAFETY: forwarded; the plan hands packed kernels whole 16-row groups only.
-    unsafe {
-        match t.toks {
-            1 => q6k_x16::<1>(t),
-            2 => q6k_x16::<2>(t),
-            3 => q6k_x16::<3>(t),
-            4 => q6k_x16::<4>(t),
-            _ => debug_assert!(false, "tile with {} tokens", t.toks),
-        }
-    }
+    unsafe { toks_dispatch!(t, [1, 2, 3, 4], |T| q6k_x16::<T>(t)) }
 }
 
 /// How far ahead of the group block being read a one-token product prefetches its weights.

@@ -97,6 +97,23 @@ macro_rules! tile_dispatch {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use tile_dispatch;
 
+/// Run `$call` with the const `$T` set to the tile's token count, one of the listed counts (a
+/// count not listed is a planning error): the token dispatch of the packed 16-row kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! toks_dispatch {
+    ($t:expr, [$($nt:literal),+], |$T:ident| $call:expr) => {
+        match $t.toks {
+            $($nt => {
+                const $T: usize = $nt;
+                $call
+            })+
+            _ => debug_assert!(false, "tile with {} tokens", $t.toks),
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use toks_dispatch;
+
 /// Run a scalar row-dot over every `(row, token)` of a tile.
 ///
 /// # Safety
