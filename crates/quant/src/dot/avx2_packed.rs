@@ -524,11 +524,15 @@ unsafe fn legacy_x16<L: LegacyX16, const T: usize, const Q8: bool>(t: &Tile) {
             let q = x.add(L::QOFF);
             for h in 0..2 {
                 let dw = f16x8(x.add(16 * h));
+                let mw = if L::MIN {
+                    f16x8(x.add(32 + 16 * h))
+                } else {
+                    zf
+                };
                 let mut dd = [zf; T];
                 for k in 0..T {
                     dd[k] = _mm256_mul_ps(dw, dy[k]);
                     if L::MIN {
-                        let mw = f16x8(x.add(32 + 16 * h));
                         summs[h][k] = _mm256_fmadd_ps(mw, sy[k], summs[h][k]);
                     }
                 }
@@ -607,6 +611,11 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize, const Q8: bool>(t: &Til
                     }
                 }
                 let dw = f16x8(x.add(16 * h));
+                let mw = if L::MIN {
+                    f16x8(x.add(32 + 16 * h))
+                } else {
+                    zf
+                };
                 for k in 0..T {
                     let y = ys[k];
                     let mut isum = if Q8 {
@@ -622,7 +631,6 @@ unsafe fn legacy_x16_block<L: LegacyX16, const T: usize, const Q8: bool>(t: &Til
                     let dd = _mm256_mul_ps(dw, dy);
                     acc[h][k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc[h][k]);
                     if L::MIN {
-                        let mw = f16x8(x.add(32 + 16 * h));
                         let sy = _mm256_set1_ps(std::ptr::read_unaligned(y.add(4) as *const f32));
                         summs[h][k] = _mm256_fmadd_ps(mw, sy, summs[h][k]);
                     }
