@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -835,6 +835,39 @@ fn main() {
             );
         }
         b.set_one_adapt(a0);
+    }
+    // --ab-tiles (session 26): tiles per split of the context-sized one-token attention (1:
+    // contexts over 64 positions merge their splits in a second launch; 2 or 4: up to 128 or
+    // 256 positions take one split that writes its rows itself), and the blocks per SM the
+    // longest contexts aim for, alternating, in one process.
+    if args.iter().any(|a| a == "--ab-tiles") {
+        let t0 = b.one_tiles();
+        let (a0, e0, m0) = b.one_attn();
+        let modes = [
+            (t0, a0),
+            (2, a0),
+            (4, a0),
+            (t0, 1),
+            (t0, a0),
+            (2, a0),
+            (4, a0),
+            (t0, 1),
+        ];
+        for (tiles, bps) in modes {
+            b.set_one_tiles(tiles);
+            b.set_one_attn(bps, e0, m0);
+            let label = format!("one_tiles={tiles} attn_one={bps}");
+            ab_tg(
+                &mut b,
+                &power,
+                &mut toks,
+                &mut seq,
+                &[0, 256, depth],
+                &label,
+            );
+        }
+        b.set_one_tiles(t0);
+        b.set_one_attn(a0, e0, m0);
     }
     // --ab-mvqp (session 17): threads per block of the down projection's block-per-row
     // product, alternating, in one process, with the per-class product times.

@@ -348,6 +348,10 @@ pub struct CudaBackend {
     /// with its own graph, instead of always that count: on unless
     /// `CROSSOVER_CUDA_ONE_ADAPT=0`.
     one_adapt: bool,
+    /// Session 26: 64-position tiles per split in those sizes (contexts up to this many tiles
+    /// take one split, which writes the merged rows itself: no merge launch):
+    /// `CROSSOVER_CUDA_ONE_TILES`, default 1.
+    one_tiles: usize,
     /// The longest context the next one-token step's splits are sized for (set per step).
     one_len: usize,
     /// One-token steps merge the splits with [`Gpu::attn_merge`] (v8; same bits as
@@ -839,6 +843,11 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
             one_adapt: std::env::var("CROSSOVER_CUDA_ONE_ADAPT").as_deref() != Ok("0"),
+            one_tiles: std::env::var("CROSSOVER_CUDA_ONE_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&t| t > 0)
+                .unwrap_or(1),
             one_len: opts.ctx_size,
             one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() != Ok("0"),
@@ -1364,7 +1373,7 @@ impl CudaBackend {
                 if self.one_adapt {
                     // One tile per split, in powers of two, until the full count.
                     self.one_len
-                        .div_ceil(ONE_TILE)
+                        .div_ceil(ONE_TILE * self.one_tiles)
                         .max(1)
                         .next_power_of_two()
                         .min(full)
@@ -1398,6 +1407,18 @@ impl CudaBackend {
     /// sized to the context, a graph per class of lengths; drops captured graphs.
     pub fn set_one_adapt(&mut self, on: bool) {
         self.one_adapt = on;
+        self.graphs.clear();
+    }
+
+    /// Session 26's one-token choice ([`CudaBackend::one_tiles`]'s field): tiles per split of
+    /// the context-sized attention.
+    pub fn one_tiles(&self) -> usize {
+        self.one_tiles
+    }
+
+    /// Sets [`CudaBackend::one_tiles`] (at least 1); drops captured graphs.
+    pub fn set_one_tiles(&mut self, tiles: usize) {
+        self.one_tiles = tiles.max(1);
         self.graphs.clear();
     }
 
@@ -3303,7 +3324,7 @@ impl CudaBackend {
         if split > 0 {
             // The class's longest context: its graph serves every length up to it.
             self.one_len = if split < self.one_split_full() {
-                (split * ONE_TILE).min(self.opts.ctx_size)
+                (split * ONE_TILE * self.one_tiles).min(self.opts.ctx_size)
             } else {
                 self.opts.ctx_size
             };

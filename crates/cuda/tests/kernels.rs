@@ -2054,6 +2054,27 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
                     got == want,
                     "hd {hd} len {len} splits {n_split}: attn_merge differs from attn_combine"
                 );
+                if n_split == 1 {
+                    // Session 18/26: one split over all of the context's tiles writes the
+                    // merged rows itself, attn_merge's bits (the default one-token path up to
+                    // `CROSSOVER_CUDA_ONE_TILES` tiles).
+                    let od = poisoned(&g, words);
+                    g.attn_one_direct(
+                        1,
+                        (q0, k0, v0),
+                        (p0, s0, b0, max_blocks, bt),
+                        nh,
+                        nkv,
+                        hd,
+                        od.ptr(),
+                    )
+                    .unwrap();
+                    let direct: Vec<u32> = g.download(&od, words).unwrap();
+                    assert!(
+                        direct == got,
+                        "hd {hd} len {len}: attn_one_direct differs from attn_one + attn_merge"
+                    );
+                }
                 // Fixed slices (attn_decode's partial results, split_len > 0).
                 let split_len = len.div_ceil(n_split).div_ceil(32) * 32;
                 let ns = len.div_ceil(split_len);
