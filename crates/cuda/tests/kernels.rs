@@ -48,6 +48,28 @@ fn quantized(ty: GgmlType, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, d)
 }
 
+/// A paged KV cache of `n_blocks` blocks of `bt` positions of `kv_row` values: random K and V
+/// as f16 bits, and a shuffled block table (sequence s's block i is entry s * max_blocks + i).
+fn paged_kv(
+    r: &mut ChaCha8Rng,
+    n_blocks: usize,
+    bt: usize,
+    kv_row: usize,
+) -> (Vec<u16>, Vec<u16>, Vec<i32>) {
+    let half = |r: &mut ChaCha8Rng| -> Vec<u16> {
+        randn(r, n_blocks * bt * kv_row, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_bits())
+            .collect()
+    };
+    let (kh, vh) = (half(r), half(r));
+    let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
+    for i in (1..btab.len()).rev() {
+        btab.swap(i, r.gen_range(0..=i));
+    }
+    (kh, vh, btab)
+}
+
 /// Poisoned output buffer (NaN bytes), so an unwritten element fails the comparison.
 fn poisoned(g: &Gpu, floats: usize) -> DevBuf {
     g.upload(&vec![f32::NAN; floats]).expect("alloc")
@@ -1807,18 +1829,7 @@ fn attn_decode_merge_equals_decode_then_combine() {
         let n_seq = 3;
         let n_blocks = n_seq * max_blocks;
         let kv_row = nkv * hd;
-        let kh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
-            .iter()
-            .map(|&v| f16::from_f32(v).to_bits())
-            .collect();
-        let vh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
-            .iter()
-            .map(|&v| f16::from_f32(v).to_bits())
-            .collect();
-        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
-        for i in (1..btab.len()).rev() {
-            btab.swap(i, r.gen_range(0..=i));
-        }
+        let (kh, vh, btab) = paged_kv(&mut r, n_blocks, bt, kv_row);
         // One token per sequence: a short context (one slice) and two long ones.
         let pos: Vec<i32> = vec![
             r.gen_range(0..100),
@@ -1964,18 +1975,7 @@ fn one_token_attention_equals_batch_kernel_and_merge_equals_combine() {
         let n_seq = 4;
         let n_blocks = n_seq * max_blocks;
         let kv_row = nkv * hd;
-        let kh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
-            .iter()
-            .map(|&v| f16::from_f32(v).to_bits())
-            .collect();
-        let vh: Vec<u16> = randn(&mut r, n_blocks * bt * kv_row, 1.0)
-            .iter()
-            .map(|&v| f16::from_f32(v).to_bits())
-            .collect();
-        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
-        for i in (1..btab.len()).rev() {
-            btab.swap(i, r.gen_range(0..=i));
-        }
+        let (kh, vh, btab) = paged_kv(&mut r, n_blocks, bt, kv_row);
         let up16 = |d: &[u16]| g.upload(d).unwrap();
         let (kb, vb, tb) = (up16(&kh), up16(&vh), g.upload(&btab).unwrap());
         let seq_of = r.gen_range(0..n_seq as i32);
@@ -2189,17 +2189,7 @@ fn batch_attention_merge_equals_batch_then_combine() {
         let (max_blocks, n_seq) = (48usize, 6usize);
         let n_blocks = n_seq * max_blocks;
         let kv_row = nkv * hd;
-        let mut half = |n: usize| -> Vec<u16> {
-            randn(&mut r, n, 1.0)
-                .iter()
-                .map(|&v| f16::from_f32(v).to_bits())
-                .collect()
-        };
-        let (kh, vh) = (half(n_blocks * bt * kv_row), half(n_blocks * bt * kv_row));
-        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
-        for i in (1..btab.len()).rev() {
-            btab.swap(i, r.gen_range(0..=i));
-        }
+        let (kh, vh, btab) = paged_kv(&mut r, n_blocks, bt, kv_row);
         let n = 21;
         let seq: Vec<i32> = (0..n).map(|_| r.gen_range(0..n_seq as i32)).collect();
         let pos: Vec<i32> = (0..n)
@@ -2721,18 +2711,8 @@ fn merge_with_quantization_equals_merge_then_quantize() {
         let max_blocks = 170;
         let kv_row = nkv * hd;
         let n_blocks = max_blocks;
-        let mk = |r: &mut ChaCha8Rng| -> DevBuf {
-            let v: Vec<u16> = randn(r, n_blocks * bt * kv_row, 1.0)
-                .iter()
-                .map(|&v| f16::from_f32(v).to_bits())
-                .collect();
-            g.upload(&v).unwrap()
-        };
-        let (kb, vb) = (mk(&mut r), mk(&mut r));
-        let mut btab: Vec<i32> = (0..n_blocks as i32).collect();
-        for i in (1..btab.len()).rev() {
-            btab.swap(i, r.gen_range(0..=i));
-        }
+        let (kh, vh, btab) = paged_kv(&mut r, n_blocks, bt, kv_row);
+        let (kb, vb) = (g.upload(&kh).unwrap(), g.upload(&vh).unwrap());
         let tb = g.upload(&btab).unwrap();
         let sb = g.upload(&[0i32]).unwrap();
         let words = nh * hd;
