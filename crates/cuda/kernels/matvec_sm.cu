@@ -91,3 +91,71 @@ DEF_MVSM(q4_k, T_Q4_K)
 DEF_MVSM(q5_k, T_Q5_K)
 DEF_MVSM(q6_ka, T_Q6_KA)
 DEF_MVSM(q6_ku, T_Q6_KU)
+
+// Session 26: the one-token Q/K/V launch with RoPE and the KV-cache store (mvr_rope_* /
+// mvr_rope2_*'s outputs, through rope_pair_out) on weights staged as above. The launch's rows
+// are Q's, then K's, then V's (r0 and r1 even, so no pair spans two matrices); block b takes the
+// row pairs [b ppb, (b + 1) ppb), whose rows of each matrix are contiguous in that matrix, and
+// stages them one matrix after the other. Q and K are of type TQ, V of TV (TQ again for a
+// single-type launch). Warp w takes the block's pairs w, w + nw, ... with mvr_dot of its rows'
+// type: the same bits as the mvr launches.
+template <int TQ, int TV>
+__device__ void mvsm_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
+                                const i8* __restrict__ aq, const float2* __restrict__ ad,
+                                float* yq, int ppb, const RopeArgs* rp) {
+    extern __shared__ __align__(16) u8 smw[];
+    int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+    int units = cols / 32;
+    long long rbq = (long long)(cols / Q<TQ>::BE) * Q<TQ>::BB;
+    long long rbv = (long long)(cols / Q<TV>::BE) * Q<TV>::BB;
+    int total = r0 + r1 + r2;
+    int first = blockIdx.x * ppb * 2;
+    int last = min(first + 2 * ppb, total);
+    int bounds[4] = {0, r0, r0 + r1, total};
+    const u8* ws[3] = {w0, w1, w2};
+    // off[s]: where matrix s's first staged row starts in shared memory.
+    long long off[4];
+    off[0] = 0;
+#pragma unroll
+    for (int s = 0; s < 3; s++) {
+        int a = max(first, bounds[s]), b = min(last, bounds[s + 1]);
+        long long rb = s == 2 ? rbv : rbq;
+        long long bytes = a < b ? (long long)(b - a) * rb : 0;
+        const u8* src = ws[s] + (long long)(a - bounds[s]) * rb;
+        for (long long i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16)
+            cp_async16(smw + off[s] + i, src + i, 16);
+        off[s + 1] = off[s] + bytes;
+    }
+    cp_async_commit();
+    pdl_wait();
+    pdl_launch();
+    if (first >= last) return;
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int p = warp; first + 2 * p < last; p += nw) {
+        int row = first + 2 * p;
+        int s = row < r0 ? 0 : row < r0 + r1 ? 1 : 2;
+        long long rb = s == 2 ? rbv : rbq;
+        const u8* wr[2];
+        wr[0] = smw + off[s] + (long long)(row - max(first, bounds[s])) * rb;
+        wr[1] = wr[0] + rb;
+        float acc[2];
+        if (s == 2)
+            mvr_dot<TV>(wr, units, aq, ad, acc);
+        else
+            mvr_dot<TQ>(wr, units, aq, ad, acc);
+        if (lane == 0) rope_pair_out(row, acc[0], acc[1], r0, r1, rp, yq);
+    }
+}
+
+#define DEF_MVSM_ROPE2(a, TA, b, TB) \
+    extern "C" __global__ void __launch_bounds__(512, 1) mvsm_rope2_##a##_##b( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
+        const i8* aq, const float2* ad, float* yq, int ppb, RopeArgs rp) { \
+        mvsm_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, ppb, &rp); \
+    }
+DEF_MVSM_ROPE2(q4_k, T_Q4_K, q4_k, T_Q4_K)
+DEF_MVSM_ROPE2(q5_k, T_Q5_K, q5_k, T_Q5_K)
+DEF_MVSM_ROPE2(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
+DEF_MVSM_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)

@@ -1081,6 +1081,30 @@ fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     }
 }
 
+/// Session 26: the one-token Q/K/V launch staging its weights in shared memory before the PDL
+/// wait (`Gpu::mvsm_qkv`) gives the bits of the `mvr` launches: the same prompts and tokens
+/// with it on, off and on again (one sequence, then `p` together, every decode step from a
+/// graph) must agree as two runs of one form do.
+#[test]
+fn staged_qkv_launch_leaves_logits_unchanged() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED staged_qkv_launch_leaves_logits_unchanged: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (3usize, 10usize, 20usize);
+    for path in models() {
+        let shape = (p, steps, plen);
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
+        let orig = gpu.gpu().mvsm_qkv.get();
+        let what = "the staged Q/K/V launch";
+        let set = |g: &cuda::Gpu, on: bool| g.mvsm_qkv.set(on);
+        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
+        gpu.gpu().mvsm_qkv.set(orig);
+    }
+}
+
 /// Session 21: the down projection quantizing the SwiGLU output itself on thread block
 /// clusters (`Gpu::down_cl`: no quantize_act launch before it) gives the bits of quantize_act
 /// then the block-per-row product: the same prompts and tokens with it on, off and on again
