@@ -1053,81 +1053,73 @@ fn assert_forms_agree(path: &std::path::Path, runs: [&[Vec<f32>]; 3], rows: usiz
     );
 }
 
-/// Session 20: the staged output projection quantizing the attention's merged rows itself
-/// (`Gpu::mvsm_prep`: no quantization launch between them) gives the bits of the merge that
-/// quantizes (or the one-split attention followed by quantize_act): the same prompts and tokens
-/// with it on, off and on again (one sequence, then `p` together, every decode step from a
-/// graph, contexts of one tile and of several) must agree as two runs of one form do.
-#[test]
-fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
+/// The body of the switch tests below: for every model and prompt length in `plens`, the same
+/// prompts and tokens with the `Gpu` switch `cell` on, off and on again (one sequence, then 3
+/// together, 10 decode steps from graphs) must agree as two runs of one form do; the switch is
+/// left as it was. Skips (with `test`'s name) where no GPU is found.
+fn gpu_switch_keeps_bits(
+    test: &str,
+    plens: &[usize],
+    what: &str,
+    cell: fn(&cuda::Gpu) -> &std::cell::Cell<bool>,
+) {
     let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED output_projection_quantizing_its_rows_leaves_logits_unchanged: {e}");
+        eprintln!("SKIPPED {test}: {e}");
         return;
     }
     let mut r = test_rng();
     let (p, steps) = (3usize, 10usize);
     for path in models() {
-        // Prompts of 9 positions (one attention split) and of 70 (several, merged).
-        for plen in [9usize, 70] {
+        for &plen in plens {
             let shape = (p, steps, plen);
             let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-            let orig = gpu.gpu().mvsm_prep.get();
-            let what = format!("the output projection quantizing its rows (prompts of {plen})");
-            let set = |g: &cuda::Gpu, on: bool| g.mvsm_prep.set(on);
+            let orig = cell(gpu.gpu()).get();
+            let what = format!("{what} (prompts of {plen})");
+            let set = |g: &cuda::Gpu, on: bool| cell(g).set(on);
             switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
-            gpu.gpu().mvsm_prep.set(orig);
+            cell(gpu.gpu()).set(orig);
         }
     }
 }
 
+/// Session 20: the staged output projection quantizing the attention's merged rows itself
+/// (`Gpu::mvsm_prep`: no quantization launch between them) gives the bits of the merge that
+/// quantizes (or the one-split attention followed by quantize_act); prompts of 9 positions (one
+/// attention split) and of 70 (several, merged).
+#[test]
+fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "output_projection_quantizing_its_rows_leaves_logits_unchanged",
+        &[9, 70],
+        "the output projection quantizing its rows",
+        |g| &g.mvsm_prep,
+    );
+}
+
 /// Session 26: the one-token Q/K/V launch staging its weights in shared memory before the PDL
-/// wait (`Gpu::mvsm_qkv`) gives the bits of the `mvr` launches: the same prompts and tokens
-/// with it on, off and on again (one sequence, then `p` together, every decode step from a
-/// graph) must agree as two runs of one form do.
+/// wait (`Gpu::mvsm_qkv`) gives the bits of the `mvr` launches.
 #[test]
 fn staged_qkv_launch_leaves_logits_unchanged() {
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED staged_qkv_launch_leaves_logits_unchanged: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 20usize);
-    for path in models() {
-        let shape = (p, steps, plen);
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-        let orig = gpu.gpu().mvsm_qkv.get();
-        let what = "the staged Q/K/V launch";
-        let set = |g: &cuda::Gpu, on: bool| g.mvsm_qkv.set(on);
-        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
-        gpu.gpu().mvsm_qkv.set(orig);
-    }
+    gpu_switch_keeps_bits(
+        "staged_qkv_launch_leaves_logits_unchanged",
+        &[20],
+        "the staged Q/K/V launch",
+        |g| &g.mvsm_qkv,
+    );
 }
 
 /// Session 21: the down projection quantizing the SwiGLU output itself on thread block
 /// clusters (`Gpu::down_cl`: no quantize_act launch before it) gives the bits of quantize_act
-/// then the block-per-row product: the same prompts and tokens with it on, off and on again
-/// (one sequence, then `p` together, every decode step from a graph) must agree as two runs of
-/// one form do.
+/// then the block-per-row product.
 #[test]
 fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED down_projection_quantizing_its_activation_leaves_logits_unchanged: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 20usize);
-    for path in models() {
-        let shape = (p, steps, plen);
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-        let orig = gpu.gpu().down_cl.get();
-        let what = "the down projection quantizing its activation";
-        let set = |g: &cuda::Gpu, on: bool| g.down_cl.set(on);
-        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
-        gpu.gpu().down_cl.set(orig);
-    }
+    gpu_switch_keeps_bits(
+        "down_projection_quantizing_its_activation_leaves_logits_unchanged",
+        &[20],
+        "the down projection quantizing its activation",
+        |g| &g.down_cl,
+    );
 }
 
 /// The CPU's lead over its second token above which a GPU pick must equal the CPU's: an order
