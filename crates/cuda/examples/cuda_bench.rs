@@ -836,27 +836,16 @@ fn main() {
         }
         b.set_one_adapt(a0);
     }
-    // --ab-tiles (session 26): tiles per split of the context-sized one-token attention (1:
-    // contexts over 64 positions merge their splits in a second launch; 2 or 4: up to 128 or
-    // 256 positions take one split that writes its rows itself), and the blocks per SM the
-    // longest contexts aim for, alternating, in one process.
+    // --ab-tiles (sessions 26-27): the longest context, in 64-position tiles, that the
+    // context-sized one-token attention runs as one split (1: contexts over 64 positions merge
+    // their splits in a second launch; 2 or 4: up to 128 or 256 positions take one split that
+    // writes its rows itself; longer contexts one tile per split either way), alternating, in
+    // one process.
     if args.iter().any(|a| a == "--ab-tiles") {
         let t0 = b.one_tiles();
-        let (a0, e0, m0) = b.one_attn();
-        let modes = [
-            (t0, a0),
-            (2, a0),
-            (4, a0),
-            (t0, 1),
-            (t0, a0),
-            (2, a0),
-            (4, a0),
-            (t0, 1),
-        ];
-        for (tiles, bps) in modes {
+        for tiles in [t0, 2, 4, t0, 2, 4, t0, 2, 4] {
             b.set_one_tiles(tiles);
-            b.set_one_attn(bps, e0, m0);
-            let label = format!("one_tiles={tiles} attn_one={bps}");
+            let label = format!("one_tiles={tiles}");
             ab_tg(
                 &mut b,
                 &power,
@@ -867,7 +856,6 @@ fn main() {
             );
         }
         b.set_one_tiles(t0);
-        b.set_one_attn(a0, e0, m0);
     }
     // --ab-qkv (session 26): the one-token Q/K/V launch staging its weights in shared memory
     // before the PDL wait (`Gpu::mvsm_qkv`) against the mvr launches, alternating, in one

@@ -348,9 +348,9 @@ pub struct CudaBackend {
     /// with its own graph, instead of always that count: on unless
     /// `CROSSOVER_CUDA_ONE_ADAPT=0`.
     one_adapt: bool,
-    /// Session 26: 64-position tiles per split in those sizes (contexts up to this many tiles
-    /// take one split, which writes the merged rows itself: no merge launch):
-    /// `CROSSOVER_CUDA_ONE_TILES`, default 1.
+    /// Session 26/27: contexts up to this many 64-position tiles take one split in those sizes
+    /// (which writes the merged rows itself: no merge launch); longer ones keep one tile per
+    /// split: `CROSSOVER_CUDA_ONE_TILES`, default 1.
     one_tiles: usize,
     /// The longest context the next one-token step's splits are sized for (set per step).
     one_len: usize,
@@ -1371,12 +1371,16 @@ impl CudaBackend {
             .then(|| {
                 let full = self.one_split_full();
                 if self.one_adapt {
-                    // One tile per split, in powers of two, until the full count.
-                    self.one_len
-                        .div_ceil(ONE_TILE * self.one_tiles)
-                        .max(1)
-                        .next_power_of_two()
-                        .min(full)
+                    // Contexts up to `one_tiles` tiles: one split; longer ones one tile per
+                    // split, in powers of two, until the full count.
+                    if self.one_len <= ONE_TILE * self.one_tiles {
+                        1
+                    } else {
+                        self.one_len
+                            .div_ceil(ONE_TILE)
+                            .next_power_of_two()
+                            .min(full)
+                    }
                 } else {
                     full
                 }
@@ -1410,8 +1414,8 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Session 26's one-token choice ([`CudaBackend::one_tiles`]'s field): tiles per split of
-    /// the context-sized attention.
+    /// Session 26's one-token choice ([`CudaBackend::one_tiles`]'s field): the longest context,
+    /// in 64-position tiles, that the context-sized attention runs as one split.
     pub fn one_tiles(&self) -> usize {
         self.one_tiles
     }
@@ -3324,7 +3328,8 @@ impl CudaBackend {
         if split > 0 {
             // The class's longest context: its graph serves every length up to it.
             self.one_len = if split < self.one_split_full() {
-                (split * ONE_TILE * self.one_tiles).min(self.opts.ctx_size)
+                let tiles = if split == 1 { self.one_tiles } else { split };
+                (tiles * ONE_TILE).min(self.opts.ctx_size)
             } else {
                 self.opts.ctx_size
             };
