@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-qkv]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -856,20 +856,6 @@ fn main() {
             );
         }
         b.set_one_tiles(t0);
-    }
-    // --ab-qkv (session 26): the one-token Q/K/V launch staging its weights in shared memory
-    // before the PDL wait (`Gpu::mvsm_qkv`) against the mvr launches, alternating, in one
-    // process.
-    if args.iter().any(|a| a == "--ab-qkv") {
-        let q0 = b.gpu().mvsm_qkv.get();
-        for on in [q0, !q0, q0, !q0, q0, !q0] {
-            b.gpu().mvsm_qkv.set(on);
-            b.reset_graphs();
-            let label = format!("mvsm_qkv={on}");
-            ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-        }
-        b.gpu().mvsm_qkv.set(q0);
-        b.reset_graphs();
     }
     // --ab-mvqp (session 17): threads per block of the down projection's block-per-row
     // product, alternating, in one process, with the per-class product times.

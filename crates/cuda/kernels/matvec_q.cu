@@ -739,43 +739,6 @@ __device__ __forceinline__ void mvr_dot(const u8* const* wr, int units, const i8
 }
 
 // The work of one warp on one row pair (`row`, `row + 1`; the gate and up row `row` for GLU).
-// Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic): rows
-// g, g + 1 (outputs x0, x1) are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to
-// the cache as f16 at the token's slot, Q rows rotated to y0. Shared by mvr_rows and the staged
-// Q/K/V launch (matvec_sm.cu), so both write the same bits.
-__device__ __forceinline__ void rope_pair_out(int g, float x0, float x1, int r0, int r1,
-                                              const RopeArgs* rp, float* y0) {
-    int hd = rp->hd, rhalf = rp->n_rot / 2;
-    int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
-    if (g < r0 + r1) {
-        int i = (li % hd) / 2;
-        if (i < rhalf) {
-            float theta = (float)rp->pos[0];
-            for (int k = 0; k < i; k++) theta *= rp->theta_scale;
-            float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
-            float a = rp->freq_scale * (theta / ff);
-            double sd, cd;
-            sincos((double)a, &sd, &cd);
-            float c = (float)cd, sn = (float)sd;
-            float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
-            float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
-            x0 = y0v;
-            x1 = y1v;
-        }
-    }
-    long long dst = (long long)rp->slot[0] * rp->kv_row + li;
-    if (g < r0) {
-        y0[li] = x0;
-        y0[li + 1] = x1;
-    } else if (g < r0 + r1) {
-        rp->kc[dst] = f2h(x0);
-        rp->kc[dst + 1] = f2h(x1);
-    } else {
-        rp->vc[dst] = f2h(x0);
-        rp->vc[dst + 1] = f2h(x1);
-    }
-}
-
 template <int T, bool GLU>
 __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
                                          const u8* __restrict__ w1, const u8* __restrict__ w2,
@@ -800,7 +763,40 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
     }
     if (lane != 0) return;
     if (rp && second) {
-        rope_pair_out(row, acc[0], acc[1], r0, r1, rp, y0);
+        // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic):
+        // rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to the
+        // cache as f16 at the token's slot, Q rows rotated to y0.
+        int g = row;
+        int hd = rp->hd, rhalf = rp->n_rot / 2;
+        int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
+        float x0 = acc[0], x1 = acc[1];
+        if (g < r0 + r1) {
+            int i = (li % hd) / 2;
+            if (i < rhalf) {
+                float theta = (float)rp->pos[0];
+                for (int k = 0; k < i; k++) theta *= rp->theta_scale;
+                float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
+                float a = rp->freq_scale * (theta / ff);
+                double sd, cd;
+                sincos((double)a, &sd, &cd);
+                float c = (float)cd, sn = (float)sd;
+                float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+                float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
+                x0 = y0v;
+                x1 = y1v;
+            }
+        }
+        long long dst = (long long)rp->slot[0] * rp->kv_row + li;
+        if (g < r0) {
+            y0[li] = x0;
+            y0[li + 1] = x1;
+        } else if (g < r0 + r1) {
+            rp->kc[dst] = f2h(x0);
+            rp->kc[dst + 1] = f2h(x1);
+        } else {
+            rp->vc[dst] = f2h(x0);
+            rp->vc[dst + 1] = f2h(x1);
+        }
         return;
     }
 #pragma unroll

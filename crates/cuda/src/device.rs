@@ -311,11 +311,6 @@ pub struct Gpu {
     /// between them: on unless `CROSSOVER_CUDA_MVSM_PREP=0` (on the H200 the 3B step at depth
     /// 0 took 1.235-1.238 ms with it against 1.263-1.264, docs/perf/cuda.md session 20).
     pub mvsm_prep: std::cell::Cell<bool>,
-    /// Session 26: the one-token Q/K/V launch with RoPE (Q/K of Q4_K or Q5_K, V of that type
-    /// or from its Q6_KA copy) stages its weights in shared memory before the PDL wait
-    /// (`mvsm_rope2_*`, [`Gpu::mvsm`]'s staging; the same bits): on with
-    /// `CROSSOVER_CUDA_MVSM_QKV=1`.
-    pub mvsm_qkv: std::cell::Cell<bool>,
     /// One-token products of rows wider than the `mvr` kernels take (the down projection)
     /// run one warp per row (`mvd_*`, v10) rather than a block of 128 threads per row
     /// (`mvq_*_1`): off unless `CROSSOVER_CUDA_MVD=1` (on the H200 down got slower: 8.8 -> 9.9
@@ -568,9 +563,6 @@ impl Gpu {
             mvsm_cols: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVSM_COLS", 4096)),
             mvsm_prep: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVSM_PREP").as_deref() != Ok("0"),
-            ),
-            mvsm_qkv: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVSM_QKV").as_deref() == Ok("1"),
             ),
             wave_cap: std::cell::Cell::new(0),
             warp_rows: std::cell::Cell::new(

@@ -254,10 +254,6 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvsm_{t}"));
         v.push(format!("mvsmp_{t}"));
     }
-    // Session 26: the staged one-token Q/K/V launch with RoPE.
-    for (a, b) in MVSM_QKV {
-        v.push(format!("mvsm_rope2_{a}_{b}"));
-    }
     // Session 21: the one-token wide products that quantize their activation on a cluster.
     for (_, t) in QTYPES {
         v.push(format!("mvqc_{t}"));
@@ -274,15 +270,6 @@ pub fn all_kernel_names() -> Vec<String> {
 /// The `mvsm_*` kernels' types (session 19: blocks of 16-byte multiples, so staged rows stay
 /// aligned): Q4_K, Q5_K and the Q6_KA copies (with Q6_KA's and, session 20, Q6_KU's decoding).
 pub const MVSM_TYPES: [&str; 4] = ["q4_k", "q5_k", "q6_ka", "q6_ku"];
-
-/// (Q/K, V) kernel names of the staged one-token Q/K/V launches (`mvsm_rope2_*`, session 26):
-/// one type, or V from its Q6_KA copy.
-pub const MVSM_QKV: [(&str, &str); 4] = [
-    ("q4_k", "q4_k"),
-    ("q5_k", "q5_k"),
-    ("q4_k", "q6_ku"),
-    ("q5_k", "q6_ku"),
-];
 
 /// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
 /// the H200 allows 227 KiB per block).
@@ -1091,67 +1078,6 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         self.matvec_q6ka_ss(ty, w, rows, cols, qs, ds, nt, y, accumulate, 0)
             .map(|_| ())
-    }
-
-    /// Whether a one-token Q/K/V launch with RoPE of Q/K of `ty` and V of `tv` (`(type, from
-    /// its Q6_KA copy)`, `None`: V of `ty`) over `rows` x `cols` takes the staged kernel
-    /// ([`Gpu::mvsm_qkv`], session 26) given 16-byte aligned weights.
-    pub fn qkv_staged(
-        &self,
-        ty: GgmlType,
-        tv: Option<(GgmlType, bool)>,
-        rows: [usize; 3],
-        cols: usize,
-    ) -> bool {
-        let act = ActIn::Quantized { qs: 0, ds: 0 };
-        matches!(
-            self.mvsm_qkv_plan(ty, tv, [16; 3], rows, cols, &act),
-            Ok(Some(_))
-        )
-    }
-
-    /// The staged Q/K/V launch's kernel, row pairs per block and shared-memory bytes for a
-    /// one-token Q/K/V product with RoPE (session 26): [`Gpu::mvsm_qkv`] on, a quantized
-    /// activation, Q/K of Q4_K or Q5_K, V of that type or from its Q6_KA copy, 16-byte aligned
-    /// weights, and rows [`Gpu::mvsm_pairs`] would stage. `None`: the `mvr` launches.
-    fn mvsm_qkv_plan(
-        &self,
-        ty: GgmlType,
-        tv: Option<(GgmlType, bool)>,
-        w: [u64; 3],
-        rows: [usize; 3],
-        cols: usize,
-        act: &ActIn,
-    ) -> Result<Option<(usize, usize, usize)>, CudaError> {
-        if !self.mvsm_qkv.get() || !matches!(act, ActIn::Quantized { .. }) {
-            return Ok(None);
-        }
-        let a = match ty {
-            GgmlType::Q4K => "q4_k",
-            GgmlType::Q5K => "q5_k",
-            _ => return Ok(None),
-        };
-        let (b, rbv) = match tv {
-            None => (a, matrix_bytes(ty, 1, cols)),
-            // V from its Q6_KA copy (rows of 16-byte multiples).
-            Some((GgmlType::Q6K, true)) => ("q6_ku", q6ka_bytes(1, cols)),
-            Some(_) => return Ok(None),
-        };
-        let rbq = matrix_bytes(ty, 1, cols);
-        let total = rows[0] + rows[1] + rows[2];
-        let live = |i: usize| rows[i] > 0;
-        let Some(ppb) = self.mvsm_pairs(total, cols, rbq.max(rbv)) else {
-            return Ok(None);
-        };
-        if !rbv.is_multiple_of(16)
-            || (0..3).any(|i| live(i) && !w[i].is_multiple_of(16))
-            || !rows[0].is_multiple_of(2)
-            || !rows[1].is_multiple_of(2)
-        {
-            return Ok(None);
-        }
-        let id = self.kernel_id(&format!("mvsm_rope2_{a}_{b}"))?;
-        Ok(Some((id, ppb, 2 * ppb * rbq.max(rbv))))
     }
 
     /// Row pairs per block of an `mvsm_*` launch of `rows` rows `rb` bytes each, one block
@@ -2273,16 +2199,6 @@ impl Gpu {
         let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
-        if let Some((id, ppb, smem)) = self.mvsm_qkv_plan(ty, tv, w, rows, cols, &act)? {
-            let p = i32_of(ppb, "row pairs")?;
-            return self.launch_id_smem(
-                id,
-                (u32_of(total.div_ceil(2 * ppb), "rows")?, 1, 1),
-                (32 * ppb.min(16) as u32, 1, 1),
-                u32_of(smem, "staged bytes")?,
-                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, p, rp],
-            );
-        }
         if let Some((tv, v_copy)) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
             // Session 20: V from its Q6_KA copy takes Q6_KU's decoding (Q6_K's bits).

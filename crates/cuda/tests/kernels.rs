@@ -878,6 +878,11 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             )
             .unwrap();
             // Fused.
+            let q2 = poisoned(&g, rq);
+            let (kc2, vc2) = (
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+            );
             let launches: Vec<(GgmlType, [u64; 3], [usize; 3])> = if vty == GgmlType::Q4K {
                 vec![(vty, [wq.ptr(), wk.ptr(), wv.ptr()], [rq, rk, rk])]
             } else {
@@ -886,51 +891,34 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                     (vty, [0, 0, wv.ptr()], [0, 0, rk]),
                 ]
             };
-            // Session 26: also with the weights staged in shared memory (mvsm_rope2_*, where
-            // the types allow it: the Q4_K launches).
-            for staged in [false, true] {
-                g.mvsm_qkv.set(staged);
-                let q2 = poisoned(&g, rq);
-                let (kc2, vc2) = (
-                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
-                    g.upload(&vec![0u16; 8 * rk]).unwrap(),
-                );
-                if staged && vty == GgmlType::Q4K {
-                    assert!(
-                        !g.pdl.get() || g.qkv_staged(GgmlType::Q4K, None, [rq, rk, rk], cols),
-                        "the staged Q/K/V launch is not taken"
-                    );
-                }
-                for (ty, w, rows) in &launches {
-                    g.matvec_q_qkv_rope(
-                        *ty,
-                        *w,
-                        *rows,
-                        cols,
-                        qa.ptr(),
-                        da.ptr(),
-                        q2.ptr(),
-                        rope,
-                        pb.ptr(),
-                        sb.ptr(),
-                        hd,
-                        rk,
-                        kc2.ptr(),
-                        vc2.ptr(),
-                    )
-                    .unwrap();
-                }
-                let a: Vec<u32> = g.download(&q1, rq).unwrap();
-                let b: Vec<u32> = g.download(&q2, rq).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} staged={staged}: rotated Q");
-                let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
-                let b: Vec<u16> = g.download(&kc2, 8 * rk).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} staged={staged}: K cache");
-                let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
-                let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
-                assert_eq!(a, b, "case {ci} V {vty} staged={staged}: V cache");
+            for (ty, w, rows) in launches {
+                g.matvec_q_qkv_rope(
+                    ty,
+                    w,
+                    rows,
+                    cols,
+                    qa.ptr(),
+                    da.ptr(),
+                    q2.ptr(),
+                    rope,
+                    pb.ptr(),
+                    sb.ptr(),
+                    hd,
+                    rk,
+                    kc2.ptr(),
+                    vc2.ptr(),
+                )
+                .unwrap();
             }
-            g.mvsm_qkv.set(false);
+            let a: Vec<u32> = g.download(&q1, rq).unwrap();
+            let b: Vec<u32> = g.download(&q2, rq).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: rotated Q");
+            let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&kc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: K cache");
+            let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "case {ci} V {vty}: V cache");
             if !Gpu::qkv_mixed_fits(GgmlType::Q4K, vty) {
                 continue;
             }
@@ -941,27 +929,18 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
             // Q6_KA copy (Q6_KU's decoding), which must give the same bits.
             let vpad = (vty == GgmlType::Q6K).then(|| g.pad_q6k(wv.ptr(), rk, cols).unwrap());
             let forms = [
-                (0usize, false, 8usize, false, false),
-                (3, false, 8, false, false),
-                (0, true, 8, false, false),
-                (3, true, 8, false, false),
-                (0, true, 4, false, false),
-                (0, false, 1, false, false),
-                (2, true, 3, false, false),
-                (0, true, 4, true, false),
-                (0, false, 8, true, false),
-                (2, true, 3, true, false),
-                // Session 26: staged in shared memory (V from its Q6_KA copy only).
-                (0, true, 4, true, true),
+                (0usize, false, 8usize, false),
+                (3, false, 8, false),
+                (0, true, 8, false),
+                (3, true, 8, false),
+                (0, true, 4, false),
+                (0, false, 1, false),
+                (2, true, 3, false),
+                (0, true, 4, true),
+                (0, false, 8, true),
+                (2, true, 3, true),
             ];
-            for (cap, lb4, nw, vc, staged) in forms {
-                g.mvsm_qkv.set(staged);
-                assert!(
-                    !staged
-                        || !g.pdl.get()
-                        || g.qkv_staged(GgmlType::Q4K, Some((vty, vc)), [rq, rk, rk], cols),
-                    "the staged mixed Q/K/V launch is not taken"
-                );
+            for (cap, lb4, nw, vc) in forms {
                 let Some(wv_ptr) = (if vc {
                     vpad.as_ref().map(|p| p.ptr())
                 } else {
@@ -1001,25 +980,24 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
                 let b: Vec<u32> = g.download(&q3, rq).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc} staged={staged}: rotated Q"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: rotated Q"
                 );
                 let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&kc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc} staged={staged}: K cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: K cache"
                 );
                 let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
                 let b: Vec<u16> = g.download(&vc3, 8 * rk).unwrap();
                 assert_eq!(
                     a, b,
-                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc} staged={staged}: V cache"
+                    "case {ci} V {vty} mixed cap={cap} lb4={lb4} warps={nw} copy={vc}: V cache"
                 );
             }
             g.wave_cap.set(0);
             g.wave.set(false);
             g.mvr_lb4.set(false);
-            g.mvsm_qkv.set(false);
             g.mvr_warps.set(8);
         }
     }

@@ -1097,18 +1097,6 @@ fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     );
 }
 
-/// Session 26: the one-token Q/K/V launch staging its weights in shared memory before the PDL
-/// wait (`Gpu::mvsm_qkv`) gives the bits of the `mvr` launches.
-#[test]
-fn staged_qkv_launch_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "staged_qkv_launch_leaves_logits_unchanged",
-        &[20],
-        "the staged Q/K/V launch",
-        |g| &g.mvsm_qkv,
-    );
-}
-
 /// Session 21: the down projection quantizing the SwiGLU output itself on thread block
 /// clusters (`Gpu::down_cl`: no quantize_act launch before it) gives the bits of quantize_act
 /// then the block-per-row product.
