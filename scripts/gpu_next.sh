@@ -22,7 +22,7 @@ for T in 1 2; do
   echo "T=$T"; grep -E "one-token steps|test result|panicked" $OUT/agree_t$T.log | cut -c1-400; t agree$T
 done
 # Exact mode's kernels, timed one by one (a 512-token prompt step and a decode step at 512).
-CROSSOVER_CUDA_EXACT=1 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 512 --par 0 --quick --profile > $OUT/exact_prof.log 2>&1
+CROSSOVER_CUDA_EXACT=1 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 512 --profile-only > $OUT/exact_prof.log 2>&1
 grep -vE "^\s*$" $OUT/exact_prof.log | head -60 | cut -c1-160; t exact_prof
 L=$(( E - ($(date +%s) - T0) )); (( L > 150 )) && L=150
 (( L > 30 )) && STAGES=tests TEST_S=$L OUT=$OUT bash scripts/gpu_bench.sh > $OUT/tests.txt 2>&1

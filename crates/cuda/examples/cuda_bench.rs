@@ -444,6 +444,18 @@ fn main() {
         return;
     }
 
+    // --profile-only: the kernels of one prompt step and one decode step at `depth`, timed one
+    // by one, and nothing else (exact mode's breakdown fits a short call).
+    if args.iter().any(|a| a == "--profile-only") {
+        profile(
+            &mut b,
+            &mut rand_chacha::ChaCha8Rng::seed_from_u64(3),
+            depth,
+            &mut seq,
+        );
+        return;
+    }
+
     // pp512: one 512-token prompt step including the copy of its logits row (time to first token).
     let mut pp = Vec::new();
     for rep in 0..6 {
