@@ -350,7 +350,9 @@ pub struct CudaBackend {
     one_adapt: bool,
     /// Session 26/27: contexts up to this many 64-position tiles take one split in those sizes
     /// (which writes the merged rows itself: no merge launch); longer ones keep one tile per
-    /// split: `CROSSOVER_CUDA_ONE_TILES`, default 1.
+    /// split: `CROSSOVER_CUDA_ONE_TILES`, default 2 (on an H100 tg128 at depth 0 took
+    /// 1.365-1.374 ms against 1.383-1.389 with 1, depths 256 and 4096 unchanged;
+    /// docs/perf/cuda.md session 27).
     one_tiles: usize,
     /// The longest context the next one-token step's splits are sized for (set per step).
     one_len: usize,
@@ -847,7 +849,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&t| t > 0)
-                .unwrap_or(1),
+                .unwrap_or(2),
             one_len: opts.ctx_size,
             one_merge: std::env::var("CROSSOVER_CUDA_ATTN_MERGE").as_deref() != Ok("0"),
             one_merge_q: std::env::var("CROSSOVER_CUDA_MERGE_Q").as_deref() != Ok("0"),

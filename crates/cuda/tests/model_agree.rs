@@ -83,7 +83,7 @@ fn decode_setup(
         // 64 positions, or whole tiles of 64 for longer prompts.
         ctx_size: (plen + steps + 1).max(64).next_multiple_of(64),
         max_seqs: seqs,
-        max_batch_tokens: 128,
+        max_batch_tokens: plen.max(128),
         ..Default::default()
     };
     let gpu = CudaBackend::load(path, &opts).expect("gpu load");
@@ -1086,12 +1086,13 @@ fn gpu_switch_keeps_bits(
 /// Session 20: the staged output projection quantizing the attention's merged rows itself
 /// (`Gpu::mvsm_prep`: no quantization launch between them) gives the bits of the merge that
 /// quantizes (or the one-split attention followed by quantize_act); prompts of 9 positions (one
-/// attention split) and of 70 (several, merged).
+/// attention split) and of 150 (several, merged: over the 128 positions that
+/// `CROSSOVER_CUDA_ONE_TILES`'s default runs as one split).
 #[test]
 fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     gpu_switch_keeps_bits(
         "output_projection_quantizing_its_rows_leaves_logits_unchanged",
-        &[9, 70],
+        &[9, 150],
         "the output projection quantizing its rows",
         |g| &g.mvsm_prep,
     );
