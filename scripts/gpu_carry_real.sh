@@ -12,6 +12,10 @@
 #     CROSSOVER_CUDA_MODELS=/tmp/real.gguf .gpu-real2/model_agree --nocapture
 #   the second checks the whole file's sha256 and leaves it at /tmp/real.gguf (the kernels are
 #   compiled there, ~100 s: the kernel cache does not fit beside the piece).
+# Session 28: FIRST (bytes of the first piece, default half) and WITH (the .gpu files that go
+# with the second piece, default model_agree; KCACHE=1 puts .gpu/kcache beside the first piece,
+# which gather copies to /tmp/cuda-cache). The conformance run: FIRST=43000000 KCACHE=1
+# WITH=conformance, then on the machine the fixture's path .cache/models/<file> is /tmp/real.gguf.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 M=.cache/models/smollm2-135m-instruct-q4_1.gguf
@@ -20,17 +24,20 @@ case "${1:-}" in
     [[ -f $M ]] || scripts/fetch_model.sh >/dev/null
     rm -rf .gpu-real1 .gpu-real2 && mkdir -p .gpu-real1 .gpu-real2
     size=$(stat -c %s "$M")
-    half=$(( size / 2 ))
+    half=${FIRST:-$(( size / 2 ))}
     head -c "$half" "$M" > .gpu-real1/piece
     tail -c +"$(( half + 1 ))" "$M" > .gpu-real2/piece
     sha256sum "$M" | cut -d' ' -f1 > .gpu-real2/sha256
     echo 1 > .gpu-real1/index
     echo 2 > .gpu-real2/index
-    if [[ -f .gpu/model_agree ]]; then
-      cp .gpu/model_agree .gpu-real2/
-    else
-      echo "no .gpu/model_agree: run scripts/gpu_prepare.sh first" >&2
-    fi
+    for f in ${WITH:-model_agree}; do
+      if [[ -f .gpu/$f ]]; then
+        cp ".gpu/$f" .gpu-real2/
+      else
+        echo "no .gpu/$f: run scripts/gpu_prepare.sh first" >&2
+      fi
+    done
+    [[ -n "${KCACHE:-}" && -d .gpu/kcache ]] && cp -r .gpu/kcache .gpu-real1/
     du -sh .gpu-real1 .gpu-real2
     ;;
   gather)
@@ -38,6 +45,7 @@ case "${1:-}" in
     i=$(cat "$d/index")
     if [[ $i == 1 ]]; then
       cp "$d/piece" /tmp/real.gguf.part
+      if [[ -d $d/kcache ]]; then mkdir -p /tmp/cuda-cache && cp -r "$d/kcache/." /tmp/cuda-cache/; fi
     else
       [[ -f /tmp/real.gguf.part ]] || { echo "piece 1 is not on this machine (the machine was given back?)" >&2; exit 1; }
       cat "$d/piece" >> /tmp/real.gguf.part

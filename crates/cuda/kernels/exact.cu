@@ -119,6 +119,34 @@ EX_DEV unsigned int ex_ld32(const ex_u8* p) {
 }
 EX_DEV float ex_f16at(const ex_u8* p) { return ex_h2f(ex_ld16(p)); }
 
+// Session 28: the products' integer pass reads words, not bytes. ex_w32 is ex_ld32 (the four
+// bytes at p, little-endian) in one load where p is 4-byte aligned on the GPU (two where it is
+// 2-byte aligned: Q6_K's 210-byte blocks); ex_dp4a adds the four products of the signed bytes
+// of a and b to c (the `dp4a` instruction on the GPU). Integer sums are exact in any order, so
+// the integers, hence the bits, are the byte-wise loops'.
+#ifdef EXACT_HOST
+EX_DEV unsigned int ex_w32(const ex_u8* p) { return ex_ld32(p); }
+EX_DEV int ex_dp4a(unsigned int a, unsigned int b, int c) {
+    for (int k = 0; k < 4; k++)
+        c += (int)(signed char)(unsigned char)(a >> (8 * k)) *
+             (int)(signed char)(unsigned char)(b >> (8 * k));
+    return c;
+}
+#else
+EX_DEV unsigned int ex_w32(const ex_u8* p) {
+    unsigned long long a = (unsigned long long)p;
+    if ((a & 3) == 0) return *(const unsigned int*)p;
+    if ((a & 1) == 0)
+        return (unsigned int)*(const ex_u16*)p | ((unsigned int)*(const ex_u16*)(p + 2) << 16);
+    return ex_ld32(p);
+}
+EX_DEV int ex_dp4a(unsigned int a, unsigned int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#endif
+
 // ---- products: one (weight row, token) per thread -----------------------------------------
 //
 // Activations as crates/cuda's quantize_act writes them: `qs` int8 values, `ds` one float2 per
@@ -200,6 +228,26 @@ EX_DEV void ex_k4(int j, const ex_u8* s, int* sc, int* m) {
 // `ds`: the token's row), into p[0 .. ex_ints).
 EX_DEV void ex_block_ints(int ty, int order, const ex_u8* w, const ex_i8* qs, const float* ds,
                           int b, int* p) {
+    if (ty == EX_Q4_0 || ty == EX_Q4_1 || ty == EX_Q8_0) {
+        // Word form (session 28): sum j of order 0 is elements 4j..4j+3, one dp4a; Q4_0's
+        // -8 comes off as 8 times the activations' sum.
+        const ex_u8* x = w + (long long)b * ex_legacy_bytes(ty);
+        const ex_u8* y = (const ex_u8*)(qs + 32 * b);
+        const ex_u8* q4 = x + (ty == EX_Q4_0 ? 2 : 4);
+        int tot = 0;
+        for (int j = 0; j < 8; j++) {
+            unsigned int yw = ex_w32(y + 4 * j);
+            unsigned int q = ty == EX_Q8_0
+                                 ? ex_w32(x + 2 + 4 * j)
+                                 : (ex_w32(q4 + 4 * (j & 3)) >> (4 * (j >> 2))) & 0x0f0f0f0fu;
+            int isum = ex_dp4a(q, yw, 0);
+            if (ty == EX_Q4_0) isum -= 8 * ex_dp4a(0x01010101u, yw, 0);
+            if (order == 0) p[j] = isum;
+            tot += isum;
+        }
+        if (order != 0) p[0] = tot;
+        return;
+    }
     if (ty < EX_Q2_K) {
         int q[32];
         float dw, mw;
@@ -259,10 +307,11 @@ EX_DEV void ex_block_ints(int ty, int order, const ex_u8* w, const ex_i8* qs, co
             int sc, m;
             ex_k4(j, x + 4, &sc, &m);
             int c = j / 2, half = j % 2, d = 0;
-            for (int l = 0; l < 32; l++) {
-                int q = (q4[32 * c + l] >> (4 * half)) & 15;
-                if (hi5) q |= ((x[16 + l] >> j) & 1) << 4;
-                d += q * y[32 * j + l];
+            // Four elements per word (session 28): bit j of each byte of the high bits.
+            for (int l = 0; l < 32; l += 4) {
+                unsigned int q = (ex_w32(q4 + 32 * c + l) >> (4 * half)) & 0x0f0f0f0fu;
+                if (hi5) q |= ((ex_w32(x + 16 + l) >> j) & 0x01010101u) << 4;
+                d = ex_dp4a(q, ex_w32((const ex_u8*)(y + 32 * j + l)), d);
             }
             pi += sc * d;
             pm += m * (ex_bsum(ds, b, 2 * j) + ex_bsum(ds, b, 2 * j + 1));
@@ -276,12 +325,20 @@ EX_DEV void ex_block_ints(int ty, int order, const ex_u8* w, const ex_i8* qs, co
     } else {
         const ex_u8* x = w + (long long)b * 210;
         int isum = 0;
-        for (int e = 0; e < 256; e++) {
-            int h = e / 128, s = (e % 128) / 32, l = e % 32;
-            int lq = x[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1));
-            int hq = (x[128 + 32 * h + l] >> (2 * s)) & 3;
-            int q = ((lq & 15) | (hq << 4)) - 32;
-            isum += (ex_i8)x[192 + e / 16] * q * y[e];
+        // Four elements per word (session 28): each 16-element group's sum of q * y as
+        // sum((q + 32) * y) - 32 * sum(y), then times its scale.
+        for (int sb = 0; sb < 16; sb++) {
+            int d = 0, ys = 0;
+            for (int e = 16 * sb; e < 16 * sb + 16; e += 4) {
+                int h = e / 128, s = (e % 128) / 32, l = e % 32;
+                unsigned int lq =
+                    (ex_w32(x + 64 * h + l + 32 * (s & 1)) >> (4 * (s >> 1))) & 0x0f0f0f0fu;
+                unsigned int hq = (ex_w32(x + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u;
+                unsigned int yw = ex_w32((const ex_u8*)(y + e));
+                d = ex_dp4a(lq | (hq << 4), yw, d);
+                ys = ex_dp4a(0x01010101u, yw, ys);
+            }
+            isum += (ex_i8)x[192 + sb] * (d - 32 * ys);
         }
         p[0] = isum;
     }
@@ -400,7 +457,14 @@ EX_KERNEL(mm_float,
 EX_DEV void ex_rms_scale_at(long long i, const float* x, int n, float eps, float* scale) {
     const float* r = x + i * n;
     double s = 0.0;
-    for (int k = 0; k < n; k++) s = EX_DADD(s, (double)EX_MUL(r[k], r[k]));
+    // Session 28: loads of 8 elements go out before their (ordered) additions.
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        float v[8];
+        for (int u = 0; u < 8; u++) v[u] = r[k + u];
+        for (int u = 0; u < 8; u++) s = EX_DADD(s, (double)EX_MUL(v[u], v[u]));
+    }
+    for (; k < n; k++) s = EX_DADD(s, (double)EX_MUL(r[k], r[k]));
     float mean = (float)EX_DDIV(s, (double)n);
     scale[i] = EX_DIV(1.0f, EX_SQRT(EX_ADD(mean, eps)));
 }
@@ -558,7 +622,16 @@ EX_DEV void ex_attn_softmax_at(long long i, const int* tok, int n_head, int max_
     int len = tok[4 * t + 1];
     float* r = sc + i * max_len;
     float max = -INFINITY;
-    for (int j = 0; j < len; j++) max = r[j] > max ? r[j] : max;
+    // Session 28: the row is read (and scaled below) 16 values at a time, loads before the
+    // operations in order; one thread walks the whole row, so one round trip per 16 values
+    // rather than per value.
+    int j0 = 0;
+    for (; j0 + 16 <= len; j0 += 16) {
+        float v[16];
+        for (int k = 0; k < 16; k++) v[k] = r[j0 + k];
+        for (int k = 0; k < 16; k++) max = v[k] > max ? v[k] : max;
+    }
+    for (; j0 < len; j0++) max = r[j0] > max ? r[j0] : max;
     double sum = 0.0;
     for (int c = 0; c < len; c += 16) {
         float e[16];
@@ -568,7 +641,13 @@ EX_DEV void ex_attn_softmax_at(long long i, const int* tok, int n_head, int max_
         for (int k = 0; k < 16 && c + k < len; k++) r[c + k] = e[k];
     }
     float inv = (float)EX_DDIV(1.0, sum);
-    for (int j = 0; j < len; j++) r[j] = EX_MUL(r[j], inv);
+    j0 = 0;
+    for (; j0 + 16 <= len; j0 += 16) {
+        float v[16];
+        for (int k = 0; k < 16; k++) v[k] = r[j0 + k];
+        for (int k = 0; k < 16; k++) r[j0 + k] = EX_MUL(v[k], inv);
+    }
+    for (; j0 < len; j0++) r[j0] = EX_MUL(r[j0], inv);
 }
 EX_KERNEL(attn_softmax, (const int* tok, int n_head, int max_len, float* sc),
           (tok, n_head, max_len, sc))
