@@ -112,7 +112,15 @@ typedef unsigned short ex_u16;
 #define EX_Q5_K 13
 #define EX_Q6_K 14
 
+#ifdef EXACT_HOST
 EX_DEV unsigned short ex_ld16(const ex_u8* p) { return (unsigned short)(p[0] | (p[1] << 8)); }
+#else
+// One load where p is 2-byte aligned (session 28).
+EX_DEV unsigned short ex_ld16(const ex_u8* p) {
+    if (((unsigned long long)p & 1) == 0) return *(const unsigned short*)p;
+    return (unsigned short)(p[0] | (p[1] << 8));
+}
+#endif
 EX_DEV unsigned int ex_ld32(const ex_u8* p) {
     return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) |
            ((unsigned int)p[3] << 24);
@@ -457,12 +465,12 @@ EX_KERNEL(mm_float,
 EX_DEV void ex_rms_scale_at(long long i, const float* x, int n, float eps, float* scale) {
     const float* r = x + i * n;
     double s = 0.0;
-    // Session 28: loads of 8 elements go out before their (ordered) additions.
+    // Session 28: loads of 32 elements go out before their (ordered) additions.
     int k = 0;
-    for (; k + 8 <= n; k += 8) {
-        float v[8];
-        for (int u = 0; u < 8; u++) v[u] = r[k + u];
-        for (int u = 0; u < 8; u++) s = EX_DADD(s, (double)EX_MUL(v[u], v[u]));
+    for (; k + 32 <= n; k += 32) {
+        float v[32];
+        for (int u = 0; u < 32; u++) v[u] = r[k + u];
+        for (int u = 0; u < 32; u++) s = EX_DADD(s, (double)EX_MUL(v[u], v[u]));
     }
     for (; k < n; k++) s = EX_DADD(s, (double)EX_MUL(r[k], r[k]));
     float mean = (float)EX_DDIV(s, (double)n);
@@ -616,15 +624,18 @@ EX_KERNEL(attn_scores,
            int bt, int n_head, int gqa, int hd, int row, int max_len, float scale, float* sc),
           (q, kc, tok, btab, max_blocks, bt, n_head, gqa, hd, row, max_len, scale, sc))
 
-// ggml's softmax of one (token, head) row of scores, in place (quant::dot::ggml::softmax).
-EX_DEV void ex_attn_softmax_at(long long i, const int* tok, int n_head, int max_len, float* sc) {
+// ggml's softmax of each (token, head) row of scores, in place (quant::dot::ggml::softmax), in
+// four launches (session 28; one thread walking the whole row took 12 % of a GPU decode step):
+// the row's maximum (one thread per row), every exp (one thread per score), the f64 sum of the
+// 16-wide trees in chunk order and 1 / sum (one thread per row, reads only), the scaling (one
+// thread per score). Positions past the row's length enter the trees as expf(-inf - max) = +0;
+// `rowv` holds {max, 1 / sum} per row.
+EX_DEV void ex_attn_rowmax_at(long long i, const int* tok, int n_head, int max_len,
+                              const float* sc, float* rowv) {
     long long t = i / n_head;
     int len = tok[4 * t + 1];
-    float* r = sc + i * max_len;
+    const float* r = sc + i * max_len;
     float max = -INFINITY;
-    // Session 28: the row is read (and scaled below) 16 values at a time, loads before the
-    // operations in order; one thread walks the whole row, so one round trip per 16 values
-    // rather than per value.
     int j0 = 0;
     for (; j0 + 16 <= len; j0 += 16) {
         float v[16];
@@ -632,25 +643,47 @@ EX_DEV void ex_attn_softmax_at(long long i, const int* tok, int n_head, int max_
         for (int k = 0; k < 16; k++) max = v[k] > max ? v[k] : max;
     }
     for (; j0 < len; j0++) max = r[j0] > max ? r[j0] : max;
+    rowv[2 * i] = max;
+}
+EX_KERNEL(attn_rowmax, (const int* tok, int n_head, int max_len, const float* sc, float* rowv),
+          (tok, n_head, max_len, sc, rowv))
+
+// i = row * max_len + j.
+EX_DEV void ex_attn_exp_at(long long i, const int* tok, int n_head, int max_len, float* sc,
+                           const float* rowv) {
+    long long row = i / max_len;
+    int j = (int)(i % max_len);
+    if (j >= tok[4 * (row / n_head) + 1]) return;
+    sc[i] = ex_expf(EX_SUB(sc[i], rowv[2 * row]));
+}
+EX_KERNEL(attn_exp, (const int* tok, int n_head, int max_len, float* sc, const float* rowv),
+          (tok, n_head, max_len, sc, rowv))
+
+EX_DEV void ex_attn_rowsum_at(long long i, const int* tok, int n_head, int max_len,
+                              const float* sc, float* rowv) {
+    long long t = i / n_head;
+    int len = tok[4 * t + 1];
+    const float* r = sc + i * max_len;
     double sum = 0.0;
     for (int c = 0; c < len; c += 16) {
         float e[16];
-        for (int k = 0; k < 16; k++)
-            e[k] = ex_expf(EX_SUB(c + k < len ? r[c + k] : -INFINITY, max));
+        for (int k = 0; k < 16; k++) e[k] = c + k < len ? r[c + k] : 0.0f;
         sum = EX_DADD(sum, (double)ex_reduce16(e));
-        for (int k = 0; k < 16 && c + k < len; k++) r[c + k] = e[k];
     }
-    float inv = (float)EX_DDIV(1.0, sum);
-    j0 = 0;
-    for (; j0 + 16 <= len; j0 += 16) {
-        float v[16];
-        for (int k = 0; k < 16; k++) v[k] = r[j0 + k];
-        for (int k = 0; k < 16; k++) r[j0 + k] = EX_MUL(v[k], inv);
-    }
-    for (; j0 < len; j0++) r[j0] = EX_MUL(r[j0], inv);
+    rowv[2 * i + 1] = (float)EX_DDIV(1.0, sum);
 }
-EX_KERNEL(attn_softmax, (const int* tok, int n_head, int max_len, float* sc),
-          (tok, n_head, max_len, sc))
+EX_KERNEL(attn_rowsum, (const int* tok, int n_head, int max_len, const float* sc, float* rowv),
+          (tok, n_head, max_len, sc, rowv))
+
+EX_DEV void ex_attn_scale_at(long long i, const int* tok, int n_head, int max_len, float* sc,
+                             const float* rowv) {
+    long long row = i / max_len;
+    int j = (int)(i % max_len);
+    if (j >= tok[4 * (row / n_head) + 1]) return;
+    sc[i] = EX_MUL(sc[i], rowv[2 * row + 1]);
+}
+EX_KERNEL(attn_scale, (const int* tok, int n_head, int max_len, float* sc, const float* rowv),
+          (tok, n_head, max_len, sc, rowv))
 
 // Lane l of element d of V . p: i = ((t * n_head + h) * 64 + l) * hd + d; position j in lane
 // j % lanes, weights rounded to f16, one fused multiply-add per position.

@@ -311,7 +311,10 @@ exact_kernels! {
     rope / ex_host_rope(x: u64, heads: i32, hd: i32, n_rot: i32, neox: i32, stride: i64, cs: u64);
     store_kv / ex_host_store_kv(k: u64, v: u64, slot: u64, row: i32, kc: u64, vc: u64);
     attn_scores / ex_host_attn_scores(q: u64, kc: u64, tok: u64, btab: u64, max_blocks: i32, bt: i32, n_head: i32, gqa: i32, hd: i32, row: i32, max_len: i32, scale: f32, sc: u64);
-    attn_softmax / ex_host_attn_softmax(tok: u64, n_head: i32, max_len: i32, sc: u64);
+    attn_rowmax / ex_host_attn_rowmax(tok: u64, n_head: i32, max_len: i32, sc: u64, rowv: u64);
+    attn_exp / ex_host_attn_exp(tok: u64, n_head: i32, max_len: i32, sc: u64, rowv: u64);
+    attn_rowsum / ex_host_attn_rowsum(tok: u64, n_head: i32, max_len: i32, sc: u64, rowv: u64);
+    attn_scale / ex_host_attn_scale(tok: u64, n_head: i32, max_len: i32, sc: u64, rowv: u64);
     attn_pv / ex_host_attn_pv(sc: u64, vc: u64, tok: u64, btab: u64, max_blocks: i32, bt: i32, n_head: i32, gqa: i32, hd: i32, row: i32, max_len: i32, lanes: u64);
     attn_reduce / ex_host_attn_reduce(lanes: u64, tok: u64, n_head: i32, hd: i32, out: u64);
 }
@@ -376,6 +379,8 @@ const B_SC: usize = 16;
 const B_LANES: usize = 17;
 const B_HN: usize = 18;
 const B_PART: usize = 19;
+/// Per (token, head) row of scores: its maximum and 1 / sum (the split softmax, session 28).
+const B_ROWV: usize = 20;
 
 /// Bytes of the products' integer scratch (`B_PART`): the rows of one product go through in
 /// chunks whose integers fit ([`matmul`]).
@@ -418,6 +423,7 @@ impl ExactBufs {
             f * s * nh * LANES * hd,
             f * max_tokens * e,
             PART_BYTES,
+            f * 2 * s * nh,
         ];
         let a = ops.alloc(&sizes)?;
         Ok(ExactBufs {
@@ -766,7 +772,14 @@ pub fn forward<O: ExactOps>(
                     scale,
                     a[B_SC],
                 )?;
-                ops.attn_softmax(s * nh, tk, nh_i, ml_i, a[B_SC])?;
+                // ggml's softmax of each row in four launches (session 28; one thread walking
+                // the row took 12 % of a GPU decode step): the maximum, every exp in
+                // parallel, the f64 sum of the 16-wide trees in order, the scaling.
+                let rv = a[B_ROWV];
+                ops.attn_rowmax(s * nh, tk, nh_i, ml_i, a[B_SC], rv)?;
+                ops.attn_exp(s * nh * ml, tk, nh_i, ml_i, a[B_SC], rv)?;
+                ops.attn_rowsum(s * nh, tk, nh_i, ml_i, a[B_SC], rv)?;
+                ops.attn_scale(s * nh * ml, tk, nh_i, ml_i, a[B_SC], rv)?;
                 ops.attn_pv(
                     s * nh * LANES * hd,
                     a[B_SC],
