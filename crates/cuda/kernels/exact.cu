@@ -465,12 +465,17 @@ EX_KERNEL(mm_float,
 EX_DEV void ex_rms_scale_at(long long i, const float* x, int n, float eps, float* scale) {
     const float* r = x + i * n;
     double s = 0.0;
-    // Session 28: loads of 32 elements go out before their (ordered) additions.
+    // Session 28: the next 32 elements' loads go out before this 32's (ordered) additions.
     int k = 0;
-    for (; k + 32 <= n; k += 32) {
-        float v[32];
-        for (int u = 0; u < 32; u++) v[u] = r[k + u];
-        for (int u = 0; u < 32; u++) s = EX_DADD(s, (double)EX_MUL(v[u], v[u]));
+    if (n >= 32) {
+        float v[32], nx[32];
+        for (int u = 0; u < 32; u++) v[u] = r[u];
+        for (; k + 32 <= n; k += 32) {
+            int more = k + 64 <= n;
+            for (int u = 0; u < 32; u++) nx[u] = more ? r[k + 32 + u] : 0.0f;
+            for (int u = 0; u < 32; u++) s = EX_DADD(s, (double)EX_MUL(v[u], v[u]));
+            for (int u = 0; u < 32; u++) v[u] = nx[u];
+        }
     }
     for (; k < n; k++) s = EX_DADD(s, (double)EX_MUL(r[k], r[k]));
     float mean = (float)EX_DDIV(s, (double)n);
