@@ -95,6 +95,13 @@ EX_DEV unsigned short ex_f2h(float f) { return f2h(f); }
 #endif
 #endif
 #define EX_UNPAREN(...) __VA_ARGS__
+// Session 28: loops whose loads do not depend on their float chain, unrolled on the GPU so the
+// next blocks' loads go out before this block's operations (which keep their order).
+#ifdef EXACT_HOST
+#define EX_UNROLL4
+#else
+#define EX_UNROLL4 _Pragma("unroll 4")
+#endif
 
 typedef unsigned char ex_u8;
 typedef signed char ex_i8;
@@ -387,6 +394,7 @@ EX_DEV float ex_row_float(int ty, int order, int gemv, const ex_u8* w, const flo
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc1 = 0.0f, summs = 0.0f;
         int bytes = ex_legacy_bytes(ty);
         int has_min = ty == EX_Q4_1 || ty == EX_Q5_1;
+        EX_UNROLL4
         for (int b = 0; b < nb; b++) {
             const ex_u8* x = w + (long long)b * bytes;
             float dw = ex_f16at(x), mw = has_min ? ex_f16at(x + 2) : 0.0f;
@@ -406,6 +414,7 @@ EX_DEV float ex_row_float(int ty, int order, int gemv, const ex_u8* w, const flo
         return EX_ADD(EX_ADD(EX_ADD(h0, h2), EX_ADD(h1, h3)), summs);
     }
     float sum = 0.0f, acc = 0.0f, accm = 0.0f;
+    EX_UNROLL4
     for (int b = 0; b < nb; b++) {
         float dy = ds[2 * (8 * b)];
         const int* pb = p + (long long)b * k;
