@@ -13,14 +13,14 @@ T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.txt; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-MODELS="smol l3b" STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
+MODELS=l3b STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
 t models
 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick > $OUT/ours.log 2>&1
 grep -E "pp512|tg128" $OUT/ours.log; t ours
 # conform makes the 1B fixture's model (and runs the suite: fast mode's known shortfall);
 # exact: the products at real widths, model_agree's bit-for-bit test on both files, the 1B
 # fixture in exact mode, exact mode's speed.
-STAGES=conform,exact OUT=$OUT bash scripts/gpu_bench.sh > $OUT/exact_all.txt 2>&1
+EXACT_MODELS=/tmp/l3b.gguf EXACT_S=90 STAGES=conform,exact OUT=$OUT bash scripts/gpu_bench.sh > $OUT/exact_all.txt 2>&1
 grep -E "^test |rows|exact mode|pp512|tg128|aggregate|panicked" $OUT/exact_all.txt | cut -c1-300; t exact
 CROSSOVER_CUDA_EXACT=1 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 512 --profile-only > $OUT/exact_prof.log 2>&1
 grep -vE "^\s*$" $OUT/exact_prof.log | head -42 | cut -c1-160; t exact_prof
