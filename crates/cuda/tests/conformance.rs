@@ -18,10 +18,17 @@ fn compare(fixture: &str, exact: bool) -> Figures {
             "run scripts/synth_model.sh --for-fixture crates/cpu/tests/fixtures/{fixture} (or scripts/fetch_model.sh)"
         ))
         .unwrap_or_else(|e| panic!("{e}"));
+    // CROSSOVER_CUDA_GEMM_MIN (as in model_agree): prompt chunks of up to that many tokens take
+    // the integer products instead of cuBLAS's f16 operands (a diagnostic; default 8).
+    let gemm_min_tokens = std::env::var("CROSSOVER_CUDA_GEMM_MIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CudaOptions::default().gemm_min_tokens);
     let opts = CudaOptions {
         ctx_size: fx.tokens.len(),
         max_seqs: 1,
         max_batch_tokens: 128,
+        gemm_min_tokens,
         exact: exact.then_some(cuda::exact::AUTO_ORDERS),
         ..CudaOptions::default()
     };
