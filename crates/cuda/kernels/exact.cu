@@ -662,13 +662,16 @@ EX_DEV void ex_attn_rowmax_at(long long i, const int* tok, int n_head, int max_l
 EX_KERNEL(attn_rowmax, (const int* tok, int n_head, int max_len, const float* sc, float* rowv),
           (tok, n_head, max_len, sc, rowv))
 
-// i = row * max_len + j.
+// The score row of thread i = row * max_len + j, or -1 where j is past that row's length.
+EX_DEV long long ex_score_row(long long i, const int* tok, int n_head, int max_len) {
+    long long row = i / max_len;
+    return (int)(i % max_len) < tok[4 * (row / n_head) + 1] ? row : -1;
+}
+
 EX_DEV void ex_attn_exp_at(long long i, const int* tok, int n_head, int max_len, float* sc,
                            const float* rowv) {
-    long long row = i / max_len;
-    int j = (int)(i % max_len);
-    if (j >= tok[4 * (row / n_head) + 1]) return;
-    sc[i] = ex_expf(EX_SUB(sc[i], rowv[2 * row]));
+    long long row = ex_score_row(i, tok, n_head, max_len);
+    if (row >= 0) sc[i] = ex_expf(EX_SUB(sc[i], rowv[2 * row]));
 }
 EX_KERNEL(attn_exp, (const int* tok, int n_head, int max_len, float* sc, const float* rowv),
           (tok, n_head, max_len, sc, rowv))
@@ -691,10 +694,8 @@ EX_KERNEL(attn_rowsum, (const int* tok, int n_head, int max_len, const float* sc
 
 EX_DEV void ex_attn_scale_at(long long i, const int* tok, int n_head, int max_len, float* sc,
                              const float* rowv) {
-    long long row = i / max_len;
-    int j = (int)(i % max_len);
-    if (j >= tok[4 * (row / n_head) + 1]) return;
-    sc[i] = EX_MUL(sc[i], rowv[2 * row + 1]);
+    long long row = ex_score_row(i, tok, n_head, max_len);
+    if (row >= 0) sc[i] = EX_MUL(sc[i], rowv[2 * row + 1]);
 }
 EX_KERNEL(attn_scale, (const int* tok, int n_head, int max_len, float* sc, const float* rowv),
           (tok, n_head, max_len, sc, rowv))
