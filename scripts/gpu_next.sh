@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 28"): exact mode's split
-# softmax and word-wise products checked bit for bit on the GPU and timed, and the standing
-# figures of the default mode on whatever card serves the call.
+# The next device call's whole script (docs/perf/cuda.md "Session 29"): the SwiGLU product
+# quantizing the down projection's activation by tickets (no fences, no quantize_act launch),
+# checked bit for bit (kernel tests, then model_agree on both synthetic files) and timed against
+# the default in one process (`cuda_bench --ab-tq`), then the standing figures.
 # Build machine: NO_LLAMA_SRC=1 bash scripts/gpu_prepare.sh, then the NVRTC kernel cache into
 # .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's lib).
@@ -13,14 +14,11 @@ T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.txt; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-MODELS=l3b STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
+MODELS="smol l3b" STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
 t models
-timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick > $OUT/ours.log 2>&1
-grep -E "pp512|tg128" $OUT/ours.log; t ours
-# conform makes the 1B fixture's model (and runs the suite: fast mode's known shortfall);
-# exact: the products at real widths, model_agree's bit-for-bit test on both files, the 1B
-# fixture in exact mode, exact mode's speed.
-EXACT_MODELS=/tmp/l3b.gguf EXACT_S=90 STAGES=conform,exact OUT=$OUT bash scripts/gpu_bench.sh > $OUT/exact_all.txt 2>&1
-grep -E "^test |rows|exact mode|pp512|tg128|aggregate|panicked" $OUT/exact_all.txt | cut -c1-300; t exact
-CROSSOVER_CUDA_EXACT=1 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 512 --profile-only > $OUT/exact_prof.log 2>&1
-grep -vE "^\s*$" $OUT/exact_prof.log | head -42 | cut -c1-160; t exact_prof
+timeout 60 .gpu/kernels --test-threads 1 fused_output_quantization half_unit_swiglu > $OUT/kernels.txt 2>&1
+grep -E "^test |panicked|assert" $OUT/kernels.txt | cut -c1-300; t kernels
+CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 120 .gpu/model_agree --nocapture swiglu_ticket > $OUT/agree.txt 2>&1
+grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
+timeout 200 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-tq > $OUT/ab_tq.log 2>&1
+grep -E "pp512|tg128" $OUT/ab_tq.log | cut -c1-200; t ab_tq

@@ -161,6 +161,9 @@ struct Scratch {
     att: DevBuf,
     g: DevBuf,
     u: DevBuf,
+    /// Session 29: the one-token SwiGLU row of the ticket-quantized form
+    /// ([`kernels::OutQuant::ticket`]): [`kernels::TQ_EMPTY`] words between launches.
+    gt: DevBuf,
     /// Outputs of the fused Q/K/V and gate/up products of batched steps (v10): rows of
     /// `qd + 2 kvd` and `2 ff` floats for up to 64 tokens.
     qkv: DevBuf,
@@ -669,6 +672,7 @@ impl CudaBackend {
             att: gpu.alloc(n * qd * f4)?,
             g: gpu.alloc(n * ff * f4)?,
             u: gpu.alloc(n * ff * f4)?,
+            gt: gpu.alloc_filled(ff.div_ceil(256) * 256 * f4, kernels::TQ_EMPTY)?,
             qkv: gpu.alloc(fused_rows * (qd + 2 * kvd) * f4)?,
             gu: gpu.alloc(fused_rows * 2 * ff * f4)?,
             part: gpu.alloc(part_floats * f4)?,
@@ -1321,10 +1325,24 @@ impl CudaBackend {
 
     /// One-token steps quantize the down projection's activation inside the SwiGLU product
     /// ([`Gpu::fuse_quant`]; with it the down product adds up the squares of x for the next
-    /// RMSNorm, and [`Gpu::mvh`] can take the SwiGLU product); drops captured graphs so later
-    /// steps use the choice.
+    /// RMSNorm); drops captured graphs so later steps use the choice.
     pub fn set_fuse_quant(&mut self, on: bool) {
         self.gpu.fuse_quant.set(on);
+        self.graphs.clear();
+    }
+
+    /// Session 29's pipelined SwiGLU product ([`Gpu::mvp`]: rows per warp, 0 off; depth 2 or
+    /// 3); drops captured graphs so later steps use the choice.
+    pub fn set_mvp(&mut self, rpw: usize, depth: usize) {
+        self.gpu.mvp.set((rpw, depth));
+        self.graphs.clear();
+    }
+
+    /// Session 29: one-token steps quantize the down projection's activation inside the
+    /// SwiGLU product without fences ([`Gpu::swiglu_ticket`]); drops captured graphs so later
+    /// steps use the choice.
+    pub fn set_swiglu_ticket(&mut self, on: bool) {
+        self.gpu.swiglu_ticket.set(on);
         self.graphs.clear();
     }
 
@@ -1943,15 +1961,7 @@ impl CudaBackend {
         let fmt = kernels::act_format(m.ty);
         // Session 18: one token on the aligned Q6_K copy (the same bits), unless a switch
         // picks one of the Q6_K forms that copy has no kernel for.
-        let q6a = m.q6a.as_ref().filter(|_| {
-            n == 1
-                && gpu.q6a.get()
-                && !gpu.q6_half.get()
-                && !gpu.warp_rows.get()
-                && gpu.mvr_lb4.get()
-                && gpu.pdl.get()
-                && gpu.mvq_pf.get()
-        });
+        let q6a = q6a_for(gpu, m, n);
         if let Some(f) = fmt {
             if acts.q != Some((x, f)) {
                 // Session 21: one token on a row too wide for the mvr kernels (the down
@@ -2778,8 +2788,11 @@ impl CudaBackend {
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_inp", li, 0), &s.x, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
             // One token: the gate/up product normalizes and quantizes its activation itself (v7).
+            // Session 29: the fused quantization of the down projection's activation, with
+            // fences (`fuse_quant`, v6) or tickets (`swiglu_ticket`).
+            let fq = gpu.fuse.get() && (gpu.fuse_quant.get() || gpu.swiglu_ticket.get());
             let prep_ffn = prep
-                && !(gpu.fuse.get() && gpu.fuse_quant.get())
+                && !fq
                 && l.gate.host.is_none()
                 && l.up.host.is_none()
                 && l.gate.ty == l.up.ty
@@ -2790,31 +2803,35 @@ impl CudaBackend {
             // one launch, then the down product from the second activation buffers (`df`:
             // the format of that activation; the norm below must have quantized x for gate).
             let no_trace = tr.is_none();
+            // One token on the integer SwiGLU product with x quantized by the norm.
+            let one_glu = |qc: &Acts| {
+                n == 1
+                    && gpu.fuse.get()
+                    && matvec_path
+                    && no_trace
+                    && gpu.mvr_fits(l.gate.cols)
+                    && l.gate.host.is_none()
+                    && l.up.host.is_none()
+                    && l.gate.ty == l.up.ty
+                    && gf.is_some()
+                    && qc.q == gf.map(|g| (s.xn.ptr(), g))
+            };
             let df_ok = |qc: &Acts| {
                 kernels::act_format(l.down.ty).filter(|f| {
-                    n == 1
-                        && gpu.fuse.get()
-                        && gpu.fuse_quant.get()
-                        && matvec_path
-                        && no_trace
-                        && gpu.mvr_fits(l.gate.cols)
-                        && l.gate.host.is_none()
-                        && l.up.host.is_none()
+                    fq && one_glu(qc)
                         && l.down.host.is_none()
-                        && l.gate.ty == l.up.ty
-                        && gf.is_some()
-                        && qc.q == gf.map(|g| (s.xn.ptr(), g))
                         && ff.is_multiple_of(f.block())
+                        && (!gpu.swiglu_ticket.get() || ff.is_multiple_of(256))
                 })
             };
-            // Session 16: for the half-unit Q4_K product the norm stores the permuted layout.
+            // Session 16: for the half-unit Q4_K product the norm stores the permuted layout
+            // (session 29: with the fused quantization or, without it, before a quantize_act).
             let perm_ffn = !prep_ffn
-                && gpu.mvh_fits(l.gate.ty, l.gate.cols)
-                && df_ok(&Acts {
+                && (gpu.mvh_fits(l.gate.ty, l.gate.cols) || gpu.mvp_fits(l.gate.ty, l.gate.cols))
+                && one_glu(&Acts {
                     q: gf.map(|g| (s.xn.ptr(), g)),
                     ..Acts::default()
-                })
-                .is_some();
+                });
             let mut perm_used = false;
             if !prep_ffn {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
@@ -2841,9 +2858,14 @@ impl CudaBackend {
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
             let df = df_ok(&qc);
-            if perm_used && df.is_none() {
+            if perm_used
+                && !one_glu(&Acts {
+                    q: gf.map(|g| (s.xn.ptr(), g)),
+                    ..Acts::default()
+                })
+            {
                 return Err(CudaError::Arg(format!(
-                    "layer {li}: permuted FFN activation without the fused SwiGLU product"
+                    "layer {li}: permuted FFN activation without the half-unit SwiGLU product"
                 )));
             }
             // v10: gate and up as one GEMM on the fused copy (batched cuBLAS steps).
@@ -2860,8 +2882,18 @@ impl CudaBackend {
                     && n <= s.gu.bytes() / (8 * ff)
             });
             let mut down_x = s.g.ptr();
+            let df = df.filter(|_| !perm_used || gpu.mvh_fits(l.gate.ty, l.gate.cols));
             if let Some(f) = df {
-                let dq = Some((f, s.qcnt.ptr(), s.aq2.ptr(), s.ad2.ptr()));
+                let ticket = gpu.swiglu_ticket.get();
+                let dq = Some(kernels::OutQuant {
+                    fmt: f,
+                    cnt: s.qcnt.ptr(),
+                    qs: s.aq2.ptr(),
+                    ds: s.ad2.ptr(),
+                    ticket,
+                });
+                // The ticket form's output row is its own buffer of empty slots.
+                let y = if ticket { s.gt.ptr() } else { s.g.ptr() };
                 if perm_used {
                     gpu.matvec_q_swiglu_half(
                         l.gate.q.ptr(),
@@ -2870,7 +2902,7 @@ impl CudaBackend {
                         l.gate.cols,
                         s.aq.ptr(),
                         s.ad.ptr(),
-                        s.g.ptr(),
+                        y,
                         dq,
                     )?;
                 } else {
@@ -2883,12 +2915,31 @@ impl CudaBackend {
                         s.aq.ptr(),
                         s.ad.ptr(),
                         1,
-                        s.g.ptr(),
+                        y,
                         dq,
                     )?;
                 }
-                let wrote = gpu
-                    .matvec_q_ss(
+                // The down product as the default path runs it (the aligned Q6_K copy where
+                // there is one), on the second activation buffers.
+                let ss = if self.down_ss || !gpu.swiglu_ticket.get() {
+                    std::mem::take(&mut ss_clear)
+                } else {
+                    0
+                };
+                let wrote = match q6a_for(gpu, &l.down, 1) {
+                    Some(wa) => gpu.matvec_q6ka_ss(
+                        l.down.ty,
+                        wa.ptr(),
+                        l.down.rows,
+                        l.down.cols,
+                        s.aq2.ptr(),
+                        s.ad2.ptr(),
+                        1,
+                        s.x.ptr(),
+                        true,
+                        ss,
+                    ),
+                    None => gpu.matvec_q_ss(
                         l.down.ty,
                         l.down.q.ptr(),
                         l.down.rows,
@@ -2898,19 +2949,46 @@ impl CudaBackend {
                         1,
                         s.x.ptr(),
                         true,
-                        std::mem::take(&mut ss_clear),
-                    )
-                    .map_err(|e| match e {
-                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
-                        o => o,
-                    })?;
+                        ss,
+                    ),
+                }
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                    o => o,
+                })?;
                 if wrote {
                     ss_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
                 }
                 qc = Acts::default();
                 continue;
             }
-            if prep_ffn {
+            if perm_used {
+                // Session 29: the half-unit product without the fused quantization (pipelined
+                // where switched on); the down projection below quantizes its row as usual.
+                if gpu.mvp_fits(l.gate.ty, l.gate.cols) {
+                    gpu.matvec_q_swiglu_pipe(
+                        l.gate.q.ptr(),
+                        l.up.q.ptr(),
+                        ff,
+                        l.gate.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        s.g.ptr(),
+                    )?;
+                } else {
+                    gpu.matvec_q_swiglu_half(
+                        l.gate.q.ptr(),
+                        l.up.q.ptr(),
+                        ff,
+                        l.gate.cols,
+                        s.aq.ptr(),
+                        s.ad.ptr(),
+                        s.g.ptr(),
+                        None,
+                    )?;
+                }
+                qc = Acts::default();
+            } else if prep_ffn {
                 let ap = kernels::ActPrep {
                     x: s.x.ptr(),
                     norm: l.ffn_norm.ptr(),
@@ -3544,6 +3622,20 @@ fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
 
 /// Whether a product of `n` tokens with `m` takes the Q4_K tensor-core kernels in the CPU's
 /// integer order ([`Gpu::matmul_q4k_mmk`]; `Gpu::mmk`, off by default).
+/// The aligned Q6_K copy a one-token product of `m` reads (the same bits, session 18), unless
+/// a switch picks one of the Q6_K forms that copy has no kernel for.
+fn q6a_for<'a>(gpu: &Gpu, m: &'a Mat, n: usize) -> Option<&'a DevBuf> {
+    m.q6a.as_ref().filter(|_| {
+        n == 1
+            && gpu.q6a.get()
+            && !gpu.q6_half.get()
+            && !gpu.warp_rows.get()
+            && gpu.mvr_lb4.get()
+            && gpu.pdl.get()
+            && gpu.mvq_pf.get()
+    })
+}
+
 fn mmk_for(gpu: &Gpu, m: &Mat, n: usize) -> bool {
     gpu.mmk.get()
         && m.ty == GgmlType::Q4K

@@ -209,6 +209,10 @@ pub struct Gpu {
     /// (on the H200 they cost more than the two launches per layer they save: tg128 1.896 ms
     /// per token without, 2.045 with, docs/perf/cuda.md v6).
     pub fuse_quant: std::cell::Cell<bool>,
+    /// Session 29: the down projection's activation quantized inside the one-token SwiGLU
+    /// product without fences (tickets per block, `QF_TICKET` in matvec_q.cu; see
+    /// [`crate::kernels::OutQuant::ticket`]): off unless `CROSSOVER_CUDA_SWIGLU_TICKET=1`.
+    pub swiglu_ticket: std::cell::Cell<bool>,
     /// Products of 9..64 tokens (batched decode) take the tensor-core integer GEMM
     /// ([`Gpu::matmul_q`], v7) rather than cuBLAS on f16 copies: off unless
     /// `CROSSOVER_CUDA_MMQ=1` (correct, but on the H200 it runs at ~0.1 TB/s: a 64-sequence step
@@ -337,11 +341,15 @@ pub struct Gpu {
     /// (`CROSSOVER_CUDA_MVQP_THREADS`; another block reduction order, so other float bits).
     pub mvqp_threads: std::cell::Cell<usize>,
     /// One-token Q4_K SwiGLU products take the half-unit kernel on a permuted activation
-    /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1`, and only taken with
-    /// [`Gpu::fuse_quant`] (it quantizes the down product's activation): on the H200 0.015-0.03
-    /// ms per token faster than the unit kernel on that path, which is itself 0.13 ms slower
-    /// than the default (docs/perf/cuda.md session 17).
+    /// (`mvh_swiglu_q4_k`, session 16): off unless `CROSSOVER_CUDA_MVH=1`. On the H200 it was
+    /// 0.015-0.03 ms per token faster than the unit kernel on the [`Gpu::fuse_quant`] path,
+    /// which is itself 0.13 ms slower than the default (docs/perf/cuda.md session 17); since
+    /// session 29 it also runs without a fused quantization (a quantize_act launch after it).
     pub mvh: std::cell::Cell<bool>,
+    /// Session 29: one-token Q4_K SwiGLU products take the pipelined half-unit kernel
+    /// (`mvp{D}_swiglu_q4_k`) with (rows per warp, D): `CROSSOVER_CUDA_MVP=R:D`; rows per
+    /// warp 0 (the default) leaves it off.
+    pub mvp: std::cell::Cell<(usize, usize)>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -569,6 +577,18 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
             ),
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
+            mvp: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVP")
+                    .ok()
+                    .and_then(|v| {
+                        let (r, d) = v.split_once(':')?;
+                        Some((r.parse().ok()?, d.parse().ok()?))
+                    })
+                    .unwrap_or((0, 3)),
+            ),
+            swiglu_ticket: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_SWIGLU_TICKET").as_deref() == Ok("1"),
+            ),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
@@ -768,6 +788,23 @@ impl Gpu {
         // SAFETY: `b` holds at least `bytes` bytes.
         unsafe { drv_result::memset_d8_async(b.ptr, 0, bytes.max(1), self.stream.cu_stream()) }
             .map_err(drv("cuMemsetD8"))?;
+        Ok(b)
+    }
+
+    /// Allocate and fill every 32-bit word with `word` (`bytes` a multiple of 4).
+    pub fn alloc_filled(&self, bytes: usize, word: u32) -> Result<DevBuf, CudaError> {
+        let b = self.alloc(bytes)?;
+        // SAFETY: `b` holds at least `bytes` bytes, so `bytes / 4` words.
+        unsafe {
+            cudarc::driver::sys::cuMemsetD32Async(
+                b.ptr,
+                word,
+                (bytes / 4).max(1),
+                self.stream.cu_stream(),
+            )
+            .result()
+        }
+        .map_err(drv("cuMemsetD32"))?;
         Ok(b)
     }
 

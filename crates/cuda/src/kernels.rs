@@ -66,6 +66,56 @@ impl ActFormat {
     }
 }
 
+/// Where a one-token SwiGLU product also quantizes its output row (the down projection's
+/// activation) inside its launch, to the bytes [`Gpu::quantize_act`] would write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutQuant {
+    pub fmt: ActFormat,
+    /// `ceil(rows / 256)` zeroed u32 group counters; the kernel leaves them zeroed.
+    pub cnt: u64,
+    /// The int8 values and the scales written.
+    pub qs: u64,
+    pub ds: u64,
+    /// Session 29: the fence-free form (`QF_TICKET` in matvec_q.cu): a ticket per block, the
+    /// group's last block quantizes it once its values have arrived. The output row `y` must
+    /// then be a buffer that only this form writes, filled with [`TQ_EMPTY`] words before its
+    /// first use ([`Gpu::alloc_filled`]); the kernel leaves it so (it does not keep the
+    /// product's values). Off: the warp that completes a group quantizes it after a fence
+    /// (`quant_arrive`), and `y` keeps the values.
+    pub ticket: bool,
+}
+
+/// The word that marks an empty slot of a [`OutQuant::ticket`] output row (a NaN that GPU
+/// arithmetic never produces: its NaNs are 0x7fffffff).
+pub const TQ_EMPTY: u32 = 0xffff_ffff;
+const QF_TICKET: i32 = 0x1000;
+
+impl OutQuant {
+    /// The kernel's (`qfmt`, counters, values, scales) arguments, after checking that blocks
+    /// of `rows_per_block` rows never straddle a 256-row group in the ticket form.
+    fn args(
+        q: Option<OutQuant>,
+        rows: usize,
+        rows_per_block: usize,
+    ) -> Result<(i32, u64, u64, u64), CudaError> {
+        let Some(q) = q else {
+            return Ok((0, 0, 0, 0));
+        };
+        if q.ticket
+            && (rows_per_block == 0
+                || !256usize.is_multiple_of(rows_per_block)
+                || !(rows % 256).is_multiple_of(rows_per_block))
+        {
+            return Err(CudaError::Arg(format!(
+                "ticket quantization of a SwiGLU product: blocks of {rows_per_block} rows over \
+                 {rows} rows (each 256-row group must be whole blocks)"
+            )));
+        }
+        let f = q.fmt as i32 | if q.ticket { QF_TICKET } else { 0 };
+        Ok((f, q.cnt, q.qs, q.ds))
+    }
+}
+
 /// The activation format of a weight type's integer kernels; `None` for float weights (they
 /// take f32 activations, as on the CPU).
 pub fn act_format(ty: GgmlType) -> Option<ActFormat> {
@@ -239,6 +289,8 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
+    v.push("mvp2_swiglu_q4_k".into());
+    v.push("mvp3_swiglu_q4_k".into());
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
         v.push(format!("mvrp_swiglu_{t}"));
@@ -2358,6 +2410,50 @@ impl Gpu {
         self.mvh.get() && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
     }
 
+    /// Whether the pipelined half-unit SwiGLU product ([`Gpu::matvec_q_swiglu_pipe`], session
+    /// 29) takes gate and up matrices of type `ty`, `cols` wide.
+    pub fn mvp_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mvp.get().0 > 0 && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
+    }
+
+    /// [`Gpu::matvec_q_swiglu_half`]'s product and bits (no fused quantization) with its loads
+    /// pipelined across rows (`mvp{D}_swiglu_q4_k`, session 29): each warp walks
+    /// [`Gpu::mvp`]'s rows per warp as one stream of four-super-block steps, the weights of the
+    /// next D - 1 steps in registers while one is computed, the first D loaded before the PDL
+    /// wait. Only where [`Gpu::mvp_fits`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu_pipe(
+        &self,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let (rpw, depth) = self.mvp.get();
+        if !cols.is_multiple_of(256) || cols == 0 || rpw == 0 || !(2..=3).contains(&depth) {
+            return Err(CudaError::Arg(format!(
+                "pipelined SwiGLU product: {cols} columns (Q4_K: a multiple of 256), {rpw} rows \
+                 per warp (at least 1), depth {depth} (2 or 3)"
+            )));
+        }
+        const NW: usize = 4;
+        let (r, c, pf, rw) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            self.pdl.get() as i32,
+            i32_of(rpw, "rows per warp")?,
+        );
+        self.launch_id(
+            self.kernel_id(&format!("mvp{depth}_swiglu_q4_k"))?,
+            (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
+            (32 * NW as u32, 1, 1),
+            kargs![wg, wu, r, c, qs, ds, y, pf, rw],
+        )
+    }
+
     /// One token's `y = silu(Wg x) * (Wu x)` for Q4_K `wg`, `wu` with the half-unit kernel
     /// (`mvh_swiglu_q4_k`, session 16) on an activation quantized to Q8_K in the permuted
     /// layout ([`Gpu::rms_norm_ss`] with `perm`): the per-sub-block values of
@@ -2373,14 +2469,14 @@ impl Gpu {
         qs: u64,
         ds: u64,
         y: u64,
-        quant: Option<(ActFormat, u64, u64, u64)>,
+        quant: Option<OutQuant>,
     ) -> Result<(), CudaError> {
         if !cols.is_multiple_of(256) || cols == 0 {
             return Err(CudaError::Arg(format!(
                 "half-unit SwiGLU product: {cols} columns (Q4_K: a multiple of 256)"
             )));
         }
-        if let Some((f, ..)) = quant {
+        if let Some(OutQuant { fmt: f, .. }) = quant {
             if !rows.is_multiple_of(f.block()) {
                 return Err(CudaError::Arg(format!(
                     "fused quantization of a SwiGLU product: {rows} rows ({f:?}: a multiple of {})",
@@ -2393,10 +2489,7 @@ impl Gpu {
             i32_of(cols, "cols")?,
             self.pdl.get() as i32,
         );
-        let (qf, qc, qq, qd) = match quant {
-            Some((f, c, q, d)) => (f as i32, c, q, d),
-            None => (0, 0, 0, 0),
-        };
+        let (qf, qc, qq, qd) = OutQuant::args(quant, rows, MVR_WARPS)?;
         self.launch_id(
             self.kernel_id("mvh_swiglu_q4_k")?,
             (u32_of(rows.div_ceil(MVR_WARPS), "rows")?, 1, 1),
@@ -2568,10 +2661,10 @@ impl Gpu {
         ds: u64,
         nt: usize,
         y: u64,
-        quant: Option<(ActFormat, u64, u64, u64)>,
+        quant: Option<OutQuant>,
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
-        if let Some((f, ..)) = quant {
+        if let Some(OutQuant { fmt: f, .. }) = quant {
             if nt != 1 || !self.mvr_fits(cols) || !rows.is_multiple_of(f.block()) {
                 return Err(CudaError::Arg(format!(
                     "fused quantization of a SwiGLU product: {nt} tokens, {rows} rows, {cols} \
@@ -2622,7 +2715,7 @@ impl Gpu {
         cols: usize,
         act: ActIn,
         y: u64,
-        quant: Option<(ActFormat, u64, u64, u64)>,
+        quant: Option<OutQuant>,
     ) -> Result<(), CudaError> {
         check_prep(&act, cols)?;
         let (r, c, pf) = (
@@ -2630,10 +2723,6 @@ impl Gpu {
             i32_of(cols, "cols")?,
             self.mvr_flags(),
         );
-        let (qf, qc, qq, qd) = match quant {
-            Some((f, c, q, d)) => (f as i32, c, q, d),
-            None => (0, 0, 0, 0),
-        };
         let (qs, ds, px, pw, eps) = act.args();
         let id = match act {
             ActIn::Prep(_) => {
@@ -2643,6 +2732,7 @@ impl Gpu {
         };
         let nw = self.mvr_block(&act, true);
         let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act, nw)?;
+        let (qf, qc, qq, qd) = OutQuant::args(quant, rows, nw * loops as usize)?;
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),

@@ -3,7 +3,9 @@
 
 mod seed;
 
-use cuda::kernels::{act_bytes, act_format, matrix_bytes, ActFormat, QTYPES, TYPES};
+use cuda::kernels::{
+    act_bytes, act_format, matrix_bytes, ActFormat, OutQuant, QTYPES, TQ_EMPTY, TYPES,
+};
 use cuda::{DevBuf, Gpu};
 use gguf::GgmlType;
 use half::f16;
@@ -740,6 +742,15 @@ fn fused_output_quantization_is_quantize_act() {
                 .unwrap();
             let y = poisoned(&g, rows);
             let (qb, db) = act_bufs(&g, 1, rows);
+            let oq = |qb: &DevBuf, db: &DevBuf, ticket: bool| {
+                Some(OutQuant {
+                    fmt,
+                    cnt: cnt.ptr(),
+                    qs: qb.ptr(),
+                    ds: db.ptr(),
+                    ticket,
+                })
+            };
             g.matvec_q_swiglu_quant(
                 ty,
                 w.ptr(),
@@ -750,11 +761,38 @@ fn fused_output_quantization_is_quantize_act() {
                 da.ptr(),
                 1,
                 y.ptr(),
-                Some((fmt, cnt.ptr(), qb.ptr(), db.ptr())),
+                oq(&qb, &db, false),
             )
             .unwrap();
             check("swiglu", &y, 1, rows, fmt, &qb, &db);
             zero("swiglu");
+            // Session 29: the ticket form, twice on one buffer of empty slots: quantize_act's
+            // bytes of the same product, the slots left empty and the counters zeroed.
+            let yt = g.alloc_filled(rows * 4, TQ_EMPTY).unwrap();
+            for pass in 0..2 {
+                let (qt, dt) = act_bufs(&g, 1, rows);
+                g.matvec_q_swiglu_quant(
+                    ty,
+                    w.ptr(),
+                    wu.ptr(),
+                    rows,
+                    cols,
+                    qa.ptr(),
+                    da.ptr(),
+                    1,
+                    yt.ptr(),
+                    oq(&qt, &dt, true),
+                )
+                .unwrap();
+                let what = format!("swiglu, tickets (pass {pass})");
+                check(&what, &y, 1, rows, fmt, &qt, &dt);
+                zero(&what);
+                let slots: Vec<u32> = g.download(&yt, rows).unwrap();
+                assert!(
+                    slots.iter().all(|&v| v == TQ_EMPTY),
+                    "{what}: output slots not left empty"
+                );
+            }
         }
     }
     for (fmt, nh, hd) in [
@@ -3955,7 +3993,13 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         let run = |half: bool| {
             let y = poisoned(&g, rows);
             let (qb, db) = act_bufs(&g, 1, rows);
-            let dq = Some((f, cnt.ptr(), qb.ptr(), db.ptr()));
+            let dq = Some(OutQuant {
+                fmt: f,
+                cnt: cnt.ptr(),
+                qs: qb.ptr(),
+                ds: db.ptr(),
+                ticket: false,
+            });
             if half {
                 g.matvec_q_swiglu_half(
                     w.ptr(),
@@ -3992,6 +4036,76 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         };
         let (yh, qh, dh) = run(true);
         let (yu, _, _) = run(false);
+        // Session 29: the pipelined form gives the half-unit kernel's bits, at every row count
+        // per warp and depth (rows not a multiple of a block's rows included).
+        let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
+        let saved = g.mvp.get();
+        for (rpw, depth) in [(1usize, 2usize), (2, 3), (3, 3), (5, 2)] {
+            g.mvp.set((rpw, depth));
+            let yp = poisoned(&g, rows);
+            g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
+                .unwrap();
+            let got: Vec<f32> = g.download(&yp, rows).unwrap();
+            let same = got
+                .iter()
+                .zip(&mvh_y)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            assert_eq!(
+                same, rows,
+                "{what}: pipelined ({rpw} rows per warp, depth {depth}) vs half-unit bits"
+            );
+        }
+        g.mvp.set((0, 3));
+        assert!(g
+            .matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yh.ptr())
+            .is_err());
+        g.mvp.set(saved);
+        // Session 29: the ticket form of the half-unit product writes the same bytes.
+        let yt = g.alloc_filled(rows * 4, TQ_EMPTY).unwrap();
+        for pass in 0..2 {
+            let (qt, dt) = act_bufs(&g, 1, rows);
+            let oq = OutQuant {
+                fmt: f,
+                cnt: cnt.ptr(),
+                qs: qt.ptr(),
+                ds: dt.ptr(),
+                ticket: true,
+            };
+            g.matvec_q_swiglu_half(
+                w.ptr(),
+                wu.ptr(),
+                rows,
+                cols,
+                qp.ptr(),
+                dp.ptr(),
+                yt.ptr(),
+                Some(oq),
+            )
+            .unwrap();
+            let a: Vec<i8> = g.download(&qt, rows).unwrap();
+            let b: Vec<i8> = g.download(&qh, rows).unwrap();
+            assert_eq!(
+                a, b,
+                "{what}, tickets (pass {pass}): down activation values"
+            );
+            let a: Vec<u32> = g.download(&dt, rows / 16).unwrap();
+            let b: Vec<u32> = g.download(&dh, rows / 16).unwrap();
+            assert_eq!(
+                a, b,
+                "{what}, tickets (pass {pass}): down activation scales"
+            );
+            let c: Vec<u32> = g.download(&cnt, 16 * 1024).unwrap();
+            assert!(
+                c.iter().all(|&v| v == 0),
+                "{what}, tickets: counters left non-zero"
+            );
+            let slots: Vec<u32> = g.download(&yt, rows).unwrap();
+            assert!(
+                slots.iter().all(|&v| v == TQ_EMPTY),
+                "{what}, tickets: output slots not left empty"
+            );
+        }
         let got: Vec<f32> = g.download(&yh, rows).unwrap();
         let unit: Vec<f32> = g.download(&yu, rows).unwrap();
         let e = rel_err(&got, &want);

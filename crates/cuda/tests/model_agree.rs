@@ -1111,6 +1111,19 @@ fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
     );
 }
 
+/// Session 29: the SwiGLU product quantizing the down projection's activation by tickets
+/// (`Gpu::swiglu_ticket`: no quantize_act launch, no fences) gives the bits of the product, then
+/// quantize_act, then the down product.
+#[test]
+fn swiglu_ticket_quantization_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "swiglu_ticket_quantization_leaves_logits_unchanged",
+        &[20],
+        "the SwiGLU product quantizing by tickets",
+        |g| &g.swiglu_ticket,
+    );
+}
+
 /// The CPU's lead over its second token above which a GPU pick must equal the CPU's: an order
 /// above what rounding alone moves a logit on the real SmolLM2 file (`cuda_trace --cpu-only`:
 /// rms logit difference 0.14-0.18 between two CPU orders on random tokens).
