@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 29"): the SwiGLU product
-# quantizing the down projection's activation by tickets (no fences, no quantize_act launch),
-# checked bit for bit (kernel tests, then model_agree on both synthetic files) and timed against
-# the default in one process (`cuda_bench --ab-tq`), then the standing figures.
+# The next device call's whole script (docs/perf/cuda.md "Session 29"): the down projection's
+# rows staged in shared memory before the wait (mvqs) checked bit for bit against mvqp, the
+# pipelined SwiGLU product (mvp) against the half-unit kernel, then both timed against the
+# default in one process (`cuda_bench --ab-s29`).
 # Build machine: NO_LLAMA_SRC=1 bash scripts/gpu_prepare.sh, then the NVRTC kernel cache into
 # .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's lib).
@@ -16,9 +16,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 cat $OUT/gpu.txt
 MODELS="smol l3b" STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
 t models
-timeout 60 .gpu/kernels --test-threads 1 fused_output_quantization half_unit_swiglu > $OUT/kernels.txt 2>&1
+timeout 90 .gpu/kernels --test-threads 1 half_unit_swiglu staged_row_products > $OUT/kernels.txt 2>&1
 grep -E "^test |panicked|assert" $OUT/kernels.txt | cut -c1-300; t kernels
-CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 120 .gpu/model_agree --nocapture swiglu_ticket > $OUT/agree.txt 2>&1
-grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
-timeout 200 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-tq > $OUT/ab_tq.log 2>&1
-grep -E "pp512|tg128" $OUT/ab_tq.log | cut -c1-200; t ab_tq
+timeout 200 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-s29 > $OUT/ab_s29.log 2>&1
+grep -E "pp512|tg128" $OUT/ab_s29.log | cut -c1-200; t ab_s29
+# The GPU-vs-CPU agreement with both on (mvp changes the SwiGLU sums' order: mvh's bits).
+CROSSOVER_CUDA_MVP=1:3 CROSSOVER_CUDA_MVQS=1 CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 120 .gpu/model_agree --nocapture gpu_logits_agree > $OUT/agree.txt 2>&1
+grep -E "^test |top-1|KL|rows|panicked" $OUT/agree.txt | cut -c1-300; t agree

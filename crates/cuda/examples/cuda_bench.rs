@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-tq] [--ab-mvp]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-tq] [--ab-mvp] [--ab-s29]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1143,6 +1143,25 @@ fn main() {
         }
         b.set_mvh(h0);
         b.set_mvp(m0.0, m0.1);
+    }
+    // --ab-s29 (session 29): the pipelined SwiGLU product (1 row per warp, depth 3) and the
+    // down projection's rows staged before the wait (mvqs), each alone and together, against
+    // the default, alternating, in one process.
+    if args.iter().any(|a| a == "--ab-s29") {
+        let (m0, q0) = (b.gpu().mvp.get(), b.gpu().mvqs.get());
+        let combos = [(0, false), (1, false), (0, true), (1, true)];
+        for round in 0..3 {
+            for &(rpw, mvqs) in &combos {
+                b.set_mvp(rpw, 3);
+                b.gpu().mvqs.set(mvqs);
+                b.reset_graphs();
+                let label = format!("mvp={rpw}:3 mvqs={mvqs} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            }
+        }
+        b.set_mvp(m0.0, m0.1);
+        b.gpu().mvqs.set(q0);
+        b.reset_graphs();
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and
     // warps per block (plain and Q/K/V; SwiGLU), alternating, in one process, with each

@@ -350,6 +350,10 @@ pub struct Gpu {
     /// (`mvp{D}_swiglu_q4_k`) with (rows per warp, D): `CROSSOVER_CUDA_MVP=R:D`; rows per
     /// warp 0 (the default) leaves it off.
     pub mvp: std::cell::Cell<(usize, usize)>,
+    /// Session 29: one-token block-per-row products (the down projection) copy their row into
+    /// shared memory before their wait (`mvqs_*`, the same bits as `mvqp_*`): off unless
+    /// `CROSSOVER_CUDA_MVQS=1`.
+    pub mvqs: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -586,6 +590,7 @@ impl Gpu {
                     })
                     .unwrap_or((0, 3)),
             ),
+            mvqs: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQS").as_deref() == Ok("1")),
             swiglu_ticket: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_SWIGLU_TICKET").as_deref() == Ok("1"),
             ),

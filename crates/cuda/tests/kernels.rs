@@ -4654,3 +4654,91 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
         bad.join("\n")
     );
 }
+
+/// Session 29: the block-per-row products with their row staged in shared memory before the
+/// wait (`mvqs_*`, `Gpu::mvqs`) give `mvqp_*`'s bits: Q4_K rows, and Q6_K rows on the aligned
+/// copy with both its decodings, plain, accumulating and with the RMS slots.
+#[test]
+fn staged_row_products_equal_mvqp() {
+    let Some(g) = gpu_or_skip("mvqs") else {
+        return;
+    };
+    if !g.pdl.get() {
+        eprintln!("SKIPPED mvqs: the staged rows need PDL");
+        return;
+    }
+    let mut r = rng("mvqs");
+    let slots = cuda::kernels::RMS_SLOTS;
+    let saved = (g.mvqs.get(), g.q6u_wide.get(), g.mvsm.get(), g.mvq_pf.get());
+    g.mvsm.set(false);
+    g.mvq_pf.set(true);
+    for &(rows, cols) in &[(300usize, 8192usize), (65, 12288)] {
+        for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+            let (qb, db, _) = q8k_token(&g, &randn(&mut r, cols, 1.0));
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
+            let y0 = randn(&mut r, rows, 1.0);
+            for q6u in [false, true] {
+                if ty == GgmlType::Q4K && q6u {
+                    continue;
+                }
+                g.q6u_wide.set(q6u);
+                let what = format!("{ty} {rows}x{cols} q6u={q6u}");
+                for acc in [false, true] {
+                    let run = |staged: bool| -> (Vec<u32>, Vec<f64>) {
+                        g.mvqs.set(staged);
+                        let y = if acc {
+                            g.upload(&y0).unwrap()
+                        } else {
+                            poisoned(&g, rows)
+                        };
+                        let ss = g.alloc_zeroed(slots * 8).unwrap();
+                        match &pad {
+                            Some(p) => g.matvec_q6ka_ss(
+                                ty,
+                                p.ptr(),
+                                rows,
+                                cols,
+                                qb.ptr(),
+                                db.ptr(),
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                            None => g.matvec_q_ss(
+                                ty,
+                                w.ptr(),
+                                rows,
+                                cols,
+                                qb.ptr(),
+                                db.ptr(),
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                        }
+                        .unwrap();
+                        let v: Vec<f32> = g.download(&y, rows).unwrap();
+                        let s: Vec<f64> = g.download(&ss, slots).unwrap();
+                        (v.iter().map(|x| x.to_bits()).collect(), s)
+                    };
+                    let (a, sa) = run(false);
+                    let (b, sb) = run(true);
+                    assert_eq!(a, b, "{what} acc={acc}: staged rows vs mvqp bits");
+                    let (ta, tb): (f64, f64) = (sa.iter().sum(), sb.iter().sum());
+                    assert!(
+                        (ta - tb).abs() <= 1e-9 * ta.abs().max(1.0),
+                        "{what} acc={acc}: sums of squares {ta} vs {tb}"
+                    );
+                }
+            }
+        }
+    }
+    g.mvqs.set(saved.0);
+    g.q6u_wide.set(saved.1);
+    g.mvsm.set(saved.2);
+    g.mvq_pf.set(saved.3);
+}
