@@ -1144,23 +1144,33 @@ fn main() {
         b.set_mvh(h0);
         b.set_mvp(m0.0, m0.1);
     }
-    // --ab-s29 (session 29): the pipelined SwiGLU product (1 row per warp, depth 3) and the
-    // down projection's rows staged before the wait (mvqs), each alone and together, against
-    // the default, alternating, in one process.
+    // --ab-s29 (session 29): the pipelined half-unit products (SwiGLU: 1 row per warp, depth
+    // 3; down: depth 4 or 8; Q/K/V: depth 3 or 6), added one by one, against the default,
+    // alternating, in one process.
     if args.iter().any(|a| a == "--ab-s29") {
-        let (m0, q0) = (b.gpu().mvp.get(), b.gpu().mvqs.get());
-        let combos = [(0, false), (1, false), (0, true), (1, true)];
+        let g0 = (b.gpu().mvp.get(), b.gpu().mvpd.get(), b.gpu().mvpr.get());
+        let combos = [
+            (0, 0, 0),
+            (1, 0, 0),
+            (1, 8, 0),
+            (1, 4, 0),
+            (1, 0, 6),
+            (1, 0, 3),
+            (1, 8, 6),
+        ];
         for round in 0..3 {
-            for &(rpw, mvqs) in &combos {
+            for &(rpw, d, q) in &combos {
                 b.set_mvp(rpw, 3);
-                b.gpu().mvqs.set(mvqs);
+                b.gpu().mvpd.set(d);
+                b.gpu().mvpr.set(q);
                 b.reset_graphs();
-                let label = format!("mvp={rpw}:3 mvqs={mvqs} (round {round})");
+                let label = format!("mvp={rpw}:3 mvpd={d} mvpr={q} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
             }
         }
-        b.set_mvp(m0.0, m0.1);
-        b.gpu().mvqs.set(q0);
+        b.set_mvp(g0.0 .0, g0.0 .1);
+        b.gpu().mvpd.set(g0.1);
+        b.gpu().mvpr.set(g0.2);
         b.reset_graphs();
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and

@@ -767,6 +767,47 @@ __device__ __forceinline__ void mvr_prep(const float* __restrict__ x, const floa
     __syncthreads();
 }
 
+// The one-token Q/K/V launch's output of rows (row, row + 1) with sums (a0, a1): rows [0, r0)
+// are Q, [r0, r0 + r1) K, the rest V; rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K
+// head; K and V rows go to the cache as f16 at the token's slot, Q rows rotated to y0.
+__device__ __forceinline__ void qkv_pair_out(int row, int r0, int r1, float a0, float a1,
+                                             float* y0, const RopeArgs* rp) {
+    // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic):
+    // rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to the
+    // cache as f16 at the token's slot, Q rows rotated to y0.
+    int g = row;
+    int hd = rp->hd, rhalf = rp->n_rot / 2;
+    int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
+    float x0 = a0, x1 = a1;
+    if (g < r0 + r1) {
+        int i = (li % hd) / 2;
+        if (i < rhalf) {
+            float theta = (float)rp->pos[0];
+            for (int k = 0; k < i; k++) theta *= rp->theta_scale;
+            float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
+            float a = rp->freq_scale * (theta / ff);
+            double sd, cd;
+            sincos((double)a, &sd, &cd);
+            float c = (float)cd, sn = (float)sd;
+            float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+            float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
+            x0 = y0v;
+            x1 = y1v;
+        }
+    }
+    long long dst = (long long)rp->slot[0] * rp->kv_row + li;
+    if (g < r0) {
+        y0[li] = x0;
+        y0[li + 1] = x1;
+    } else if (g < r0 + r1) {
+        rp->kc[dst] = f2h(x0);
+        rp->kc[dst + 1] = f2h(x1);
+    } else {
+        rp->vc[dst] = f2h(x0);
+        rp->vc[dst + 1] = f2h(x1);
+    }
+}
+
 // The weight rows of a warp's row pair (`row`, `row + 1`; the gate and up row `row` for GLU).
 template <int T, bool GLU>
 __device__ __forceinline__ bool mvr_ptrs(int row, const u8* __restrict__ w0,
@@ -826,40 +867,8 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
     }
     if (lane != 0) return;
     if (rp && second) {
-        // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic):
-        // rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to the
-        // cache as f16 at the token's slot, Q rows rotated to y0.
-        int g = row;
-        int hd = rp->hd, rhalf = rp->n_rot / 2;
-        int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
-        float x0 = acc[0], x1 = acc[1];
-        if (g < r0 + r1) {
-            int i = (li % hd) / 2;
-            if (i < rhalf) {
-                float theta = (float)rp->pos[0];
-                for (int k = 0; k < i; k++) theta *= rp->theta_scale;
-                float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
-                float a = rp->freq_scale * (theta / ff);
-                double sd, cd;
-                sincos((double)a, &sd, &cd);
-                float c = (float)cd, sn = (float)sd;
-                float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
-                float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
-                x0 = y0v;
-                x1 = y1v;
-            }
-        }
-        long long dst = (long long)rp->slot[0] * rp->kv_row + li;
-        if (g < r0) {
-            y0[li] = x0;
-            y0[li + 1] = x1;
-        } else if (g < r0 + r1) {
-            rp->kc[dst] = f2h(x0);
-            rp->kc[dst + 1] = f2h(x1);
-        } else {
-            rp->vc[dst] = f2h(x0);
-            rp->vc[dst + 1] = f2h(x1);
-        }
+        // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic).
+        qkv_pair_out(row, r0, r1, acc[0], acc[1], y0, rp);
         return;
     }
 #pragma unroll
@@ -1479,45 +1488,64 @@ extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
 }
 // Session 29: mvh_swiglu_q4_k's arithmetic with its loads pipelined across rows (`mvp*`). Each
 // warp walks `rpw` consecutive output rows as one stream of steps of four super-blocks (lane
-// slot l takes super-block 4k + l of step k, mvh's lane roles within a super-block), the gate
-// and up weights of the next D - 1 steps already in registers while a step is computed, and the
-// first D steps' loads issued before the PDL wait (the weights depend on no earlier kernel). A
-// lane adds its steps in mvh's order (super-blocks l, 4 + l, 8 + l, ...) and the row ends with
-// mvh's warp sums, so the outputs are mvh's bits. No fused quantization (quantize_act follows).
+// slot l takes super-block 4k + l of step k, mvh's lane roles within a super-block), the
+// weights of the next D - 1 steps already in registers while a step is computed, and the first
+// D steps' loads issued before the PDL wait (the weights depend on no earlier kernel). A lane
+// adds its steps in mvh's order (super-blocks l, 4 + l, 8 + l, ...) and each row ends with
+// mvh's warp sums, so the outputs are mvh's bits. The activation is Q8_K in the permuted layout
+// (ACT_PERM). Three forms (MODE):
+// - MVP_GLU (`mvp{D}_swiglu_q4_k`): gate and up rows, y = swiglu (no fused quantization);
+// - MVP_PLAIN (`mvpd{D}_q4_k`, the down projection): one matrix, y (+)= the sum, the squares
+//   into the RMS slots;
+// - MVP_ROPE (`mvpr{D}_q4_k`, Q/K/V of one type): rows laid end to end as mvr_rope's, two per
+//   warp (a rotation pair), then mvr_rows' RoPE and KV-store epilogue (qkv_pair_out).
+#define MVP_GLU 0
+#define MVP_PLAIN 1
+#define MVP_ROPE 2
 struct MvpW {
     uint4 g, hg, u, hu;
 };
 
-__device__ __forceinline__ void mvp_load(MvpW& w, const u8* __restrict__ wg,
-                                         const u8* __restrict__ wu, long long off, bool ok,
-                                         int qoff) {
+template <bool TWO>
+__device__ __forceinline__ void mvp_load(MvpW& w, const u8* __restrict__ pg,
+                                         const u8* __restrict__ pu, bool ok, int qoff) {
     if (ok) {
-        w.g = __ldg((const uint4*)(wg + off + qoff));
-        w.hg = __ldg((const uint4*)(wg + off));
-        w.u = __ldg((const uint4*)(wu + off + qoff));
-        w.hu = __ldg((const uint4*)(wu + off));
+        w.g = __ldg((const uint4*)(pg + qoff));
+        w.hg = __ldg((const uint4*)pg);
+        if (TWO) {
+            w.u = __ldg((const uint4*)(pu + qoff));
+            w.hu = __ldg((const uint4*)pu);
+        }
     } else {
         w.g = w.hg = w.u = w.hu = make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
-template <int D>
-__device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict__ wu, int rows,
-                                int cols, const i8* __restrict__ aq,
-                                const float2* __restrict__ ad, float* y, int prefetch, int rpw) {
+template <int D, int MODE>
+__device__ void mvp_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                         const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
+                         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y,
+                         int prefetch, int rpw, int accumulate, double* ss, const RopeArgs* rp) {
+    constexpr bool TWO = MODE == MVP_GLU;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int sbs = cols / 256, steps = (sbs + 3) / 4;
     long long rb = (long long)sbs * 144;
+    int total = MODE == MVP_ROPE ? r0 + r1 + r2 : r0;
     int row0 = (blockIdx.x * nw + warp) * rpw;
-    int nrows = max(0, min(rpw, rows - row0));
+    int nrows = max(0, min(rpw, total - row0));
     int items = nrows * steps;
-    if (prefetch & 1) {
-        long long first = (long long)blockIdx.x * nw * rpw;
-        long long last = min((long long)rows, first + (long long)nw * rpw);
-        if (first < last) {
-            prefetch_l2(wg + first * rb, (last - first) * rb);
-            prefetch_l2(wu + first * rb, (last - first) * rb);
-        }
+    // Row g's weights (the gate's for MVP_GLU; the up row is at the same offset of w1).
+    auto rowp = [&](int g) -> const u8* {
+        if (MODE != MVP_ROPE || g < r0) return w0 + (long long)g * rb;
+        if (g < r0 + r1) return w1 + (long long)(g - r0) * rb;
+        return w2 + (long long)(g - r0 - r1) * rb;
+    };
+    if ((prefetch & 1) && nrows > 0) {
+        // The warp's own rows (contiguous within each matrix but for Q/K/V pairs, which never
+        // straddle two matrices).
+        const u8* p = rowp(row0);
+        warp_prefetch_l2(p, (long long)nrows * rb);
+        if (TWO) warp_prefetch_l2(w1 + (p - w0), (long long)nrows * rb);
     }
     int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
     int qoff = 16 + 32 * c + 16 * h;
@@ -1527,13 +1555,14 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
 #pragma unroll
     for (int j = 0; j < D; j++) {
         int s = 4 * lk + slot;
-        mvp_load(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)s * 144,
-                 lr < nrows && s < sbs, qoff);
+        bool ok = lr < nrows && s < sbs;
+        const u8* p = ok ? rowp(row0 + lr) + (long long)s * 144 : w0;
+        mvp_load<TWO>(w[j], p, TWO ? w1 + (p - w0) : p, ok, qoff);
         if (++lk == steps) { lk = 0; lr++; }
     }
     pdl_wait();
     pdl_launch();
-    float accg = 0.0f, accu = 0.0f;
+    float accg = 0.0f, accu = 0.0f, first = 0.0f;
     int cr = 0, ck = 0;
     for (int i0 = 0; i0 < items; i0 += D) {
 #pragma unroll
@@ -1550,18 +1579,33 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
                     dd = *(const float4*)(ad + 8 * s + 2 * c);
                 }
                 float pg = mvh_sub(w[j].g, w[j].hg, alo, ahi, dd, c, h);
-                float pu = mvh_sub(w[j].u, w[j].hu, alo, ahi, dd, c, h);
+                float pu = TWO ? mvh_sub(w[j].u, w[j].hu, alo, ahi, dd, c, h) : 0.0f;
                 if (v) {
                     accg += pg;
-                    accu += pu;
+                    if (TWO) accu += pu;
                 }
                 int sl = 4 * lk + slot;
-                mvp_load(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)sl * 144,
-                         lr < nrows && sl < sbs, qoff);
+                bool ok = lr < nrows && sl < sbs;
+                const u8* p = ok ? rowp(row0 + lr) + (long long)sl * 144 : w0;
+                mvp_load<TWO>(w[j], p, TWO ? w1 + (p - w0) : p, ok, qoff);
                 if (++lk == steps) { lk = 0; lr++; }
                 if (++ck == steps) {
-                    float g = warp_sum(accg), u = warp_sum(accu);
-                    if (lane == 0) y[row0 + cr] = ggml_swiglu(g, u);
+                    int row = row0 + cr;
+                    float gsum = warp_sum(accg);
+                    if (MODE == MVP_GLU) {
+                        float usum = warp_sum(accu);
+                        if (lane == 0) y[row] = ggml_swiglu(gsum, usum);
+                    } else if (MODE == MVP_PLAIN) {
+                        if (lane == 0) {
+                            float val = accumulate ? y[row] + gsum : gsum;
+                            y[row] = val;
+                            if (ss) ss_add(ss, row, val);
+                        }
+                    } else if (cr & 1) {
+                        if (lane == 0) qkv_pair_out(row - 1, r0, r1, first, gsum, y, rp);
+                    } else {
+                        first = gsum;
+                    }
                     accg = accu = 0.0f;
                     ck = 0;
                     cr++;
@@ -1576,10 +1620,30 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
         const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, int cols, \
         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y, int prefetch, \
         int rpw) { \
-        mvp_swiglu_impl<D>(wg, wu, rows, cols, aq, ad, y, prefetch, rpw); \
+        mvp_impl<D, MVP_GLU>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, prefetch, rpw, 0, nullptr, \
+                             nullptr); \
     }
 DEF_MVP(2)
 DEF_MVP(3)
+#define DEF_MVPD(D) \
+    extern "C" __global__ void __launch_bounds__(128) mvpd##D##_q4_k( \
+        const u8* __restrict__ w, int rows, int cols, const i8* __restrict__ aq, \
+        const float2* __restrict__ ad, float* y, int prefetch, int accumulate, double* ss) { \
+        mvp_impl<D, MVP_PLAIN>(w, w, w, rows, 0, 0, cols, aq, ad, y, prefetch, 1, accumulate, ss, \
+                               nullptr); \
+    }
+DEF_MVPD(4)
+DEF_MVPD(8)
+#define DEF_MVPR(D) \
+    extern "C" __global__ void __launch_bounds__(128) mvpr##D##_q4_k( \
+        const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, int r0, \
+        int r1, int r2, int cols, const i8* __restrict__ aq, const float2* __restrict__ ad, \
+        float* yq, int prefetch, RopeArgs rp) { \
+        mvp_impl<D, MVP_ROPE>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, 2, 0, nullptr, \
+                              &rp); \
+    }
+DEF_MVPR(3)
+DEF_MVPR(6)
 
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \

@@ -2316,6 +2316,11 @@ impl CudaBackend {
                 && qf.is_some();
             // ... with the RMSNorm and quantization inside that launch too.
             let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
+            // Session 29: Q/K/V all Q4_K on the pipelined half-unit launch, whose activation
+            // the norm stores in the permuted layout.
+            let pipe_qkv =
+                rope_ok && !prep_qkv && gpu.mvpr_fits([l.wq.ty, l.wk.ty, l.wv.ty], l.wq.cols);
+            let mut qkv_perm = false;
             // Session 20: whether the output projection takes the attention's f32 rows and
             // quantizes them itself (set with the one-token attention below).
             let mut o_from_f32 = false;
@@ -2337,10 +2342,11 @@ impl CudaBackend {
                     nq,
                     raw,
                     (ss_in, zero),
-                    false,
+                    pipe_qkv,
                 )?;
                 if took {
                     ss_clear = zero;
+                    qkv_perm = pipe_qkv;
                 }
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
@@ -2354,7 +2360,29 @@ impl CudaBackend {
                         .all(|m| kernels::act_format(m.ty) == qf)
             });
             let qkv_width = qd + 2 * kvd;
-            if fused_rope {
+            if fused_rope && qkv_perm {
+                gpu.matvec_q_qkv_rope_pipe(
+                    [l.wq.q.ptr(), l.wk.q.ptr(), l.wv.q.ptr()],
+                    [l.wq.rows, l.wk.rows, l.wv.rows],
+                    l.wq.cols,
+                    s.aq.ptr(),
+                    s.ad.ptr(),
+                    s.q.ptr(),
+                    &self.rope,
+                    mp.pos,
+                    mp.slot,
+                    hd,
+                    kvd,
+                    self.kc[li].ptr(),
+                    self.vc[li].ptr(),
+                )
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
+                    o => o,
+                })?;
+                // The buffers hold the permuted layout, which no other product reads.
+                qc = Acts::default();
+            } else if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
                 let mut launches = vec![(
@@ -3126,6 +3154,36 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
                     o => o,
                 })?;
+            } else if n == 1
+                && matvec_path
+                && tr.is_none()
+                && l.down.host.is_none()
+                && gpu.mvpd_fits(l.down.ty, l.down.cols)
+            {
+                // Session 29: the pipelined half-unit product on the permuted activation.
+                let ss = if self.down_ss {
+                    std::mem::take(&mut ss_clear)
+                } else {
+                    0
+                };
+                gpu.quantize_act_perm(down_x, l.down.cols, s.aq.ptr(), s.ad.ptr())?;
+                gpu.matvec_q_pipe_down(
+                    l.down.q.ptr(),
+                    l.down.rows,
+                    l.down.cols,
+                    s.aq.ptr(),
+                    s.ad.ptr(),
+                    s.x.ptr(),
+                    true,
+                    ss,
+                )
+                .map_err(|e| match e {
+                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                    o => o,
+                })?;
+                if ss != 0 {
+                    down_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
+                }
             } else {
                 // Session 18: down adds the squares of the row it writes for the next layer's
                 // attention norm (before, only the fuse_quant path did, so that norm summed

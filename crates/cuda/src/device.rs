@@ -354,6 +354,13 @@ pub struct Gpu {
     /// shared memory before their wait (`mvqs_*`, the same bits as `mvqp_*`): off unless
     /// `CROSSOVER_CUDA_MVQS=1`.
     pub mvqs: std::cell::Cell<bool>,
+    /// Session 29: one-token Q4_K down products take the pipelined half-unit kernel
+    /// (`mvpd{D}_q4_k`) with depth D (4 or 8): `CROSSOVER_CUDA_MVPD=D`; 0 (the default) off.
+    pub mvpd: std::cell::Cell<usize>,
+    /// Session 29: one-token Q/K/V launches whose three matrices are Q4_K take the pipelined
+    /// half-unit kernel (`mvpr{D}_q4_k`) with depth D (3 or 6): `CROSSOVER_CUDA_MVPR=D`; 0 (the
+    /// default) off.
+    pub mvpr: std::cell::Cell<usize>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -590,6 +597,8 @@ impl Gpu {
                     })
                     .unwrap_or((0, 3)),
             ),
+            mvpd: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPD", 0)),
+            mvpr: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPR", 0)),
             mvqs: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQS").as_deref() == Ok("1")),
             swiglu_ticket: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_SWIGLU_TICKET").as_deref() == Ok("1"),

@@ -66,6 +66,65 @@ impl ActFormat {
     }
 }
 
+/// The `RopeArgs` of matvec_q.cu: what a one-token Q/K/V launch needs to finish rope_store's
+/// work itself.
+#[repr(C)]
+struct RopeArgs {
+    pos: u64,
+    slot: u64,
+    factors: u64,
+    theta_scale: f32,
+    freq_scale: f32,
+    n_rot: i32,
+    hd: i32,
+    kv_row: i32,
+    pad: i32,
+    kc: u64,
+    vc: u64,
+}
+
+/// [`RopeArgs`] for Q/K/V rows `rows` (heads of `hd`, K and V rows `kv_row` wide in the cache),
+/// checked.
+#[allow(clippy::too_many_arguments)]
+fn rope_args(
+    rope: &RopeParams,
+    rows: [usize; 3],
+    pos: u64,
+    slot: u64,
+    hd: usize,
+    kv_row: usize,
+    kc: u64,
+    vc: u64,
+) -> Result<RopeArgs, CudaError> {
+    if rope.n_rot > hd
+        || !rope.n_rot.is_multiple_of(2)
+        || !hd.is_multiple_of(2)
+        || kv_row == 0
+        || !rows[0].is_multiple_of(hd)
+        || !rows[1].is_multiple_of(hd)
+        || !rows[2].is_multiple_of(hd)
+        || rows[1].max(rows[2]) > kv_row
+    {
+        return Err(CudaError::Arg(format!(
+            "fused Q/K/V + RoPE: rows {rows:?}, head size {hd}, {} rotated",
+            rope.n_rot
+        )));
+    }
+    Ok(RopeArgs {
+        pos,
+        slot,
+        factors: rope.factors,
+        theta_scale: rope.theta_scale,
+        freq_scale: rope.freq_scale,
+        n_rot: rope.n_rot as i32,
+        hd: i32_of(hd, "head size")?,
+        kv_row: i32_of(kv_row, "KV row")?,
+        pad: 0,
+        kc,
+        vc,
+    })
+}
+
 /// Where a one-token SwiGLU product also quantizes its output row (the down projection's
 /// activation) inside its launch, to the bytes [`Gpu::quantize_act`] would write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,6 +350,10 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvh_swiglu_q4_k".into());
     v.push("mvp2_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
+    v.push("mvpd4_q4_k".into());
+    v.push("mvpd8_q4_k".into());
+    v.push("mvpr3_q4_k".into());
+    v.push("mvpr6_q4_k".into());
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
         v.push(format!("mvrp_swiglu_{t}"));
@@ -926,6 +989,24 @@ impl Gpu {
         ds: u64,
     ) -> Result<(), CudaError> {
         self.quantize_act_to(x, rows, n, fmt, qs, ds, 0)
+    }
+
+    /// [`Gpu::quantize_act`] to Q8_K with the int8 values of each super-block in the permuted
+    /// layout of the half-unit products (`ACT_PERM`, session 16; the scales keep their order):
+    /// the activation of [`Gpu::matvec_q_pipe_down`] (session 29).
+    pub fn quantize_act_perm(&self, x: u64, n: usize, qs: u64, ds: u64) -> Result<(), CudaError> {
+        if n == 0 || !n.is_multiple_of(256) {
+            return Err(CudaError::Arg(format!(
+                "{n} columns is not a multiple of 256 (permuted Q8_K activations)"
+            )));
+        }
+        let (nn, f) = (i32_of(n, "width")?, ActFormat::Q8K as i32 | 512);
+        self.launch_id(
+            op(K_QUANTIZE_ACT),
+            (1, u32_of(n / 256, "chunks")?, 1),
+            (256, 1, 1),
+            kargs![x, nn, f, qs, ds, 0u64],
+        )
     }
 
     /// Quantize `rows` rows of `n` f32 activations exactly as [`Gpu::quantize_act`] does and
@@ -2238,48 +2319,12 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         check_cols(ty, cols)?;
         check_prep(&act, cols)?;
-        if !self.mvr_fits(cols)
-            || rope.n_rot > hd
-            || !rope.n_rot.is_multiple_of(2)
-            || !hd.is_multiple_of(2)
-            || kv_row == 0
-            || !rows[0].is_multiple_of(hd)
-            || !rows[1].is_multiple_of(hd)
-            || !rows[2].is_multiple_of(hd)
-            || rows[1].max(rows[2]) > kv_row
-        {
+        if !self.mvr_fits(cols) {
             return Err(CudaError::Arg(format!(
-                "fused Q/K/V + RoPE: rows {rows:?}, head size {hd}, {} rotated, {cols} columns",
-                rope.n_rot
+                "fused Q/K/V + RoPE: {cols} columns (at most {MVR_MAX_COLS})"
             )));
         }
-        #[repr(C)]
-        struct RopeArgs {
-            pos: u64,
-            slot: u64,
-            factors: u64,
-            theta_scale: f32,
-            freq_scale: f32,
-            n_rot: i32,
-            hd: i32,
-            kv_row: i32,
-            pad: i32,
-            kc: u64,
-            vc: u64,
-        }
-        let rp = RopeArgs {
-            pos,
-            slot,
-            factors: rope.factors,
-            theta_scale: rope.theta_scale,
-            freq_scale: rope.freq_scale,
-            n_rot: rope.n_rot as i32,
-            hd: i32_of(hd, "head size")?,
-            kv_row: i32_of(kv_row, "KV row")?,
-            pad: 0,
-            kc,
-            vc,
-        };
+        let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
         let (w0, w1, w2) = (w[0], w[1], w[2]);
         let (r0, r1, r2) = (
             i32_of(rows[0], "rows")?,
@@ -2489,6 +2534,111 @@ impl Gpu {
             (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
             (32 * NW as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, rw],
+        )
+    }
+
+    /// Whether the pipelined half-unit down product ([`Gpu::matvec_q_pipe_down`]) takes a
+    /// matrix of type `ty`, `cols` wide.
+    pub fn mvpd_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mvpd.get() > 0 && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
+    }
+
+    /// One token's `y (+)= W x` for a Q4_K `w` with the pipelined half-unit kernel
+    /// (`mvpd{D}_q4_k`, session 29; D = [`Gpu::mvpd`]): one row per warp, the first D steps of
+    /// four super-blocks loaded before the PDL wait, mvh's per-lane order; `x` quantized by
+    /// [`Gpu::quantize_act_perm`]; the squares of the new rows into the RMS slots `ss` (0:
+    /// none). Only where [`Gpu::mvpd_fits`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_pipe_down(
+        &self,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<(), CudaError> {
+        let depth = self.mvpd.get();
+        if !cols.is_multiple_of(256) || cols == 0 || ![4, 8].contains(&depth) {
+            return Err(CudaError::Arg(format!(
+                "pipelined product: {cols} columns (Q4_K: a multiple of 256), depth {depth} \
+                 (4 or 8)"
+            )));
+        }
+        const NW: usize = 4;
+        let (r, c, pf, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            self.pdl.get() as i32,
+            accumulate as i32,
+        );
+        self.launch_id(
+            self.kernel_id(&format!("mvpd{depth}_q4_k"))?,
+            (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
+            (32 * NW as u32, 1, 1),
+            kargs![w, r, c, qs, ds, y, pf, a, ss],
+        )
+    }
+
+    /// Whether the pipelined Q/K/V launch ([`Gpu::matvec_q_qkv_rope_pipe`]) takes Q, K and V
+    /// of types `tys`, `cols` wide.
+    pub fn mvpr_fits(&self, tys: [GgmlType; 3], cols: usize) -> bool {
+        self.mvpr.get() > 0
+            && tys.iter().all(|&t| t == GgmlType::Q4K)
+            && cols > 0
+            && cols.is_multiple_of(256)
+    }
+
+    /// Session 29: [`Gpu::matvec_q_qkv_rope`]'s work (Q, K and V of a layer, RoPE, the KV-cache
+    /// store) for Q4_K matrices with the pipelined half-unit kernel (`mvpr{D}_q4_k`, D =
+    /// [`Gpu::mvpr`]): a rotation pair per warp, the first D steps loaded before the PDL wait,
+    /// on the permuted activation of [`Gpu::rms_norm_ss`] with `perm`. Only where
+    /// [`Gpu::mvpr_fits`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_qkv_rope_pipe(
+        &self,
+        w: [u64; 3],
+        rows: [usize; 3],
+        cols: usize,
+        qs: u64,
+        ds: u64,
+        yq: u64,
+        rope: &RopeParams,
+        pos: u64,
+        slot: u64,
+        hd: usize,
+        kv_row: usize,
+        kc: u64,
+        vc: u64,
+    ) -> Result<(), CudaError> {
+        let depth = self.mvpr.get();
+        if !cols.is_multiple_of(256)
+            || cols == 0
+            || ![3, 6].contains(&depth)
+            || rows.iter().any(|r| r % 2 != 0)
+        {
+            return Err(CudaError::Arg(format!(
+                "pipelined Q/K/V launch: {cols} columns (a multiple of 256), rows {rows:?} (even), \
+                 depth {depth} (3 or 6)"
+            )));
+        }
+        let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
+        const NW: usize = 4;
+        let total = rows[0] + rows[1] + rows[2];
+        let (r0, r1, r2, c, pf) = (
+            i32_of(rows[0], "rows")?,
+            i32_of(rows[1], "rows")?,
+            i32_of(rows[2], "rows")?,
+            i32_of(cols, "cols")?,
+            self.pdl.get() as i32,
+        );
+        self.launch_id(
+            self.kernel_id(&format!("mvpr{depth}_q4_k"))?,
+            (u32_of(total.div_ceil(2 * NW), "rows")?, 1, 1),
+            (32 * NW as u32, 1, 1),
+            kargs![w[0], w[1], w[2], r0, r1, r2, c, qs, ds, yq, pf, rp],
         )
     }
 

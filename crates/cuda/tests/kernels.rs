@@ -4742,3 +4742,163 @@ fn staged_row_products_equal_mvqp() {
     g.mvsm.set(saved.2);
     g.mvq_pf.set(saved.3);
 }
+
+/// Session 29: the pipelined half-unit products on the permuted Q8_K activation
+/// (`quantize_act_perm`): the down form (`mvpd*`) is the CPU's scalar `vec_dot` within 2e-5,
+/// the same bits at both depths, plain and accumulating, with the squares in the RMS slots; the
+/// Q/K/V form (`mvpr*`) gives the bits of the down form's products followed by `rope_store`
+/// (full and partial rotation with frequency factors), at both depths.
+#[test]
+fn pipelined_products_equal_cpu_and_products_then_rope_store() {
+    let Some(g) = gpu_or_skip("mvpx") else {
+        return;
+    };
+    let mut r = rng("mvpx");
+    let ty = GgmlType::Q4K;
+    let saved = (g.mvpd.get(), g.mvpr.get());
+    let perm_act = |g: &Gpu, x: &[f32]| {
+        let xb = g.upload(x).unwrap();
+        let (qp, dp) = act_bufs(g, 1, x.len());
+        g.quantize_act_perm(xb.ptr(), x.len(), qp.ptr(), dp.ptr())
+            .unwrap();
+        (qp, dp)
+    };
+    // The down form.
+    for &(rows, cols) in &[(301usize, 8192usize), (64, 3072), (7, 256)] {
+        let what = format!("{rows}x{cols}");
+        let x = randn(&mut r, cols, 1.0);
+        let (_, _, buf) = q8k_token(&g, &x);
+        let (qp, dp) = perm_act(&g, &x);
+        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+        let w = g.upload(&q).unwrap();
+        let want = cpu_rows(ty, &q, rows, cols, &buf);
+        let y0 = randn(&mut r, rows, 1.0);
+        let mut outs = Vec::new();
+        for depth in [4usize, 8] {
+            g.mvpd.set(depth);
+            assert!(g.mvpd_fits(ty, cols));
+            for acc in [false, true] {
+                let y = if acc {
+                    g.upload(&y0).unwrap()
+                } else {
+                    poisoned(&g, rows)
+                };
+                let ss = g.alloc_zeroed(cuda::kernels::RMS_SLOTS * 8).unwrap();
+                g.matvec_q_pipe_down(
+                    w.ptr(),
+                    rows,
+                    cols,
+                    qp.ptr(),
+                    dp.ptr(),
+                    y.ptr(),
+                    acc,
+                    ss.ptr(),
+                )
+                .unwrap();
+                let got: Vec<f32> = g.download(&y, rows).unwrap();
+                let base: Vec<f32> = if acc {
+                    got.iter().zip(&y0).map(|(a, b)| a - b).collect()
+                } else {
+                    got.clone()
+                };
+                let e = rel_err(&base, &want);
+                assert!(
+                    e < 2e-5,
+                    "{what} depth {depth} acc={acc}: vs CPU relative error {e:e}"
+                );
+                assert_slots_hold_squares(&g, &ss, &got, &what);
+                outs.push((acc, got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
+            }
+        }
+        for (a, b) in outs.iter().zip(outs.iter().skip(2)) {
+            assert_eq!(a, b, "{what}: depths 4 and 8 differ");
+        }
+    }
+    g.mvpd.set(0);
+    assert!(!g.mvpd_fits(ty, 3072));
+    // The Q/K/V form against the down form's products then rope_store.
+    g.mvpd.set(4);
+    let (nh, nkv, hd, cols) = (4usize, 2usize, 64usize, 1024usize);
+    let (rq, rk) = (nh * hd, nkv * hd);
+    let factors: Vec<f32> = (0..hd / 4).map(|i| 1.0 + i as f32 * 0.37).collect();
+    let fb = g.upload(&factors).unwrap();
+    let ropes = [
+        cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0),
+        cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr()),
+    ];
+    for (ci, rope) in ropes.iter().enumerate() {
+        let mk = |r: &mut ChaCha8Rng, rows: usize| {
+            g.upload(&quantized(ty, &randn(r, rows * cols, 0.5)).0)
+                .unwrap()
+        };
+        let (wq, wk, wv) = (mk(&mut r, rq), mk(&mut r, rk), mk(&mut r, rk));
+        let x = randn(&mut r, cols, 1.0);
+        let (qp, dp) = perm_act(&g, &x);
+        let pos = vec![r.gen_range(0..4000i32)];
+        let slot = vec![r.gen_range(0..8i32)];
+        let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+        let (q1, k1, v1) = (poisoned(&g, rq), poisoned(&g, rk), poisoned(&g, rk));
+        let (kc1, vc1) = (
+            g.upload(&vec![0u16; 8 * rk]).unwrap(),
+            g.upload(&vec![0u16; 8 * rk]).unwrap(),
+        );
+        for (wm, rows, y) in [(&wq, rq, &q1), (&wk, rk, &k1), (&wv, rk, &v1)] {
+            g.matvec_q_pipe_down(wm.ptr(), rows, cols, qp.ptr(), dp.ptr(), y.ptr(), false, 0)
+                .unwrap();
+        }
+        g.rope_store(
+            1,
+            q1.ptr(),
+            k1.ptr(),
+            v1.ptr(),
+            [0, 0, 0],
+            pb.ptr(),
+            sb.ptr(),
+            rope,
+            nh,
+            nkv,
+            hd,
+            false,
+            kc1.ptr(),
+            vc1.ptr(),
+        )
+        .unwrap();
+        for depth in [3usize, 6] {
+            g.mvpr.set(depth);
+            assert!(g.mvpr_fits([ty; 3], cols));
+            let q2 = poisoned(&g, rq);
+            let (kc2, vc2) = (
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+            );
+            g.matvec_q_qkv_rope_pipe(
+                [wq.ptr(), wk.ptr(), wv.ptr()],
+                [rq, rk, rk],
+                cols,
+                qp.ptr(),
+                dp.ptr(),
+                q2.ptr(),
+                rope,
+                pb.ptr(),
+                sb.ptr(),
+                hd,
+                rk,
+                kc2.ptr(),
+                vc2.ptr(),
+            )
+            .unwrap();
+            let what = format!("case {ci} depth {depth}");
+            let a: Vec<u32> = g.download(&q1, rq).unwrap();
+            let b: Vec<u32> = g.download(&q2, rq).unwrap();
+            assert_eq!(a, b, "{what}: rotated Q");
+            let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&kc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "{what}: K cache");
+            let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
+            let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
+            assert_eq!(a, b, "{what}: V cache");
+        }
+    }
+    g.mvpd.set(saved.0);
+    g.mvpr.set(saved.1);
+}
