@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-tq] [--ab-mvp] [--ab-s29]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-tq] [--ab-s29]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1118,59 +1118,23 @@ fn main() {
         b.set_swiglu_ticket(t0);
         b.set_mvh(h0);
     }
-    // --ab-mvp (session 29): the pipelined half-unit SwiGLU product at several rows per warp
-    // and depths, against the unit kernel (the default) and the half-unit kernel, alternating,
-    // in one process.
-    if args.iter().any(|a| a == "--ab-mvp") {
-        let (m0, h0) = (b.gpu().mvp.get(), b.gpu().mvh.get());
-        let combos = [
-            (false, (0, 3)),
-            (true, (0, 3)),
-            (false, (1, 2)),
-            (false, (1, 3)),
-            (false, (2, 2)),
-            (false, (2, 3)),
-            (false, (3, 3)),
-            (false, (4, 3)),
-        ];
-        for round in 0..3 {
-            for &(mvh, (rpw, d)) in &combos {
-                b.set_mvh(mvh);
-                b.set_mvp(rpw, d);
-                let label = format!("mvh={mvh} mvp={rpw}:{d} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-            }
-        }
-        b.set_mvh(h0);
-        b.set_mvp(m0.0, m0.1);
-    }
-    // --ab-s29 (session 29): the pipelined half-unit products (SwiGLU: 1 row per warp, depth
-    // 3; down: depth 4 or 8; Q/K/V: depth 3 or 6), added one by one, against the default,
-    // alternating, in one process.
+    // --ab-s29 (session 29): the pipelined SwiGLU product (1 row per warp, depth 3) in its
+    // first form (mvp3) and its generic form (mvpg3), against the default, alternating, five
+    // rounds, in one process.
     if args.iter().any(|a| a == "--ab-s29") {
-        let g0 = (b.gpu().mvp.get(), b.gpu().mvpd.get(), b.gpu().mvpr.get());
-        let combos = [
-            (0, 0, 0),
-            (1, 0, 0),
-            (1, 8, 0),
-            (1, 4, 0),
-            (1, 0, 6),
-            (1, 0, 3),
-            (1, 8, 6),
-        ];
-        for round in 0..3 {
-            for &(rpw, d, q) in &combos {
+        let g0 = (b.gpu().mvp.get(), b.gpu().mvpg.get());
+        let combos = [(0, false), (1, false), (1, true)];
+        for round in 0..5 {
+            for &(rpw, generic) in &combos {
                 b.set_mvp(rpw, 3);
-                b.gpu().mvpd.set(d);
-                b.gpu().mvpr.set(q);
+                b.gpu().mvpg.set(generic);
                 b.reset_graphs();
-                let label = format!("mvp={rpw}:3 mvpd={d} mvpr={q} (round {round})");
+                let label = format!("mvp={rpw}:3 generic={generic} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
             }
         }
         b.set_mvp(g0.0 .0, g0.0 .1);
-        b.gpu().mvpd.set(g0.1);
-        b.gpu().mvpr.set(g0.2);
+        b.gpu().mvpg.set(g0.1);
         b.reset_graphs();
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and

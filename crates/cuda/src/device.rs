@@ -347,18 +347,21 @@ pub struct Gpu {
     /// session 29 it also runs without a fused quantization (a quantize_act launch after it).
     pub mvh: std::cell::Cell<bool>,
     /// Session 29: one-token Q4_K SwiGLU products take the pipelined half-unit kernel
-    /// (`mvp{D}_swiglu_q4_k`) with (rows per warp, D): `CROSSOVER_CUDA_MVP=R:D`; rows per
+    /// (`mvp{D}_swiglu_q4_k`) with (rows per warp, D = 3): `CROSSOVER_CUDA_MVP=R:D`; rows per
     /// warp 0 (the default) leaves it off.
     pub mvp: std::cell::Cell<(usize, usize)>,
+    /// Session 29: the SwiGLU form of the generic pipelined kernel (`mvpg3_swiglu_q4_k`) in place
+    /// of `mvp3_swiglu_q4_k` (the same bits): `CROSSOVER_CUDA_MVPG=1`.
+    pub mvpg: std::cell::Cell<bool>,
     /// Session 29: one-token block-per-row products (the down projection) copy their row into
     /// shared memory before their wait (`mvqs_*`, the same bits as `mvqp_*`): off unless
     /// `CROSSOVER_CUDA_MVQS=1`.
     pub mvqs: std::cell::Cell<bool>,
     /// Session 29: one-token Q4_K down products take the pipelined half-unit kernel
-    /// (`mvpd{D}_q4_k`) with depth D (4 or 8): `CROSSOVER_CUDA_MVPD=D`; 0 (the default) off.
+    /// (`mvpd{D}_q4_k`) with depth D (4): `CROSSOVER_CUDA_MVPD=D`; 0 (the default) off.
     pub mvpd: std::cell::Cell<usize>,
     /// Session 29: one-token Q/K/V launches whose three matrices are Q4_K take the pipelined
-    /// half-unit kernel (`mvpr{D}_q4_k`) with depth D (3 or 6): `CROSSOVER_CUDA_MVPR=D`; 0 (the
+    /// half-unit kernel (`mvpr{D}_q4_k`) with depth D (3): `CROSSOVER_CUDA_MVPR=D`; 0 (the
     /// default) off.
     pub mvpr: std::cell::Cell<usize>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
@@ -597,6 +600,7 @@ impl Gpu {
                     })
                     .unwrap_or((0, 3)),
             ),
+            mvpg: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPG").as_deref() == Ok("1")),
             mvpd: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPD", 0)),
             mvpr: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPR", 0)),
             mvqs: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQS").as_deref() == Ok("1")),

@@ -348,12 +348,10 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
-    v.push("mvp2_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
+    v.push("mvpg3_swiglu_q4_k".into());
     v.push("mvpd4_q4_k".into());
-    v.push("mvpd8_q4_k".into());
     v.push("mvpr3_q4_k".into());
-    v.push("mvpr6_q4_k".into());
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
         v.push(format!("mvrp_swiglu_{t}"));
@@ -2516,10 +2514,10 @@ impl Gpu {
         y: u64,
     ) -> Result<(), CudaError> {
         let (rpw, depth) = self.mvp.get();
-        if !cols.is_multiple_of(256) || cols == 0 || rpw == 0 || !(2..=3).contains(&depth) {
+        if !cols.is_multiple_of(256) || cols == 0 || rpw == 0 || depth != 3 {
             return Err(CudaError::Arg(format!(
                 "pipelined SwiGLU product: {cols} columns (Q4_K: a multiple of 256), {rpw} rows \
-                 per warp (at least 1), depth {depth} (2 or 3)"
+                 per warp (at least 1), depth {depth} (3)"
             )));
         }
         const NW: usize = 4;
@@ -2530,7 +2528,11 @@ impl Gpu {
             i32_of(rpw, "rows per warp")?,
         );
         self.launch_id(
-            self.kernel_id(&format!("mvp{depth}_swiglu_q4_k"))?,
+            self.kernel_id(if self.mvpg.get() {
+                "mvpg3_swiglu_q4_k"
+            } else {
+                "mvp3_swiglu_q4_k"
+            })?,
             (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
             (32 * NW as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, rw],
@@ -2561,10 +2563,9 @@ impl Gpu {
         ss: u64,
     ) -> Result<(), CudaError> {
         let depth = self.mvpd.get();
-        if !cols.is_multiple_of(256) || cols == 0 || ![4, 8].contains(&depth) {
+        if !cols.is_multiple_of(256) || cols == 0 || depth != 4 {
             return Err(CudaError::Arg(format!(
-                "pipelined product: {cols} columns (Q4_K: a multiple of 256), depth {depth} \
-                 (4 or 8)"
+                "pipelined product: {cols} columns (Q4_K: a multiple of 256), depth {depth} (4)"
             )));
         }
         const NW: usize = 4;
@@ -2614,14 +2615,10 @@ impl Gpu {
         vc: u64,
     ) -> Result<(), CudaError> {
         let depth = self.mvpr.get();
-        if !cols.is_multiple_of(256)
-            || cols == 0
-            || ![3, 6].contains(&depth)
-            || rows.iter().any(|r| r % 2 != 0)
-        {
+        if !cols.is_multiple_of(256) || cols == 0 || depth != 3 || rows.iter().any(|r| r % 2 != 0) {
             return Err(CudaError::Arg(format!(
                 "pipelined Q/K/V launch: {cols} columns (a multiple of 256), rows {rows:?} (even), \
-                 depth {depth} (3 or 6)"
+                 depth {depth} (3)"
             )));
         }
         let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
