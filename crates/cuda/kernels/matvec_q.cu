@@ -624,15 +624,14 @@ __device__ __forceinline__ float unit_dot(const int* q, const typename QI<T>::P&
 template <int T, int NT, bool GLU>
 __device__ void mvq_impl(const u8* w, const u8* wu, int rows, int cols, const i8* aq,
                          const float2* ad, int nt, float* y, int accumulate,
-                         double* ss = nullptr, int row = -1, const u8* wrow = nullptr) {
+                         double* ss = nullptr, int row = -1) {
     __shared__ float sh[2][4][NT];
     if (row < 0) row = blockIdx.x;
     if (row >= rows) return;
     int units = cols / 32;
     constexpr int UPB = Q<T>::BE / 32;
     long long row_bytes = (long long)(cols / Q<T>::BE) * Q<T>::BB;
-    // `wrow` (session 29, mvqs_*): the row's bytes already copied elsewhere (shared memory).
-    const u8* wr = wrow ? wrow : w + (long long)row * row_bytes;
+    const u8* wr = w + (long long)row * row_bytes;
     const u8* wur = GLU ? wu + (long long)row * row_bytes : wr;
     float acc[NT], accu[NT];
 #pragma unroll

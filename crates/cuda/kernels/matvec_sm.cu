@@ -91,30 +91,3 @@ DEF_MVSM(q4_k, T_Q4_K)
 DEF_MVSM(q5_k, T_Q5_K)
 DEF_MVSM(q6_ka, T_Q6_KA)
 DEF_MVSM(q6_ku, T_Q6_KU)
-
-// Session 29 (`mvqs_*`): mvqp_*'s block-per-row product (the down projection's 8192-column rows)
-// with the block's row copied into shared memory by cp.async before griddepcontrol.wait (mvqp
-// only asks L2 for it), so after the wait the weights come from shared memory; then mvq_impl on
-// that copy: mvqp's operations in its order, its bits. Rows of 16-byte multiples only (Q4_K,
-// Q5_K, the Q6_KA copies); dynamic shared memory = one row.
-#define DEF_MVQS(name, T) \
-    extern "C" __global__ void __launch_bounds__(128) mvqs_##name( \
-        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
-        int accumulate, double* ss) { \
-        extern __shared__ __align__(16) u8 sqr[]; \
-        long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB; \
-        if ((int)blockIdx.x < rows) { \
-            const u8* src = w + (long long)blockIdx.x * rb; \
-            for (int i = threadIdx.x * 16; i < rb; i += blockDim.x * 16) \
-                cp_async16(sqr + i, src + i, 16); \
-            cp_async_commit(); \
-        } \
-        PDL_ENTRY(); \
-        cp_async_wait<0>(); \
-        __syncthreads(); \
-        mvq_impl<T, 1, false>(w, w, rows, cols, aq, ad, 1, y, accumulate, ss, -1, sqr); \
-    }
-DEF_MVQS(q4_k, T_Q4_K)
-DEF_MVQS(q5_k, T_Q5_K)
-DEF_MVQS(q6_ka, T_Q6_KA)
-DEF_MVQS(q6_ku, T_Q6_KU)

@@ -353,10 +353,6 @@ pub struct Gpu {
     /// Session 29: the SwiGLU form of the generic pipelined kernel (`mvpg3_swiglu_q4_k`) in place
     /// of `mvp3_swiglu_q4_k` (the same bits): `CROSSOVER_CUDA_MVPG=1`.
     pub mvpg: std::cell::Cell<bool>,
-    /// Session 29: one-token block-per-row products (the down projection) copy their row into
-    /// shared memory before their wait (`mvqs_*`, the same bits as `mvqp_*`): off unless
-    /// `CROSSOVER_CUDA_MVQS=1`.
-    pub mvqs: std::cell::Cell<bool>,
     /// Session 29: one-token Q4_K down products take the pipelined half-unit kernel
     /// (`mvpd{D}_q4_k`) with depth D (4): `CROSSOVER_CUDA_MVPD=D`; 0 (the default) off.
     pub mvpd: std::cell::Cell<usize>,
@@ -603,7 +599,6 @@ impl Gpu {
             mvpg: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPG").as_deref() == Ok("1")),
             mvpd: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPD", 0)),
             mvpr: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPR", 0)),
-            mvqs: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQS").as_deref() == Ok("1")),
             swiglu_ticket: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_SWIGLU_TICKET").as_deref() == Ok("1"),
             ),

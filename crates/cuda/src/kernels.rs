@@ -366,7 +366,6 @@ pub fn all_kernel_names() -> Vec<String> {
     for t in MVSM_TYPES {
         v.push(format!("mvsm_{t}"));
         v.push(format!("mvsmp_{t}"));
-        v.push(format!("mvqs_{t}"));
     }
     // Session 21: the one-token wide products that quantize their activation on a cluster.
     for (_, t) in QTYPES {
@@ -1126,19 +1125,6 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             let t = QTYPES[qtype_index(ty)?].1;
             let th = self.mvqp_block(cols);
-            // Session 29: the row staged in shared memory before the wait (`mvqs_*`).
-            let rb = matrix_bytes(ty, 1, cols);
-            if let Some(smem) = self.mvqs_bytes(t, rb, w) {
-                return self
-                    .launch_id_smem(
-                        self.kernel_id(&format!("mvqs_{t}"))?,
-                        (u32_of(rows, "rows")?, 1, 1),
-                        (th, 1, 1),
-                        smem,
-                        kargs![w, rr, c, qs, ds, y, a, ss],
-                    )
-                    .map(|_| ss != 0);
-            }
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
             let name = format!("mvqp_{t}");
             return self
@@ -1158,18 +1144,6 @@ impl Gpu {
             kargs![w, rr, c, qs, ds, n, y, a],
         )
         .map(|_| false)
-    }
-
-    /// The shared memory of an `mvqs_<t>` launch (session 29, [`Gpu::mvqs`]) on rows of `rb`
-    /// bytes at `w`, where it takes the product: switched on, a type with an `mvqs` kernel, rows
-    /// of 16-byte multiples at a 16-byte aligned address, at most 48 KB.
-    fn mvqs_bytes(&self, t: &str, rb: usize, w: u64) -> Option<u32> {
-        (self.mvqs.get()
-            && MVSM_TYPES.contains(&t)
-            && rb.is_multiple_of(16)
-            && w.is_multiple_of(16)
-            && rb <= 48 * 1024)
-            .then_some(rb as u32)
     }
 
     /// Threads per block of an `mvqp_*` launch on rows `cols` wide ([`Gpu::mvqp_threads`]).
@@ -1525,17 +1499,6 @@ impl Gpu {
             accumulate as i32,
         );
         let t = if self.q6u_wide.get() { t } else { "q6_ka" };
-        if let Some(smem) = self.mvqs_bytes(t, rb, w) {
-            return self
-                .launch_id_smem(
-                    self.kernel_id(&format!("mvqs_{t}"))?,
-                    (u32_of(rows, "rows")?, 1, 1),
-                    (self.mvqp_block(cols), 1, 1),
-                    smem,
-                    kargs![w, rr, c, qs, ds, y, a, ss],
-                )
-                .map(|_| ss != 0);
-        }
         self.launch_id(
             self.kernel_id(&format!("mvqp_{t}"))?,
             (u32_of(rows, "rows")?, 1, 1),
