@@ -361,7 +361,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-tq] [--ab-s29]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1101,41 +1101,19 @@ fn main() {
         b.set_fuse_quant(f0);
         b.set_mvh(h0);
     }
-    // --ab-tq (session 29): the down projection's activation quantized in the SwiGLU product
-    // by tickets (no fences) against the quantize_act launch, each with the unit and the
-    // half-unit SwiGLU kernels, alternating, in one process.
-    if args.iter().any(|a| a == "--ab-tq") {
-        let (t0, h0) = (b.gpu().swiglu_ticket.get(), b.gpu().mvh.get());
-        let combos = [(false, false), (false, true), (true, false), (true, true)];
-        for round in 0..3 {
-            for &(tq, mvh) in &combos {
-                b.set_swiglu_ticket(tq);
-                b.set_mvh(mvh);
-                let label = format!("ticket={tq} mvh={mvh} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-            }
-        }
-        b.set_swiglu_ticket(t0);
-        b.set_mvh(h0);
-    }
-    // --ab-s29 (session 29): the pipelined SwiGLU product (1 row per warp, depth 3) in its
-    // first form (mvp3) and its generic form (mvpg3), against the default, alternating, five
-    // rounds, in one process.
-    if args.iter().any(|a| a == "--ab-s29") {
-        let g0 = (b.gpu().mvp.get(), b.gpu().mvpg.get());
-        let combos = [(0, false), (1, false), (1, true)];
+    // --ab-mvp (session 29): the SwiGLU product with its row's weights in registers before
+    // the wait (mvp3, 1 row per warp) against the unit kernel (the default before), five rounds
+    // alternating in one process.
+    if args.iter().any(|a| a == "--ab-mvp") {
+        let m0 = b.gpu().mvp.get();
         for round in 0..5 {
-            for &(rpw, generic) in &combos {
+            for rpw in [0, 1] {
                 b.set_mvp(rpw, 3);
-                b.gpu().mvpg.set(generic);
-                b.reset_graphs();
-                let label = format!("mvp={rpw}:3 generic={generic} (round {round})");
+                let label = format!("mvp={rpw}:3 (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
             }
         }
-        b.set_mvp(g0.0 .0, g0.0 .1);
-        b.gpu().mvpg.set(g0.1);
-        b.reset_graphs();
+        b.set_mvp(m0.0, m0.1);
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and
     // warps per block (plain and Q/K/V; SwiGLU), alternating, in one process, with each

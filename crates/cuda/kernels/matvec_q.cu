@@ -213,68 +213,6 @@ __device__ __forceinline__ void quant_arrive(const float* x, int n, int g, int g
     if (lane == 0) *counter = 0;
 }
 
-// Session 29 (`qfmt | QF_TICKET`): the one-token SwiGLU product quantizes the down projection's
-// activation without a fence or a per-warp atomic (quant_arrive's cost: session 17 measured the
-// fused form 0.13 ms per token slower than a quantize_act launch). Each block takes a ticket of
-// its 256-row group when it starts (thread 0, one atomic per block, its result needed only at
-// the end); warp 0 of the block that drew the group's last ticket waits for the group's values
-// in `y` to arrive and quantizes them (quant_group_vals: quantize_act's bytes). The values
-// announce themselves: `y` holds TQ_EMPTY (a NaN no arithmetic writes: the GPU's NaNs are
-// 0x7fffffff) wherever no value has been written, and that warp writes TQ_EMPTY back once it has
-// read them, and zeroes the counter, so both are ready for the next launch. Waiting is safe: the
-// last ticket is drawn by the group's last block to start, so every block it waits for has
-// started and waits on nothing. The buffer must be filled with TQ_EMPTY before first use and
-// only this path may write it.
-#define QF_TICKET 0x1000
-#define TQ_EMPTY 0xffffffffu
-
-__device__ __forceinline__ u32 tq_take(u32* cnt, int g) {
-    return threadIdx.x == 0 ? atomicAdd(cnt + g, 1u) : 0u;
-}
-
-__device__ __forceinline__ uint4 ld_relaxed_v4(const void* p) {
-    uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.b32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-// Called by every thread of a block after its rows of group g are written (n rows in all,
-// nblk blocks in the group, `ticket` thread 0's tq_take); only warp 0 of the last block works.
-__device__ void tq_finish(float* y, int n, int g, int nblk, u32 ticket, int fmt, u32* cnt,
-                          i8* qs, float2* ds) {
-    if (threadIdx.x >= 32) return;
-    ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket + 1 != (u32)nblk) return;
-    int lane = threadIdx.x;
-    int c0 = g * 256 + lane * 8;
-    bool valid = c0 < n;
-    uint4 a = make_uint4(0u, 0u, 0u, 0u), b = a;
-    if (valid) {
-        for (;;) {
-            a = ld_relaxed_v4(y + c0);
-            b = ld_relaxed_v4(y + c0 + 4);
-            bool full = a.x != TQ_EMPTY && a.y != TQ_EMPTY && a.z != TQ_EMPTY &&
-                        a.w != TQ_EMPTY && b.x != TQ_EMPTY && b.y != TQ_EMPTY &&
-                        b.z != TQ_EMPTY && b.w != TQ_EMPTY;
-            if (full) break;
-        }
-    }
-    __syncwarp();
-    float v[8] = {__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z),
-                  __uint_as_float(a.w), __uint_as_float(b.x), __uint_as_float(b.y),
-                  __uint_as_float(b.z), __uint_as_float(b.w)};
-    quant_group_vals(v, valid, c0, fmt, qs, ds);
-    if (valid) {
-        uint4 e = make_uint4(TQ_EMPTY, TQ_EMPTY, TQ_EMPTY, TQ_EMPTY);
-        *(uint4*)(y + c0) = e;
-        *(uint4*)(y + c0 + 4) = e;
-    }
-    if (lane == 0) cnt[g] = 0u;
-}
-
 // Quantize rows of x (n columns each) for integer products. grid = (rows, ceil(n / 256)),
 // blockDim.x = 256: one block per 256 elements (a Q8_K super-block, 8 Q8_0 blocks), so a
 // decode step's single row spreads over many SMs. qs/ds (int8 values and scales) or xh (the
@@ -945,9 +883,6 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     }
     pdl_wait();
     pdl_launch();
-    // Session 29: the block's rows lie in one 256-row group (the host checks it).
-    bool tq = GLU && (qfmt & QF_TICKET);
-    u32 ticket = tq ? tq_take(qcnt, first >> 8) : 0u;
     if (PREP) {
         __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
         __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
@@ -962,12 +897,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
         if (ahead && k + 2 < loops) mvr_prefetch_rows<T, GLU>(row + 2 * nw * per_warp, w0, w1, w2,
                                                                r0, r1, total, rb);
         mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
-                         accumulate, tq ? 0 : qfmt, qcnt, qso, dso, rp, ss);
-    }
-    if (tq) {
-        int g = first >> 8;
-        tq_finish(y0, total, g, min(256, total - g * 256) / (nw * loops), ticket,
-                  qfmt & ~QF_TICKET, qcnt, qso, dso);
+                         accumulate, qfmt, qcnt, qso, dso, rp, ss);
     }
 }
 
@@ -1409,8 +1339,6 @@ extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
     }
     pdl_wait();
     pdl_launch();
-    bool tq = (qfmt & QF_TICKET) != 0;
-    u32 ticket = tq ? tq_take(qcnt, (blockIdx.x * nw) >> 8) : 0u;
     if (row >= rows) return;
     const u8* g0 = wg + (long long)row * rb;
     const u8* u0 = wu + (long long)row * rb;
@@ -1476,148 +1404,28 @@ extern "C" __global__ void __launch_bounds__(256) mvh_swiglu_q4_k(
     accg = warp_sum(accg);
     accu = warp_sum(accu);
     if (lane == 0) y[row] = ggml_swiglu(accg, accu);
-    if (tq) {
-        int g = row >> 8;
-        tq_finish(y, rows, g, min(256, rows - g * 256) / nw, ticket, qfmt & ~QF_TICKET, qcnt,
-                  qso, dso);
-    } else if (qfmt) {
+    if (qfmt) {
         int g = row >> 8;
         quant_arrive(y, rows, g, min(256, rows - g * 256), 1, qfmt, qcnt + g, qso, dso);
     }
 }
-// Session 29: mvh_swiglu_q4_k's arithmetic with its loads pipelined across rows (`mvp*`). Each
-// warp walks `rpw` consecutive output rows as one stream of steps of four super-blocks (lane
-// slot l takes super-block 4k + l of step k, mvh's lane roles within a super-block), the
-// weights of the next D - 1 steps already in registers while a step is computed, and the first
-// D steps' loads issued before the PDL wait (the weights depend on no earlier kernel). A lane
-// adds its steps in mvh's order (super-blocks l, 4 + l, 8 + l, ...) and each row ends with
-// mvh's warp sums, so the outputs are mvh's bits. The activation is Q8_K in the permuted layout
-// (ACT_PERM). Three forms (MODE):
-// - MVP_GLU (`mvp{D}_swiglu_q4_k`): gate and up rows, y = swiglu (no fused quantization);
-// - MVP_PLAIN (`mvpd{D}_q4_k`, the down projection): one matrix, y (+)= the sum, the squares
-//   into the RMS slots;
-// - MVP_ROPE (`mvpr{D}_q4_k`, Q/K/V of one type): rows laid end to end as mvr_rope's, two per
-//   warp (a rotation pair), then mvr_rows' RoPE and KV-store epilogue (qkv_pair_out).
-#define MVP_GLU 0
-#define MVP_PLAIN 1
-#define MVP_ROPE 2
+// Session 29 (`mvp3_swiglu_q4_k`): mvh_swiglu_q4_k's arithmetic with a row's weights in
+// registers before the PDL wait. Each warp walks `rpw` consecutive output rows as one stream of
+// steps of four super-blocks (lane slot l takes super-block 4k + l of step k, mvh's lane roles
+// within a super-block), the gate and up weights of the next D - 1 steps already in registers
+// while a step is computed, and the first D steps' loads issued before the wait (the weights
+// depend on no earlier kernel; the mvr/mvh kernels only ask L2 for them there). With one row
+// per warp and D = 3, a 3072-column row is all in registers when the wait returns. A lane adds
+// its steps in mvh's order (super-blocks l, 4 + l, 8 + l, ...) and each row ends with mvh's warp
+// sums, so the outputs are mvh's bits. The activation is Q8_K in the permuted layout (ACT_PERM);
+// no fused quantization (quantize_act follows). Measured in session 29 (docs/perf/cuda.md).
 struct MvpW {
     uint4 g, hg, u, hu;
 };
 
-template <bool TWO>
-__device__ __forceinline__ void mvp_load(MvpW& w, const u8* __restrict__ pg,
-                                         const u8* __restrict__ pu, bool ok, int qoff) {
-    if (ok) {
-        w.g = __ldg((const uint4*)(pg + qoff));
-        w.hg = __ldg((const uint4*)pg);
-        if (TWO) {
-            w.u = __ldg((const uint4*)(pu + qoff));
-            w.hu = __ldg((const uint4*)pu);
-        }
-    } else {
-        w.g = w.hg = w.u = w.hu = make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-
-template <int D, int MODE>
-__device__ void mvp_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
-                         const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
-                         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y,
-                         int prefetch, int rpw, int accumulate, double* ss, const RopeArgs* rp) {
-    constexpr bool TWO = MODE == MVP_GLU;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int sbs = cols / 256, steps = (sbs + 3) / 4;
-    long long rb = (long long)sbs * 144;
-    int total = MODE == MVP_ROPE ? r0 + r1 + r2 : r0;
-    int row0 = (blockIdx.x * nw + warp) * rpw;
-    int nrows = max(0, min(rpw, total - row0));
-    int items = nrows * steps;
-    // Row g's weights (the gate's for MVP_GLU; the up row is at the same offset of w1).
-    auto rowp = [&](int g) -> const u8* {
-        if (MODE != MVP_ROPE || g < r0) return w0 + (long long)g * rb;
-        if (g < r0 + r1) return w1 + (long long)(g - r0) * rb;
-        return w2 + (long long)(g - r0 - r1) * rb;
-    };
-    if ((prefetch & 1) && nrows > 0) {
-        // The warp's own rows (contiguous within each matrix but for Q/K/V pairs, which never
-        // straddle two matrices).
-        const u8* p = rowp(row0);
-        warp_prefetch_l2(p, (long long)nrows * rb);
-        if (TWO) warp_prefetch_l2(w1 + (p - w0), (long long)nrows * rb);
-    }
-    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
-    int qoff = 16 + 32 * c + 16 * h;
-    // The load cursor (row, step) runs D steps ahead of the compute cursor.
-    int lr = 0, lk = 0;
-    MvpW w[D];
-#pragma unroll
-    for (int j = 0; j < D; j++) {
-        int s = 4 * lk + slot;
-        bool ok = lr < nrows && s < sbs;
-        const u8* p = ok ? rowp(row0 + lr) + (long long)s * 144 : w0;
-        mvp_load<TWO>(w[j], p, TWO ? w1 + (p - w0) : p, ok, qoff);
-        if (++lk == steps) { lk = 0; lr++; }
-    }
-    pdl_wait();
-    pdl_launch();
-    float accg = 0.0f, accu = 0.0f, first = 0.0f;
-    int cr = 0, ck = 0;
-    for (int i0 = 0; i0 < items; i0 += D) {
-#pragma unroll
-        for (int j = 0; j < D; j++) {
-            if (i0 + j < items) {
-                int s = 4 * ck + slot;
-                bool v = s < sbs;
-                int4 alo = make_int4(0, 0, 0, 0), ahi = alo;
-                float4 dd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (v) {
-                    const i8* a = aq + 256 * s + 32 * c + 16 * h;
-                    alo = *(const int4*)a;
-                    ahi = *(const int4*)(a + 128);
-                    dd = *(const float4*)(ad + 8 * s + 2 * c);
-                }
-                float pg = mvh_sub(w[j].g, w[j].hg, alo, ahi, dd, c, h);
-                float pu = TWO ? mvh_sub(w[j].u, w[j].hu, alo, ahi, dd, c, h) : 0.0f;
-                if (v) {
-                    accg += pg;
-                    if (TWO) accu += pu;
-                }
-                int sl = 4 * lk + slot;
-                bool ok = lr < nrows && sl < sbs;
-                const u8* p = ok ? rowp(row0 + lr) + (long long)sl * 144 : w0;
-                mvp_load<TWO>(w[j], p, TWO ? w1 + (p - w0) : p, ok, qoff);
-                if (++lk == steps) { lk = 0; lr++; }
-                if (++ck == steps) {
-                    int row = row0 + cr;
-                    float gsum = warp_sum(accg);
-                    if (MODE == MVP_GLU) {
-                        float usum = warp_sum(accu);
-                        if (lane == 0) y[row] = ggml_swiglu(gsum, usum);
-                    } else if (MODE == MVP_PLAIN) {
-                        if (lane == 0) {
-                            float val = accumulate ? y[row] + gsum : gsum;
-                            y[row] = val;
-                            if (ss) ss_add(ss, row, val);
-                        }
-                    } else if (cr & 1) {
-                        if (lane == 0) qkv_pair_out(row - 1, r0, r1, first, gsum, y, rp);
-                    } else {
-                        first = gsum;
-                    }
-                    accg = accu = 0.0f;
-                    ck = 0;
-                    cr++;
-                }
-            }
-        }
-    }
-}
-
-// mvp_swiglu_impl's loader (row offsets into both matrices).
-__device__ __forceinline__ void mvp_load_glu(MvpW& w, const u8* __restrict__ wg,
-                                             const u8* __restrict__ wu, long long off, bool ok,
-                                             int qoff) {
+__device__ __forceinline__ void mvp_load(MvpW& w, const u8* __restrict__ wg,
+                                         const u8* __restrict__ wu, long long off, bool ok,
+                                         int qoff) {
     if (ok) {
         w.g = __ldg((const uint4*)(wg + off + qoff));
         w.hg = __ldg((const uint4*)(wg + off));
@@ -1628,9 +1436,6 @@ __device__ __forceinline__ void mvp_load_glu(MvpW& w, const u8* __restrict__ wg,
     }
 }
 
-// The SwiGLU form as first measured (session 29 calls 2-3: -0.03 ms per token on an H100):
-// the block's rows asked of L2 by the whole block, row offsets computed directly. Same
-// arithmetic and order as mvp_impl<D, MVP_GLU> (`mvpg*`), so the same bits.
 template <int D>
 __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict__ wu, int rows,
                                 int cols, const i8* __restrict__ aq,
@@ -1657,7 +1462,7 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
 #pragma unroll
     for (int j = 0; j < D; j++) {
         int s = 4 * lk + slot;
-        mvp_load_glu(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)s * 144,
+        mvp_load(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)s * 144,
                  lr < nrows && s < sbs, qoff);
         if (++lk == steps) { lk = 0; lr++; }
     }
@@ -1686,7 +1491,7 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
                     accu += pu;
                 }
                 int sl = 4 * lk + slot;
-                mvp_load_glu(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)sl * 144,
+                mvp_load(w[j], wg, wu, (long long)(row0 + lr) * rb + (long long)sl * 144,
                          lr < nrows && sl < sbs, qoff);
                 if (++lk == steps) { lk = 0; lr++; }
                 if (++ck == steps) {
@@ -1707,32 +1512,8 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
         const i8* __restrict__ aq, const float2* __restrict__ ad, float* y, int prefetch, \
         int rpw) { \
         mvp_swiglu_impl<D>(wg, wu, rows, cols, aq, ad, y, prefetch, rpw); \
-    } \
-    extern "C" __global__ void __launch_bounds__(128) mvpg##D##_swiglu_q4_k( \
-        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, int cols, \
-        const i8* __restrict__ aq, const float2* __restrict__ ad, float* y, int prefetch, \
-        int rpw) { \
-        mvp_impl<D, MVP_GLU>(wg, wu, wu, rows, 0, 0, cols, aq, ad, y, prefetch, rpw, 0, nullptr, \
-                             nullptr); \
     }
 DEF_MVP(3)
-#define DEF_MVPD(D) \
-    extern "C" __global__ void __launch_bounds__(128) mvpd##D##_q4_k( \
-        const u8* __restrict__ w, int rows, int cols, const i8* __restrict__ aq, \
-        const float2* __restrict__ ad, float* y, int prefetch, int accumulate, double* ss) { \
-        mvp_impl<D, MVP_PLAIN>(w, w, w, rows, 0, 0, cols, aq, ad, y, prefetch, 1, accumulate, ss, \
-                               nullptr); \
-    }
-DEF_MVPD(4)
-#define DEF_MVPR(D) \
-    extern "C" __global__ void __launch_bounds__(128) mvpr##D##_q4_k( \
-        const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, int r0, \
-        int r1, int r2, int cols, const i8* __restrict__ aq, const float2* __restrict__ ad, \
-        float* yq, int prefetch, RopeArgs rp) { \
-        mvp_impl<D, MVP_ROPE>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, 2, 0, nullptr, \
-                              &rp); \
-    }
-DEF_MVPR(3)
 
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \

@@ -161,9 +161,6 @@ struct Scratch {
     att: DevBuf,
     g: DevBuf,
     u: DevBuf,
-    /// Session 29: the one-token SwiGLU row of the ticket-quantized form
-    /// ([`kernels::OutQuant::ticket`]): [`kernels::TQ_EMPTY`] words between launches.
-    gt: DevBuf,
     /// Outputs of the fused Q/K/V and gate/up products of batched steps (v10): rows of
     /// `qd + 2 kvd` and `2 ff` floats for up to 64 tokens.
     qkv: DevBuf,
@@ -672,7 +669,6 @@ impl CudaBackend {
             att: gpu.alloc(n * qd * f4)?,
             g: gpu.alloc(n * ff * f4)?,
             u: gpu.alloc(n * ff * f4)?,
-            gt: gpu.alloc_filled(ff.div_ceil(256) * 256 * f4, kernels::TQ_EMPTY)?,
             qkv: gpu.alloc(fused_rows * (qd + 2 * kvd) * f4)?,
             gu: gpu.alloc(fused_rows * 2 * ff * f4)?,
             part: gpu.alloc(part_floats * f4)?,
@@ -1335,14 +1331,6 @@ impl CudaBackend {
     /// 3); drops captured graphs so later steps use the choice.
     pub fn set_mvp(&mut self, rpw: usize, depth: usize) {
         self.gpu.mvp.set((rpw, depth));
-        self.graphs.clear();
-    }
-
-    /// Session 29: one-token steps quantize the down projection's activation inside the
-    /// SwiGLU product without fences ([`Gpu::swiglu_ticket`]); drops captured graphs so later
-    /// steps use the choice.
-    pub fn set_swiglu_ticket(&mut self, on: bool) {
-        self.gpu.swiglu_ticket.set(on);
         self.graphs.clear();
     }
 
@@ -2316,11 +2304,6 @@ impl CudaBackend {
                 && qf.is_some();
             // ... with the RMSNorm and quantization inside that launch too.
             let prep_qkv = rope_ok && prep && gpu.mvr_prep_fits(l.wq.cols);
-            // Session 29: Q/K/V all Q4_K on the pipelined half-unit launch, whose activation
-            // the norm stores in the permuted layout.
-            let pipe_qkv =
-                rope_ok && !prep_qkv && gpu.mvpr_fits([l.wq.ty, l.wk.ty, l.wv.ty], l.wq.cols);
-            let mut qkv_perm = false;
             // Session 20: whether the output projection takes the attention's f32 rows and
             // quantizes them itself (set with the one-token attention below).
             let mut o_from_f32 = false;
@@ -2342,11 +2325,10 @@ impl CudaBackend {
                     nq,
                     raw,
                     (ss_in, zero),
-                    pipe_qkv,
+                    false,
                 )?;
                 if took {
                     ss_clear = zero;
-                    qkv_perm = pipe_qkv;
                 }
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
@@ -2360,29 +2342,7 @@ impl CudaBackend {
                         .all(|m| kernels::act_format(m.ty) == qf)
             });
             let qkv_width = qd + 2 * kvd;
-            if fused_rope && qkv_perm {
-                gpu.matvec_q_qkv_rope_pipe(
-                    [l.wq.q.ptr(), l.wk.q.ptr(), l.wv.q.ptr()],
-                    [l.wq.rows, l.wk.rows, l.wv.rows],
-                    l.wq.cols,
-                    s.aq.ptr(),
-                    s.ad.ptr(),
-                    s.q.ptr(),
-                    &self.rope,
-                    mp.pos,
-                    mp.slot,
-                    hd,
-                    kvd,
-                    self.kc[li].ptr(),
-                    self.vc[li].ptr(),
-                )
-                .map_err(|e| match e {
-                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
-                    o => o,
-                })?;
-                // The buffers hold the permuted layout, which no other product reads.
-                qc = Acts::default();
-            } else if fused_rope {
+            if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
                 let mut launches = vec![(
@@ -2816,9 +2776,8 @@ impl CudaBackend {
             Self::trace_point(gpu, tr, s, &mut qc, ("ffn_inp", li, 0), &s.x, n, e)?;
             let gf = kernels::act_format(l.gate.ty);
             // One token: the gate/up product normalizes and quantizes its activation itself (v7).
-            // Session 29: the fused quantization of the down projection's activation, with
-            // fences (`fuse_quant`, v6) or tickets (`swiglu_ticket`).
-            let fq = gpu.fuse.get() && (gpu.fuse_quant.get() || gpu.swiglu_ticket.get());
+            // v6: the fused quantization of the down projection's activation.
+            let fq = gpu.fuse.get() && gpu.fuse_quant.get();
             let prep_ffn = prep
                 && !fq
                 && l.gate.host.is_none()
@@ -2846,10 +2805,7 @@ impl CudaBackend {
             };
             let df_ok = |qc: &Acts| {
                 kernels::act_format(l.down.ty).filter(|f| {
-                    fq && one_glu(qc)
-                        && l.down.host.is_none()
-                        && ff.is_multiple_of(f.block())
-                        && (!gpu.swiglu_ticket.get() || ff.is_multiple_of(256))
+                    fq && one_glu(qc) && l.down.host.is_none() && ff.is_multiple_of(f.block())
                 })
             };
             // Session 16: for the half-unit Q4_K product the norm stores the permuted layout
@@ -2912,16 +2868,13 @@ impl CudaBackend {
             let mut down_x = s.g.ptr();
             let df = df.filter(|_| !perm_used || gpu.mvh_fits(l.gate.ty, l.gate.cols));
             if let Some(f) = df {
-                let ticket = gpu.swiglu_ticket.get();
                 let dq = Some(kernels::OutQuant {
                     fmt: f,
                     cnt: s.qcnt.ptr(),
                     qs: s.aq2.ptr(),
                     ds: s.ad2.ptr(),
-                    ticket,
                 });
-                // The ticket form's output row is its own buffer of empty slots.
-                let y = if ticket { s.gt.ptr() } else { s.g.ptr() };
+                let y = s.g.ptr();
                 if perm_used {
                     gpu.matvec_q_swiglu_half(
                         l.gate.q.ptr(),
@@ -2949,11 +2902,7 @@ impl CudaBackend {
                 }
                 // The down product as the default path runs it (the aligned Q6_K copy where
                 // there is one), on the second activation buffers.
-                let ss = if self.down_ss || !gpu.swiglu_ticket.get() {
-                    std::mem::take(&mut ss_clear)
-                } else {
-                    0
-                };
+                let ss = std::mem::take(&mut ss_clear);
                 let wrote = match q6a_for(gpu, &l.down, 1) {
                     Some(wa) => gpu.matvec_q6ka_ss(
                         l.down.ty,
@@ -3154,36 +3103,6 @@ impl CudaBackend {
                     CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
                     o => o,
                 })?;
-            } else if n == 1
-                && matvec_path
-                && tr.is_none()
-                && l.down.host.is_none()
-                && gpu.mvpd_fits(l.down.ty, l.down.cols)
-            {
-                // Session 29: the pipelined half-unit product on the permuted activation.
-                let ss = if self.down_ss {
-                    std::mem::take(&mut ss_clear)
-                } else {
-                    0
-                };
-                gpu.quantize_act_perm(down_x, l.down.cols, s.aq.ptr(), s.ad.ptr())?;
-                gpu.matvec_q_pipe_down(
-                    l.down.q.ptr(),
-                    l.down.rows,
-                    l.down.cols,
-                    s.aq.ptr(),
-                    s.ad.ptr(),
-                    s.x.ptr(),
-                    true,
-                    ss,
-                )
-                .map_err(|e| match e {
-                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
-                    o => o,
-                })?;
-                if ss != 0 {
-                    down_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
-                }
             } else {
                 // Session 18: down adds the squares of the row it writes for the next layer's
                 // attention norm (before, only the fuse_quant path did, so that norm summed

@@ -209,10 +209,6 @@ pub struct Gpu {
     /// (on the H200 they cost more than the two launches per layer they save: tg128 1.896 ms
     /// per token without, 2.045 with, docs/perf/cuda.md v6).
     pub fuse_quant: std::cell::Cell<bool>,
-    /// Session 29: the down projection's activation quantized inside the one-token SwiGLU
-    /// product without fences (tickets per block, `QF_TICKET` in matvec_q.cu; see
-    /// [`crate::kernels::OutQuant::ticket`]): off unless `CROSSOVER_CUDA_SWIGLU_TICKET=1`.
-    pub swiglu_ticket: std::cell::Cell<bool>,
     /// Products of 9..64 tokens (batched decode) take the tensor-core integer GEMM
     /// ([`Gpu::matmul_q`], v7) rather than cuBLAS on f16 copies: off unless
     /// `CROSSOVER_CUDA_MMQ=1` (correct, but on the H200 it runs at ~0.1 TB/s: a 64-sequence step
@@ -346,20 +342,12 @@ pub struct Gpu {
     /// which is itself 0.13 ms slower than the default (docs/perf/cuda.md session 17); since
     /// session 29 it also runs without a fused quantization (a quantize_act launch after it).
     pub mvh: std::cell::Cell<bool>,
-    /// Session 29: one-token Q4_K SwiGLU products take the pipelined half-unit kernel
-    /// (`mvp{D}_swiglu_q4_k`) with (rows per warp, D = 3): `CROSSOVER_CUDA_MVP=R:D`; rows per
-    /// warp 0 (the default) leaves it off.
+    /// Session 29: one-token Q4_K SwiGLU products take the half-unit kernel with a row's
+    /// weights in registers before the PDL wait (`mvp3_swiglu_q4_k`, [`Gpu::matvec_q_swiglu_pipe`])
+    /// at (rows per warp, depth 3): on at (1, 3) unless `CROSSOVER_CUDA_MVP=0:3` (rows per warp
+    /// 0: off). On an H100 0.028-0.030 ms per token faster than the unit kernel at depth 0 and
+    /// 0.031-0.033 at 4096 (docs/perf/cuda.md session 29).
     pub mvp: std::cell::Cell<(usize, usize)>,
-    /// Session 29: the SwiGLU form of the generic pipelined kernel (`mvpg3_swiglu_q4_k`) in place
-    /// of `mvp3_swiglu_q4_k` (the same bits): `CROSSOVER_CUDA_MVPG=1`.
-    pub mvpg: std::cell::Cell<bool>,
-    /// Session 29: one-token Q4_K down products take the pipelined half-unit kernel
-    /// (`mvpd{D}_q4_k`) with depth D (4): `CROSSOVER_CUDA_MVPD=D`; 0 (the default) off.
-    pub mvpd: std::cell::Cell<usize>,
-    /// Session 29: one-token Q/K/V launches whose three matrices are Q4_K take the pipelined
-    /// half-unit kernel (`mvpr{D}_q4_k`) with depth D (3): `CROSSOVER_CUDA_MVPR=D`; 0 (the
-    /// default) off.
-    pub mvpr: std::cell::Cell<usize>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -594,13 +582,7 @@ impl Gpu {
                         let (r, d) = v.split_once(':')?;
                         Some((r.parse().ok()?, d.parse().ok()?))
                     })
-                    .unwrap_or((0, 3)),
-            ),
-            mvpg: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPG").as_deref() == Ok("1")),
-            mvpd: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPD", 0)),
-            mvpr: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVPR", 0)),
-            swiglu_ticket: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_SWIGLU_TICKET").as_deref() == Ok("1"),
+                    .unwrap_or((1, 3)),
             ),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
@@ -801,23 +783,6 @@ impl Gpu {
         // SAFETY: `b` holds at least `bytes` bytes.
         unsafe { drv_result::memset_d8_async(b.ptr, 0, bytes.max(1), self.stream.cu_stream()) }
             .map_err(drv("cuMemsetD8"))?;
-        Ok(b)
-    }
-
-    /// Allocate and fill every 32-bit word with `word` (`bytes` a multiple of 4).
-    pub fn alloc_filled(&self, bytes: usize, word: u32) -> Result<DevBuf, CudaError> {
-        let b = self.alloc(bytes)?;
-        // SAFETY: `b` holds at least `bytes` bytes, so `bytes / 4` words.
-        unsafe {
-            cudarc::driver::sys::cuMemsetD32Async(
-                b.ptr,
-                word,
-                (bytes / 4).max(1),
-                self.stream.cu_stream(),
-            )
-            .result()
-        }
-        .map_err(drv("cuMemsetD32"))?;
         Ok(b)
     }
 

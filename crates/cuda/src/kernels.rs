@@ -135,43 +135,12 @@ pub struct OutQuant {
     /// The int8 values and the scales written.
     pub qs: u64,
     pub ds: u64,
-    /// Session 29: the fence-free form (`QF_TICKET` in matvec_q.cu): a ticket per block, the
-    /// group's last block quantizes it once its values have arrived. The output row `y` must
-    /// then be a buffer that only this form writes, filled with [`TQ_EMPTY`] words before its
-    /// first use ([`Gpu::alloc_filled`]); the kernel leaves it so (it does not keep the
-    /// product's values). Off: the warp that completes a group quantizes it after a fence
-    /// (`quant_arrive`), and `y` keeps the values.
-    pub ticket: bool,
 }
 
-/// The word that marks an empty slot of a [`OutQuant::ticket`] output row (a NaN that GPU
-/// arithmetic never produces: its NaNs are 0x7fffffff).
-pub const TQ_EMPTY: u32 = 0xffff_ffff;
-const QF_TICKET: i32 = 0x1000;
-
 impl OutQuant {
-    /// The kernel's (`qfmt`, counters, values, scales) arguments, after checking that blocks
-    /// of `rows_per_block` rows never straddle a 256-row group in the ticket form.
-    fn args(
-        q: Option<OutQuant>,
-        rows: usize,
-        rows_per_block: usize,
-    ) -> Result<(i32, u64, u64, u64), CudaError> {
-        let Some(q) = q else {
-            return Ok((0, 0, 0, 0));
-        };
-        if q.ticket
-            && (rows_per_block == 0
-                || !256usize.is_multiple_of(rows_per_block)
-                || !(rows % 256).is_multiple_of(rows_per_block))
-        {
-            return Err(CudaError::Arg(format!(
-                "ticket quantization of a SwiGLU product: blocks of {rows_per_block} rows over \
-                 {rows} rows (each 256-row group must be whole blocks)"
-            )));
-        }
-        let f = q.fmt as i32 | if q.ticket { QF_TICKET } else { 0 };
-        Ok((f, q.cnt, q.qs, q.ds))
+    /// The kernel's (`qfmt`, counters, values, scales) arguments.
+    fn args(q: Option<OutQuant>) -> (i32, u64, u64, u64) {
+        q.map_or((0, 0, 0, 0), |q| (q.fmt as i32, q.cnt, q.qs, q.ds))
     }
 }
 
@@ -349,9 +318,6 @@ pub fn all_kernel_names() -> Vec<String> {
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
-    v.push("mvpg3_swiglu_q4_k".into());
-    v.push("mvpd4_q4_k".into());
-    v.push("mvpr3_q4_k".into());
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
         v.push(format!("mvrp_swiglu_{t}"));
@@ -986,24 +952,6 @@ impl Gpu {
         ds: u64,
     ) -> Result<(), CudaError> {
         self.quantize_act_to(x, rows, n, fmt, qs, ds, 0)
-    }
-
-    /// [`Gpu::quantize_act`] to Q8_K with the int8 values of each super-block in the permuted
-    /// layout of the half-unit products (`ACT_PERM`, session 16; the scales keep their order):
-    /// the activation of [`Gpu::matvec_q_pipe_down`] (session 29).
-    pub fn quantize_act_perm(&self, x: u64, n: usize, qs: u64, ds: u64) -> Result<(), CudaError> {
-        if n == 0 || !n.is_multiple_of(256) {
-            return Err(CudaError::Arg(format!(
-                "{n} columns is not a multiple of 256 (permuted Q8_K activations)"
-            )));
-        }
-        let (nn, f) = (i32_of(n, "width")?, ActFormat::Q8K as i32 | 512);
-        self.launch_id(
-            op(K_QUANTIZE_ACT),
-            (1, u32_of(n / 256, "chunks")?, 1),
-            (256, 1, 1),
-            kargs![x, nn, f, qs, ds, 0u64],
-        )
     }
 
     /// Quantize `rows` rows of `n` f32 activations exactly as [`Gpu::quantize_act`] does and
@@ -2491,114 +2439,10 @@ impl Gpu {
             i32_of(rpw, "rows per warp")?,
         );
         self.launch_id(
-            self.kernel_id(if self.mvpg.get() {
-                "mvpg3_swiglu_q4_k"
-            } else {
-                "mvp3_swiglu_q4_k"
-            })?,
+            self.kernel_id("mvp3_swiglu_q4_k")?,
             (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
             (32 * NW as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, rw],
-        )
-    }
-
-    /// Whether the pipelined half-unit down product ([`Gpu::matvec_q_pipe_down`]) takes a
-    /// matrix of type `ty`, `cols` wide.
-    pub fn mvpd_fits(&self, ty: GgmlType, cols: usize) -> bool {
-        self.mvpd.get() > 0 && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
-    }
-
-    /// One token's `y (+)= W x` for a Q4_K `w` with the pipelined half-unit kernel
-    /// (`mvpd{D}_q4_k`, session 29; D = [`Gpu::mvpd`]): one row per warp, the first D steps of
-    /// four super-blocks loaded before the PDL wait, mvh's per-lane order; `x` quantized by
-    /// [`Gpu::quantize_act_perm`]; the squares of the new rows into the RMS slots `ss` (0:
-    /// none). Only where [`Gpu::mvpd_fits`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_pipe_down(
-        &self,
-        w: u64,
-        rows: usize,
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        accumulate: bool,
-        ss: u64,
-    ) -> Result<(), CudaError> {
-        let depth = self.mvpd.get();
-        if !cols.is_multiple_of(256) || cols == 0 || depth != 4 {
-            return Err(CudaError::Arg(format!(
-                "pipelined product: {cols} columns (Q4_K: a multiple of 256), depth {depth} (4)"
-            )));
-        }
-        const NW: usize = 4;
-        let (r, c, pf, a) = (
-            i32_of(rows, "rows")?,
-            i32_of(cols, "cols")?,
-            self.pdl.get() as i32,
-            accumulate as i32,
-        );
-        self.launch_id(
-            self.kernel_id(&format!("mvpd{depth}_q4_k"))?,
-            (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
-            (32 * NW as u32, 1, 1),
-            kargs![w, r, c, qs, ds, y, pf, a, ss],
-        )
-    }
-
-    /// Whether the pipelined Q/K/V launch ([`Gpu::matvec_q_qkv_rope_pipe`]) takes Q, K and V
-    /// of types `tys`, `cols` wide.
-    pub fn mvpr_fits(&self, tys: [GgmlType; 3], cols: usize) -> bool {
-        self.mvpr.get() > 0
-            && tys.iter().all(|&t| t == GgmlType::Q4K)
-            && cols > 0
-            && cols.is_multiple_of(256)
-    }
-
-    /// Session 29: [`Gpu::matvec_q_qkv_rope`]'s work (Q, K and V of a layer, RoPE, the KV-cache
-    /// store) for Q4_K matrices with the pipelined half-unit kernel (`mvpr{D}_q4_k`, D =
-    /// [`Gpu::mvpr`]): a rotation pair per warp, the first D steps loaded before the PDL wait,
-    /// on the permuted activation of [`Gpu::rms_norm_ss`] with `perm`. Only where
-    /// [`Gpu::mvpr_fits`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_qkv_rope_pipe(
-        &self,
-        w: [u64; 3],
-        rows: [usize; 3],
-        cols: usize,
-        qs: u64,
-        ds: u64,
-        yq: u64,
-        rope: &RopeParams,
-        pos: u64,
-        slot: u64,
-        hd: usize,
-        kv_row: usize,
-        kc: u64,
-        vc: u64,
-    ) -> Result<(), CudaError> {
-        let depth = self.mvpr.get();
-        if !cols.is_multiple_of(256) || cols == 0 || depth != 3 || rows.iter().any(|r| r % 2 != 0) {
-            return Err(CudaError::Arg(format!(
-                "pipelined Q/K/V launch: {cols} columns (a multiple of 256), rows {rows:?} (even), \
-                 depth {depth} (3)"
-            )));
-        }
-        let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
-        const NW: usize = 4;
-        let total = rows[0] + rows[1] + rows[2];
-        let (r0, r1, r2, c, pf) = (
-            i32_of(rows[0], "rows")?,
-            i32_of(rows[1], "rows")?,
-            i32_of(rows[2], "rows")?,
-            i32_of(cols, "cols")?,
-            self.pdl.get() as i32,
-        );
-        self.launch_id(
-            self.kernel_id(&format!("mvpr{depth}_q4_k"))?,
-            (u32_of(total.div_ceil(2 * NW), "rows")?, 1, 1),
-            (32 * NW as u32, 1, 1),
-            kargs![w[0], w[1], w[2], r0, r1, r2, c, qs, ds, yq, pf, rp],
         )
     }
 
@@ -2637,7 +2481,7 @@ impl Gpu {
             i32_of(cols, "cols")?,
             self.pdl.get() as i32,
         );
-        let (qf, qc, qq, qd) = OutQuant::args(quant, rows, MVR_WARPS)?;
+        let (qf, qc, qq, qd) = OutQuant::args(quant);
         self.launch_id(
             self.kernel_id("mvh_swiglu_q4_k")?,
             (u32_of(rows.div_ceil(MVR_WARPS), "rows")?, 1, 1),
@@ -2880,7 +2724,7 @@ impl Gpu {
         };
         let nw = self.mvr_block(&act, true);
         let (blocks, loops) = self.mvr_grid(id, rows.div_ceil(nw), &act, nw)?;
-        let (qf, qc, qq, qd) = OutQuant::args(quant, rows, nw * loops as usize)?;
+        let (qf, qc, qq, qd) = OutQuant::args(quant);
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),

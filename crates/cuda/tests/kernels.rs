@@ -3,9 +3,7 @@
 
 mod seed;
 
-use cuda::kernels::{
-    act_bytes, act_format, matrix_bytes, ActFormat, OutQuant, QTYPES, TQ_EMPTY, TYPES,
-};
+use cuda::kernels::{act_bytes, act_format, matrix_bytes, ActFormat, OutQuant, QTYPES, TYPES};
 use cuda::{DevBuf, Gpu};
 use gguf::GgmlType;
 use half::f16;
@@ -742,13 +740,12 @@ fn fused_output_quantization_is_quantize_act() {
                 .unwrap();
             let y = poisoned(&g, rows);
             let (qb, db) = act_bufs(&g, 1, rows);
-            let oq = |qb: &DevBuf, db: &DevBuf, ticket: bool| {
+            let oq = |qb: &DevBuf, db: &DevBuf| {
                 Some(OutQuant {
                     fmt,
                     cnt: cnt.ptr(),
                     qs: qb.ptr(),
                     ds: db.ptr(),
-                    ticket,
                 })
             };
             g.matvec_q_swiglu_quant(
@@ -761,38 +758,11 @@ fn fused_output_quantization_is_quantize_act() {
                 da.ptr(),
                 1,
                 y.ptr(),
-                oq(&qb, &db, false),
+                oq(&qb, &db),
             )
             .unwrap();
             check("swiglu", &y, 1, rows, fmt, &qb, &db);
             zero("swiglu");
-            // Session 29: the ticket form, twice on one buffer of empty slots: quantize_act's
-            // bytes of the same product, the slots left empty and the counters zeroed.
-            let yt = g.alloc_filled(rows * 4, TQ_EMPTY).unwrap();
-            for pass in 0..2 {
-                let (qt, dt) = act_bufs(&g, 1, rows);
-                g.matvec_q_swiglu_quant(
-                    ty,
-                    w.ptr(),
-                    wu.ptr(),
-                    rows,
-                    cols,
-                    qa.ptr(),
-                    da.ptr(),
-                    1,
-                    yt.ptr(),
-                    oq(&qt, &dt, true),
-                )
-                .unwrap();
-                let what = format!("swiglu, tickets (pass {pass})");
-                check(&what, &y, 1, rows, fmt, &qt, &dt);
-                zero(&what);
-                let slots: Vec<u32> = g.download(&yt, rows).unwrap();
-                assert!(
-                    slots.iter().all(|&v| v == TQ_EMPTY),
-                    "{what}: output slots not left empty"
-                );
-            }
         }
     }
     for (fmt, nh, hd) in [
@@ -3998,7 +3968,6 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 cnt: cnt.ptr(),
                 qs: qb.ptr(),
                 ds: db.ptr(),
-                ticket: false,
             });
             if half {
                 g.matvec_q_swiglu_half(
@@ -4037,20 +4006,11 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         let (yh, qh, dh) = run(true);
         let (yu, _, _) = run(false);
         // Session 29: the pipelined form gives the half-unit kernel's bits, at every row count
-        // per warp and depth (rows not a multiple of a block's rows included).
+        // per warp (rows not a multiple of a block's rows included).
         let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
         let saved = g.mvp.get();
-        let mvpg0 = g.mvpg.get();
-        for (rpw, generic) in [
-            (1usize, false),
-            (2, false),
-            (1, true),
-            (3, true),
-            (5, false),
-        ] {
-            let depth = 3;
-            g.mvp.set((rpw, depth));
-            g.mvpg.set(generic);
+        for rpw in [1usize, 2, 3, 5] {
+            g.mvp.set((rpw, 3));
             let yp = poisoned(&g, rows);
             g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
                 .unwrap();
@@ -4062,60 +4022,14 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 .count();
             assert_eq!(
                 same, rows,
-                "{what}: pipelined ({rpw} rows per warp, generic {generic}) vs half-unit bits"
+                "{what}: pipelined ({rpw} rows per warp) vs half-unit bits"
             );
         }
-        g.mvpg.set(mvpg0);
         g.mvp.set((0, 3));
         assert!(g
             .matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yh.ptr())
             .is_err());
         g.mvp.set(saved);
-        // Session 29: the ticket form of the half-unit product writes the same bytes.
-        let yt = g.alloc_filled(rows * 4, TQ_EMPTY).unwrap();
-        for pass in 0..2 {
-            let (qt, dt) = act_bufs(&g, 1, rows);
-            let oq = OutQuant {
-                fmt: f,
-                cnt: cnt.ptr(),
-                qs: qt.ptr(),
-                ds: dt.ptr(),
-                ticket: true,
-            };
-            g.matvec_q_swiglu_half(
-                w.ptr(),
-                wu.ptr(),
-                rows,
-                cols,
-                qp.ptr(),
-                dp.ptr(),
-                yt.ptr(),
-                Some(oq),
-            )
-            .unwrap();
-            let a: Vec<i8> = g.download(&qt, rows).unwrap();
-            let b: Vec<i8> = g.download(&qh, rows).unwrap();
-            assert_eq!(
-                a, b,
-                "{what}, tickets (pass {pass}): down activation values"
-            );
-            let a: Vec<u32> = g.download(&dt, rows / 16).unwrap();
-            let b: Vec<u32> = g.download(&dh, rows / 16).unwrap();
-            assert_eq!(
-                a, b,
-                "{what}, tickets (pass {pass}): down activation scales"
-            );
-            let c: Vec<u32> = g.download(&cnt, 16 * 1024).unwrap();
-            assert!(
-                c.iter().all(|&v| v == 0),
-                "{what}, tickets: counters left non-zero"
-            );
-            let slots: Vec<u32> = g.download(&yt, rows).unwrap();
-            assert!(
-                slots.iter().all(|&v| v == TQ_EMPTY),
-                "{what}, tickets: output slots not left empty"
-            );
-        }
         let got: Vec<f32> = g.download(&yh, rows).unwrap();
         let unit: Vec<f32> = g.download(&yu, rows).unwrap();
         let e = rel_err(&got, &want);
@@ -4663,163 +4577,4 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
         "exact products differ from the CPU's:\n{}",
         bad.join("\n")
     );
-}
-
-/// Session 29: the pipelined half-unit products on the permuted Q8_K activation
-/// (`quantize_act_perm`): the down form (`mvpd*`) is the CPU's scalar `vec_dot` within 2e-5,
-/// the same bits at both depths, plain and accumulating, with the squares in the RMS slots; the
-/// Q/K/V form (`mvpr*`) gives the bits of the down form's products followed by `rope_store`
-/// (full and partial rotation with frequency factors), at both depths.
-#[test]
-fn pipelined_products_equal_cpu_and_products_then_rope_store() {
-    let Some(g) = gpu_or_skip("mvpx") else {
-        return;
-    };
-    let mut r = rng("mvpx");
-    let ty = GgmlType::Q4K;
-    let saved = (g.mvpd.get(), g.mvpr.get());
-    let perm_act = |g: &Gpu, x: &[f32]| {
-        let xb = g.upload(x).unwrap();
-        let (qp, dp) = act_bufs(g, 1, x.len());
-        g.quantize_act_perm(xb.ptr(), x.len(), qp.ptr(), dp.ptr())
-            .unwrap();
-        (qp, dp)
-    };
-    // The down form.
-    for &(rows, cols) in &[(301usize, 8192usize), (64, 3072), (7, 256)] {
-        let what = format!("{rows}x{cols}");
-        let x = randn(&mut r, cols, 1.0);
-        let (_, _, buf) = q8k_token(&g, &x);
-        let (qp, dp) = perm_act(&g, &x);
-        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
-        let w = g.upload(&q).unwrap();
-        let want = cpu_rows(ty, &q, rows, cols, &buf);
-        let y0 = randn(&mut r, rows, 1.0);
-        let mut outs = Vec::new();
-        for depth in [4usize, 4] {
-            g.mvpd.set(depth);
-            assert!(g.mvpd_fits(ty, cols));
-            for acc in [false, true] {
-                let y = if acc {
-                    g.upload(&y0).unwrap()
-                } else {
-                    poisoned(&g, rows)
-                };
-                let ss = g.alloc_zeroed(cuda::kernels::RMS_SLOTS * 8).unwrap();
-                g.matvec_q_pipe_down(
-                    w.ptr(),
-                    rows,
-                    cols,
-                    qp.ptr(),
-                    dp.ptr(),
-                    y.ptr(),
-                    acc,
-                    ss.ptr(),
-                )
-                .unwrap();
-                let got: Vec<f32> = g.download(&y, rows).unwrap();
-                let base: Vec<f32> = if acc {
-                    got.iter().zip(&y0).map(|(a, b)| a - b).collect()
-                } else {
-                    got.clone()
-                };
-                let e = rel_err(&base, &want);
-                assert!(
-                    e < 2e-5,
-                    "{what} depth {depth} acc={acc}: vs CPU relative error {e:e}"
-                );
-                assert_slots_hold_squares(&g, &ss, &got, &what);
-                outs.push((acc, got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
-            }
-        }
-        for (a, b) in outs.iter().zip(outs.iter().skip(2)) {
-            assert_eq!(a, b, "{what}: two runs differ");
-        }
-    }
-    g.mvpd.set(0);
-    assert!(!g.mvpd_fits(ty, 3072));
-    // The Q/K/V form against the down form's products then rope_store.
-    g.mvpd.set(4);
-    let (nh, nkv, hd, cols) = (4usize, 2usize, 64usize, 1024usize);
-    let (rq, rk) = (nh * hd, nkv * hd);
-    let factors: Vec<f32> = (0..hd / 4).map(|i| 1.0 + i as f32 * 0.37).collect();
-    let fb = g.upload(&factors).unwrap();
-    let ropes = [
-        cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0),
-        cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr()),
-    ];
-    for (ci, rope) in ropes.iter().enumerate() {
-        let mk = |r: &mut ChaCha8Rng, rows: usize| {
-            g.upload(&quantized(ty, &randn(r, rows * cols, 0.5)).0)
-                .unwrap()
-        };
-        let (wq, wk, wv) = (mk(&mut r, rq), mk(&mut r, rk), mk(&mut r, rk));
-        let x = randn(&mut r, cols, 1.0);
-        let (qp, dp) = perm_act(&g, &x);
-        let pos = vec![r.gen_range(0..4000i32)];
-        let slot = vec![r.gen_range(0..8i32)];
-        let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
-        let (q1, k1, v1) = (poisoned(&g, rq), poisoned(&g, rk), poisoned(&g, rk));
-        let (kc1, vc1) = (
-            g.upload(&vec![0u16; 8 * rk]).unwrap(),
-            g.upload(&vec![0u16; 8 * rk]).unwrap(),
-        );
-        for (wm, rows, y) in [(&wq, rq, &q1), (&wk, rk, &k1), (&wv, rk, &v1)] {
-            g.matvec_q_pipe_down(wm.ptr(), rows, cols, qp.ptr(), dp.ptr(), y.ptr(), false, 0)
-                .unwrap();
-        }
-        g.rope_store(
-            1,
-            q1.ptr(),
-            k1.ptr(),
-            v1.ptr(),
-            [0, 0, 0],
-            pb.ptr(),
-            sb.ptr(),
-            rope,
-            nh,
-            nkv,
-            hd,
-            false,
-            kc1.ptr(),
-            vc1.ptr(),
-        )
-        .unwrap();
-        let depth = 3usize;
-        g.mvpr.set(depth);
-        assert!(g.mvpr_fits([ty; 3], cols));
-        let q2 = poisoned(&g, rq);
-        let (kc2, vc2) = (
-            g.upload(&vec![0u16; 8 * rk]).unwrap(),
-            g.upload(&vec![0u16; 8 * rk]).unwrap(),
-        );
-        g.matvec_q_qkv_rope_pipe(
-            [wq.ptr(), wk.ptr(), wv.ptr()],
-            [rq, rk, rk],
-            cols,
-            qp.ptr(),
-            dp.ptr(),
-            q2.ptr(),
-            rope,
-            pb.ptr(),
-            sb.ptr(),
-            hd,
-            rk,
-            kc2.ptr(),
-            vc2.ptr(),
-        )
-        .unwrap();
-        let what = format!("case {ci} depth {depth}");
-        let a: Vec<u32> = g.download(&q1, rq).unwrap();
-        let b: Vec<u32> = g.download(&q2, rq).unwrap();
-        assert_eq!(a, b, "{what}: rotated Q");
-        let a: Vec<u16> = g.download(&kc1, 8 * rk).unwrap();
-        let b: Vec<u16> = g.download(&kc2, 8 * rk).unwrap();
-        assert_eq!(a, b, "{what}: K cache");
-        let a: Vec<u16> = g.download(&vc1, 8 * rk).unwrap();
-        let b: Vec<u16> = g.download(&vc2, 8 * rk).unwrap();
-        assert_eq!(a, b, "{what}: V cache");
-    }
-    g.mvpd.set(saved.0);
-    g.mvpr.set(saved.1);
 }

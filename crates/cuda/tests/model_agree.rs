@@ -1111,17 +1111,32 @@ fn down_projection_quantizing_its_activation_leaves_logits_unchanged() {
     );
 }
 
-/// Session 29: the SwiGLU product quantizing the down projection's activation by tickets
-/// (`Gpu::swiglu_ticket`: no quantize_act launch, no fences) gives the bits of the product, then
-/// quantize_act, then the down product.
+/// Session 29: the SwiGLU product with its row's weights in registers before the wait
+/// (`Gpu::mvp`, on by default) gives the bits of the half-unit kernel it pipelines (`Gpu::mvh`
+/// with `mvp` off), one sequence and three, decode steps from graphs.
 #[test]
-fn swiglu_ticket_quantization_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "swiglu_ticket_quantization_leaves_logits_unchanged",
-        &[20],
-        "the SwiGLU product quantizing by tickets",
-        |g| &g.swiglu_ticket,
-    );
+fn pipelined_swiglu_leaves_logits_unchanged() {
+    let test = "pipelined_swiglu_leaves_logits_unchanged";
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED {test}: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (3usize, 10usize, 20usize);
+    for path in models() {
+        let shape = (p, steps, plen);
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
+        let orig = (gpu.gpu().mvp.get(), gpu.gpu().mvh.get());
+        let set = |g: &cuda::Gpu, on: bool| {
+            g.mvh.set(true);
+            g.mvp.set(if on { (1, 3) } else { (0, 3) });
+        };
+        let what = "the pipelined SwiGLU product (against the half-unit kernel)";
+        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
+        gpu.gpu().mvp.set(orig.0);
+        gpu.gpu().mvh.set(orig.1);
+    }
 }
 
 /// The CPU's lead over its second token above which a GPU pick must equal the CPU's: an order
