@@ -1327,8 +1327,8 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Session 29's pipelined SwiGLU product ([`Gpu::mvp`]: rows per warp, 0 off; depth 2 or
-    /// 3); drops captured graphs so later steps use the choice.
+    /// Session 29's pipelined SwiGLU product ([`Gpu::mvp`]: rows per warp, 0 off; depth 3);
+    /// drops captured graphs so later steps use the choice.
     pub fn set_mvp(&mut self, rpw: usize, depth: usize) {
         self.gpu.mvp.set((rpw, depth));
         self.graphs.clear();
@@ -2841,17 +2841,9 @@ impl CudaBackend {
                 }
                 Self::trace_point(gpu, tr, s, &mut qc, ("ffn_norm", li, 0), &s.xn, n, e)?;
             }
-            let df = df_ok(&qc);
-            if perm_used
-                && !one_glu(&Acts {
-                    q: gf.map(|g| (s.xn.ptr(), g)),
-                    ..Acts::default()
-                })
-            {
-                return Err(CudaError::Arg(format!(
-                    "layer {li}: permuted FFN activation without the half-unit SwiGLU product"
-                )));
-            }
+            // With the permuted layout the fused quantization needs the half-unit kernel (the
+            // pipelined one has none); perm_used means one_glu held, so one of the two reads it.
+            let df = df_ok(&qc).filter(|_| !perm_used || gpu.mvh_fits(l.gate.ty, l.gate.cols));
             // v10: gate and up as one GEMM on the fused copy (batched cuBLAS steps).
             let gu_w = l.gu16.as_ref().filter(|_| {
                 let df = kernels::act_format(l.down.ty);
@@ -2866,7 +2858,6 @@ impl CudaBackend {
                     && n <= s.gu.bytes() / (8 * ff)
             });
             let mut down_x = s.g.ptr();
-            let df = df.filter(|_| !perm_used || gpu.mvh_fits(l.gate.ty, l.gate.cols));
             if let Some(f) = df {
                 let dq = Some(kernels::OutQuant {
                     fmt: f,
@@ -3597,8 +3588,6 @@ fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
     gpu.mmq.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
 }
 
-/// Whether a product of `n` tokens with `m` takes the Q4_K tensor-core kernels in the CPU's
-/// integer order ([`Gpu::matmul_q4k_mmk`]; `Gpu::mmk`, off by default).
 /// The aligned Q6_K copy a one-token product of `m` reads (the same bits, session 18), unless
 /// a switch picks one of the Q6_K forms that copy has no kernel for.
 fn q6a_for<'a>(gpu: &Gpu, m: &'a Mat, n: usize) -> Option<&'a DevBuf> {
@@ -3613,6 +3602,8 @@ fn q6a_for<'a>(gpu: &Gpu, m: &'a Mat, n: usize) -> Option<&'a DevBuf> {
     })
 }
 
+/// Whether a product of `n` tokens with `m` takes the Q4_K tensor-core kernels in the CPU's
+/// integer order ([`Gpu::matmul_q4k_mmk`]; `Gpu::mmk`, off by default).
 fn mmk_for(gpu: &Gpu, m: &Mat, n: usize) -> bool {
     gpu.mmk.get()
         && m.ty == GgmlType::Q4K
