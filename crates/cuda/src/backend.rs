@@ -1970,35 +1970,13 @@ impl CudaBackend {
         while t0 < n {
             let nt = (n - t0).min(MV_MAX_NT);
             let yt = y + (t0 * m.rows * 4) as u64;
-            wrote = match (fmt, q6a) {
-                (Some(_), Some(wa)) => gpu.matvec_q6ka_ss(
-                    m.ty,
-                    wa.ptr(),
-                    m.rows,
-                    m.cols,
-                    s.aq.ptr(),
-                    s.ad.ptr(),
-                    1,
-                    y,
-                    acc,
-                    ss,
-                ),
-                (Some(_), None) => {
+            wrote = match fmt {
+                Some(_) => {
                     let (qo, dof) = kernels::act_bytes(t0, m.cols);
-                    gpu.matvec_q_ss(
-                        m.ty,
-                        m.q.ptr(),
-                        m.rows,
-                        m.cols,
-                        s.aq.at(qo),
-                        s.ad.at(dof),
-                        nt,
-                        yt,
-                        acc,
-                        if n == 1 { ss } else { 0 },
-                    )
+                    let ss = if n == 1 { ss } else { 0 };
+                    matvec_q_int(gpu, m, n, (s.aq.at(qo), s.ad.at(dof)), nt, yt, acc, ss)
                 }
-                (None, _) => gpu
+                None => gpu
                     .matvec(
                         m.ty,
                         m.q.ptr(),
@@ -2894,36 +2872,12 @@ impl CudaBackend {
                 // The down product as the default path runs it (the aligned Q6_K copy where
                 // there is one), on the second activation buffers.
                 let ss = std::mem::take(&mut ss_clear);
-                let wrote = match q6a_for(gpu, &l.down, 1) {
-                    Some(wa) => gpu.matvec_q6ka_ss(
-                        l.down.ty,
-                        wa.ptr(),
-                        l.down.rows,
-                        l.down.cols,
-                        s.aq2.ptr(),
-                        s.ad2.ptr(),
-                        1,
-                        s.x.ptr(),
-                        true,
-                        ss,
-                    ),
-                    None => gpu.matvec_q_ss(
-                        l.down.ty,
-                        l.down.q.ptr(),
-                        l.down.rows,
-                        l.down.cols,
-                        s.aq2.ptr(),
-                        s.ad2.ptr(),
-                        1,
-                        s.x.ptr(),
-                        true,
-                        ss,
-                    ),
-                }
-                .map_err(|e| match e {
-                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
-                    o => o,
-                })?;
+                let (qs, ds) = (s.aq2.ptr(), s.ad2.ptr());
+                let wrote = matvec_q_int(gpu, &l.down, 1, (qs, ds), 1, s.x.ptr(), true, ss)
+                    .map_err(|e| match e {
+                        CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.down.name)),
+                        o => o,
+                    })?;
                 if wrote {
                     ss_full = s.ss.at(SS_ATTN * kernels::RMS_SLOTS * 8);
                 }
@@ -3586,6 +3540,26 @@ impl CudaBackend {
 /// steps of 9..64 tokens, while it is switched on (`Gpu::mmq`, off by default).
 fn mmq_tokens(gpu: &Gpu, n: usize) -> bool {
     gpu.mmq.get() && n > MV_MAX_NT && n <= MMQ_MAX_N
+}
+
+/// `y (+)= m x` for `nt` of a step's `n` tokens on activations quantized at `act` (values,
+/// scales) in `m`'s format, on the aligned Q6_K copy where one-token products read it
+/// ([`q6a_for`]); whether the squares went into `ss`.
+#[allow(clippy::too_many_arguments)]
+fn matvec_q_int(
+    gpu: &Gpu,
+    m: &Mat,
+    n: usize,
+    (qs, ds): (u64, u64),
+    nt: usize,
+    y: u64,
+    acc: bool,
+    ss: u64,
+) -> Result<bool, CudaError> {
+    match q6a_for(gpu, m, n) {
+        Some(wa) => gpu.matvec_q6ka_ss(m.ty, wa.ptr(), m.rows, m.cols, qs, ds, 1, y, acc, ss),
+        None => gpu.matvec_q_ss(m.ty, m.q.ptr(), m.rows, m.cols, qs, ds, nt, y, acc, ss),
+    }
 }
 
 /// The aligned Q6_K copy a one-token product of `m` reads (the same bits, session 18), unless
