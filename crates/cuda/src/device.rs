@@ -346,7 +346,7 @@ pub struct Gpu {
     /// weights in registers before the PDL wait (`mvp3_swiglu_q4_k`, [`Gpu::matvec_q_swiglu_pipe`])
     /// at (rows per warp, depth 3): on at (1, 3) unless `CROSSOVER_CUDA_MVP=0:3` (rows per warp
     /// 0: off). On an H100 0.028-0.030 ms per token faster than the unit kernel at depth 0 and
-    /// 0.031-0.033 at 4096 (docs/perf/cuda.md session 29).
+    /// 0.034 at 4096 (docs/perf/cuda.md session 29).
     pub mvp: std::cell::Cell<(usize, usize)>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
