@@ -1108,12 +1108,12 @@ fn main() {
         let m0 = b.gpu().mvp.get();
         for round in 0..5 {
             for rpw in [0, 1] {
-                b.set_mvp(rpw, 3);
-                let label = format!("mvp={rpw}:3 (round {round})");
+                b.set_mvp(rpw);
+                let label = format!("mvp={rpw} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
             }
         }
-        b.set_mvp(m0.0, m0.1);
+        b.set_mvp(m0);
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and
     // warps per block (plain and Q/K/V; SwiGLU), alternating, in one process, with each

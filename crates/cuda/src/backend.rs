@@ -1327,10 +1327,10 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Session 29's pipelined SwiGLU product ([`Gpu::mvp`]: rows per warp, 0 off; depth 3);
-    /// drops captured graphs so later steps use the choice.
-    pub fn set_mvp(&mut self, rpw: usize, depth: usize) {
-        self.gpu.mvp.set((rpw, depth));
+    /// Session 29's pipelined SwiGLU product ([`Gpu::mvp`]: rows per warp, 0 off); drops
+    /// captured graphs so later steps use the choice.
+    pub fn set_mvp(&mut self, rpw: usize) {
+        self.gpu.mvp.set(rpw);
         self.graphs.clear();
     }
 

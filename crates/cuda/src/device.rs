@@ -344,10 +344,10 @@ pub struct Gpu {
     pub mvh: std::cell::Cell<bool>,
     /// Session 29: one-token Q4_K SwiGLU products take the half-unit kernel with a row's
     /// weights in registers before the PDL wait (`mvp3_swiglu_q4_k`, [`Gpu::matvec_q_swiglu_pipe`])
-    /// at (rows per warp, depth 3): on at (1, 3) unless `CROSSOVER_CUDA_MVP=0:3` (rows per warp
-    /// 0: off). On an H100 0.028-0.030 ms per token faster than the unit kernel at depth 0 and
-    /// 0.034 at 4096 (docs/perf/cuda.md session 29).
-    pub mvp: std::cell::Cell<(usize, usize)>,
+    /// with this many rows per warp: 1 unless `CROSSOVER_CUDA_MVP=R` (0: off). On an H100
+    /// 0.028-0.030 ms per token faster than the unit kernel at depth 0 and 0.034 at 4096
+    /// (docs/perf/cuda.md session 29).
+    pub mvp: std::cell::Cell<usize>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -575,15 +575,7 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVD").as_deref() == Ok("1"),
             ),
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
-            mvp: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVP")
-                    .ok()
-                    .and_then(|v| {
-                        let (r, d) = v.split_once(':')?;
-                        Some((r.parse().ok()?, d.parse().ok()?))
-                    })
-                    .unwrap_or((1, 3)),
-            ),
+            mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),

@@ -2405,14 +2405,14 @@ impl Gpu {
     /// Whether the pipelined half-unit SwiGLU product ([`Gpu::matvec_q_swiglu_pipe`], session
     /// 29) takes gate and up matrices of type `ty`, `cols` wide.
     pub fn mvp_fits(&self, ty: GgmlType, cols: usize) -> bool {
-        self.mvp.get().0 > 0 && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
+        self.mvp.get() > 0 && ty == GgmlType::Q4K && cols > 0 && cols.is_multiple_of(256)
     }
 
     /// [`Gpu::matvec_q_swiglu_half`]'s product and bits (no fused quantization) with its loads
-    /// pipelined across rows (`mvp{D}_swiglu_q4_k`, session 29): each warp walks
-    /// [`Gpu::mvp`]'s rows per warp as one stream of four-super-block steps, the weights of the
-    /// next D - 1 steps in registers while one is computed, the first D loaded before the PDL
-    /// wait. Only where [`Gpu::mvp_fits`].
+    /// pipelined across rows (`mvp3_swiglu_q4_k`, session 29): each warp walks [`Gpu::mvp`]'s
+    /// rows per warp as one stream of four-super-block steps, the weights of the next two steps
+    /// in registers while one is computed, the first three loaded before the PDL wait (a whole
+    /// 3072-column row). Only where [`Gpu::mvp_fits`].
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_q_swiglu_pipe(
         &self,
@@ -2424,11 +2424,11 @@ impl Gpu {
         ds: u64,
         y: u64,
     ) -> Result<(), CudaError> {
-        let (rpw, depth) = self.mvp.get();
-        if !cols.is_multiple_of(256) || cols == 0 || rpw == 0 || depth != 3 {
+        let rpw = self.mvp.get();
+        if !cols.is_multiple_of(256) || cols == 0 || rpw == 0 {
             return Err(CudaError::Arg(format!(
                 "pipelined SwiGLU product: {cols} columns (Q4_K: a multiple of 256), {rpw} rows \
-                 per warp (at least 1), depth {depth} (3)"
+                 per warp (at least 1)"
             )));
         }
         const NW: usize = 4;

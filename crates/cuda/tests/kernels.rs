@@ -4010,7 +4010,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
         let saved = g.mvp.get();
         for rpw in [1usize, 2, 3, 5] {
-            g.mvp.set((rpw, 3));
+            g.mvp.set(rpw);
             let yp = poisoned(&g, rows);
             g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
                 .unwrap();
@@ -4025,7 +4025,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 "{what}: pipelined ({rpw} rows per warp) vs half-unit bits"
             );
         }
-        g.mvp.set((0, 3));
+        g.mvp.set(0);
         assert!(g
             .matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yh.ptr())
             .is_err());

@@ -1130,7 +1130,7 @@ fn pipelined_swiglu_leaves_logits_unchanged() {
         let orig = (gpu.gpu().mvp.get(), gpu.gpu().mvh.get());
         let set = |g: &cuda::Gpu, on: bool| {
             g.mvh.set(true);
-            g.mvp.set(if on { (1, 3) } else { (0, 3) });
+            g.mvp.set(usize::from(on));
         };
         let what = "the pipelined SwiGLU product (against the half-unit kernel)";
         switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, set);
