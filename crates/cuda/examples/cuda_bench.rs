@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use cuda::{
-    CudaBackend, CudaOptions, DecodeV10, PowerMeter, SideCfg, SIDE_ONE, SIDE_ONE_NEXT, SIDE_WIDE,
+    CudaBackend, CudaOptions, DecodeV10, KvPf, PowerMeter, SideCfg, SIDE_ONE, SIDE_ONE_NEXT,
+    SIDE_WIDE,
 };
 use rand::{Rng, SeedableRng};
 use runtime::{Backend, SeqChunk, StepBatch, Want};
@@ -1114,6 +1115,23 @@ fn main() {
             }
         }
         b.set_mvp(m0);
+    }
+    // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
+    // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain
+    // or L2::evict_last), against none, at depth 4096 only (shorter classes never take it),
+    // three rounds alternating in one process.
+    if args.iter().any(|a| a == "--ab-kvpf") {
+        let p0 = b.kv_pf();
+        let modes = ["0", "1:1024", "5:1024", "2:1024", "6:1024"];
+        for round in 0..3 {
+            for m in modes {
+                let pf = KvPf::parse(m).unwrap_or_default();
+                b.set_kv_pf(pf);
+                let label = format!("kvpf={m} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[depth], &label);
+            }
+        }
+        b.set_kv_pf(p0);
     }
     // --ab-mvr (session 17): the one-token mvr launches' register cap (mvr4, at most 64) and
     // warps per block (plain and Q/K/V; SwiGLU), alternating, in one process, with each

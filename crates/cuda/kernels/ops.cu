@@ -282,3 +282,46 @@ extern "C" __global__ void l2_prefetch(PfRanges r, int kind, int chunk) {
         }
     }
 }
+
+// Session 30: ask L2 for the cached K and V rows that a later layer's one-token attention reads
+// (positions 0 .. tok_pos[0] - 1 of token 0's sequence: every row but the one the step itself
+// writes), from inside the main chain while products that leave memory bandwidth to spare run.
+// Piece i of 2 * blocks * per (K's cache blocks in table order, then V's; `per` 16 KB pieces of
+// a cache block's written rows) goes to thread i mod T. policy 1: the lines are marked
+// L2::evict_last. A hint only: nothing is written. The successor may start at once; the kernel
+// still waits for its predecessor before it exits, so a later kernel's wait covers both.
+extern "C" __global__ void kv_prefetch(const u8* kc, const u8* vc, const int* tok_pos,
+                                       const int* tok_seq, const int* btab, int max_blocks, int bt,
+                                       int row_bytes, int policy) {
+    pdl_launch();
+#if __CUDA_ARCH__ >= 900
+    constexpr int PIECE = 16384;
+    int len = tok_pos[0];
+    const int* bl = btab + (long long)tok_seq[0] * max_blocks;
+    long long page = (long long)bt * row_bytes;
+    long long per = (page + PIECE - 1) / PIECE;
+    long long nb = (len + bt - 1) / bt;
+    unsigned long long pol = 0;
+    if (policy) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    long long total = 2 * nb * per;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long kv = i / (nb * per), rem = i % (nb * per);
+        long long b = rem / per, off = rem % per * PIECE;
+        long long rows = min((long long)bt, (long long)len - b * bt);
+        long long bytes = rows * row_bytes;
+        if (off >= bytes) continue;
+        u32 sz = (u32)(min((long long)PIECE, bytes - off) & ~15LL);
+        if (sz == 0) continue;
+        const u8* p = (kv ? vc : kc) + (long long)bl[b] * page + off;
+        if (policy)
+            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p),
+                         "r"(sz), "l"(pol)
+                         : "memory");
+        else
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(sz)
+                         : "memory");
+    }
+#endif
+    pdl_wait();
+}

@@ -182,6 +182,39 @@ struct Scratch {
     meta: DevBuf,
 }
 
+/// Session 30: where one-token steps ask L2 for the next layer's cached K and V rows
+/// ([`Gpu::kv_prefetch`]), so the attention reads them from L2 while the products before it
+/// (which leave HBM bandwidth unused) pay the DRAM time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KvPf {
+    /// 0: off; 1: before the down projection of the layer before; 2: before its gate/up
+    /// product.
+    pub at: u8,
+    /// Mark the lines L2::evict_last.
+    pub evict_last: bool,
+    /// Only graphs (or eager steps) whose context class reaches this many positions.
+    pub min_len: usize,
+    /// Prefetch blocks of 32 threads (0: 64).
+    pub blocks: usize,
+}
+
+impl KvPf {
+    /// `M[:MIN[:BLOCKS]]`: M = place (0, 1, 2) plus 4 for evict_last; MIN positions (default
+    /// 1024); BLOCKS (default 64).
+    pub fn parse(v: &str) -> Option<KvPf> {
+        let mut it = v.split(':');
+        let m: u8 = it.next()?.trim().parse().ok()?;
+        let min_len = it.next().map_or(Some(1024), |x| x.trim().parse().ok())?;
+        let blocks = it.next().map_or(Some(64), |x| x.trim().parse().ok())?;
+        (m & 3 <= 2 && m < 8).then_some(KvPf {
+            at: m & 3,
+            evict_last: m & 4 != 0,
+            min_len,
+            blocks,
+        })
+    }
+}
+
 /// Device addresses of one step's metadata arrays inside [`Scratch::meta`].
 #[derive(Clone, Copy, Debug, Default)]
 struct MetaPtrs {
@@ -394,6 +427,10 @@ pub struct CudaBackend {
     /// Session 11: which steps ask L2 for weights from the side stream ([`SIDE_ONE`],
     /// [`SIDE_WIDE`] bits; `CROSSOVER_CUDA_SIDE_L2`).
     side_l2: u8,
+    /// Session 30: one-token steps ask L2 for the next layer's cached K and V rows from the
+    /// main chain ([`Gpu::kv_prefetch`]) when their context class is at least `kv_pf_min`
+    /// positions: [`KvPf`] (`CROSSOVER_CUDA_KV_PF=M[:MIN[:BLOCKS]]`).
+    kv_pf: KvPf,
     /// Graph buckets whose product shapes [`CudaBackend::tune_products`] tuned, with the
     /// product form (fused or not) it tuned them for.
     tuned: Vec<(usize, bool)>,
@@ -864,6 +901,10 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            kv_pf: std::env::var("CROSSOVER_CUDA_KV_PF")
+                .ok()
+                .and_then(|v| KvPf::parse(&v))
+                .unwrap_or_default(),
             tuned: Vec::new(),
             lt_failed: None,
             exact: None,
@@ -1501,6 +1542,17 @@ impl CudaBackend {
     pub fn set_side_l2(&mut self, bits: u8) {
         self.side_l2 = bits;
         self.graphs.clear();
+    }
+
+    /// Session 30's KV prefetch choice ([`KvPf`]); drops captured graphs.
+    pub fn set_kv_pf(&mut self, pf: KvPf) {
+        self.kv_pf = pf;
+        self.graphs.clear();
+    }
+
+    /// The [`CudaBackend::set_kv_pf`] choice.
+    pub fn kv_pf(&self) -> KvPf {
+        self.kv_pf
     }
 
     /// The [`CudaBackend::set_side_l2`] bits.
@@ -2261,6 +2313,27 @@ impl CudaBackend {
         let qr = |m: &Mat| (m.q.ptr(), if m.host.is_none() { m.q.bytes() } else { 0 });
         let hr = |m: &Mat| (m.f16_ptr().unwrap_or(0), (m.rows * m.cols * 2).min(cap));
         let br = |b: &Option<DevBuf>| b.as_ref().map_or((0, 0), |b| (b.ptr(), b.bytes().min(cap)));
+        // Session 30: the next layer's cached K and V rows asked of L2 ahead of its attention
+        // (one-token steps on the pipelined attention, long context classes only).
+        let kv_pf = if n == 1 && one.is_some() && tr.is_none() && self.one_len >= self.kv_pf.min_len
+        {
+            self.kv_pf
+        } else {
+            KvPf::default()
+        };
+        let (kc_all, vc_all, max_blocks) = (&self.kc, &self.vc, self.max_blocks);
+        let kv_prefetch = |li: usize| -> Result<(), CudaError> {
+            match (kc_all.get(li), vc_all.get(li)) {
+                (Some(k), Some(v)) => gpu.kv_prefetch(
+                    (k.ptr(), v.ptr()),
+                    (mp.pos, mp.seq, mp.btab, max_blocks, o.block_tokens),
+                    nkv * hd * 2,
+                    kv_pf.evict_last,
+                    if kv_pf.blocks == 0 { 64 } else { kv_pf.blocks },
+                ),
+                _ => Ok(()),
+            }
+        };
         let layers = &self.layers;
         for (li, l) in layers.iter().enumerate() {
             // One token: Q/K/V products, RoPE and the KV-cache store in one launch.
@@ -2748,6 +2821,9 @@ impl CudaBackend {
             if side_one {
                 gpu.side_prefetch(&[qr(&l.down)])?;
             }
+            if kv_pf.at == 2 {
+                kv_prefetch(li + 1)?;
+            }
             if side_wide {
                 gpu.side_prefetch(&[br(&l.gu16)])?;
             }
@@ -3020,6 +3096,9 @@ impl CudaBackend {
                     }
                     qc.h = Some((s.g.ptr(), df, false));
                 }
+            }
+            if kv_pf.at == 1 {
+                kv_prefetch(li + 1)?;
             }
             if side_next {
                 if let Some(nl) = layers.get(li + 1) {

@@ -178,6 +178,7 @@ const OPS: &[&str] = &[
     "attn_decode_d2",
     "attn_decode_d4",
     "l2_prefetch",
+    "kv_prefetch",
 ];
 const K_RMS_NORM: usize = 0;
 const K_ROPE_STORE: usize = 1;
@@ -190,6 +191,7 @@ const K_QUANTIZE_ACT: usize = 10;
 const K_ATTN_PREFILL: usize = 11;
 const K_SWIGLU_Q: usize = 13;
 const K_ATTN_DECODE: usize = 14;
+const K_KV_PREFETCH: usize = 17;
 /// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
@@ -992,6 +994,39 @@ impl Gpu {
             (u32_of(rows, "rows")?, u32_of(n.div_ceil(256), "chunks")?, 1),
             (256, 1, 1),
             kargs![x, nn, f, qs, ds, xh],
+        )
+    }
+
+    /// Ask L2 for the cached K and V rows of one sequence that a later one-token step's
+    /// attention reads (`kc`, `vc`: one layer's cache; rows `0 .. tok_pos[0]` of token 0's
+    /// sequence through its block table), from the main stream: the successor starts at once,
+    /// and the kernel waits for its predecessor before it exits (session 30). `evict_last`
+    /// marks the lines L2::evict_last. A hint only: nothing is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_prefetch(
+        &self,
+        (kc, vc): (u64, u64),
+        (tok_pos, tok_seq, btab, max_blocks, block_tokens): (u64, u64, u64, usize, usize),
+        row_bytes: usize,
+        evict_last: bool,
+        blocks: usize,
+    ) -> Result<(), CudaError> {
+        if !row_bytes.is_multiple_of(16) {
+            return Err(CudaError::Arg(format!(
+                "KV prefetch: a {row_bytes}-byte cache row is not a multiple of 16 bytes"
+            )));
+        }
+        let (mb, bt, rb, pol) = (
+            i32_of(max_blocks, "max_blocks")?,
+            i32_of(block_tokens, "block_tokens")?,
+            i32_of(row_bytes, "KV row bytes")?,
+            evict_last as i32,
+        );
+        self.launch_id(
+            op(K_KV_PREFETCH),
+            (u32_of(blocks.max(1), "blocks")?, 1, 1),
+            (32, 1, 1),
+            kargs![kc, vc, tok_pos, tok_seq, btab, mb, bt, rb, pol],
         )
     }
 

@@ -20,8 +20,8 @@ pub mod host;
 pub mod power;
 
 pub use backend::{
-    CudaBackend, CudaOptions, DecodeV10, GemmWeights, StepStats, TraceFn, SIDE_ONE, SIDE_ONE_NEXT,
-    SIDE_WIDE,
+    CudaBackend, CudaOptions, DecodeV10, GemmWeights, KvPf, StepStats, TraceFn, SIDE_ONE,
+    SIDE_ONE_NEXT, SIDE_WIDE,
 };
 pub use host::{HostPlan, WeightSplit};
 pub use power::PowerMeter;

@@ -1139,6 +1139,43 @@ fn pipelined_swiglu_leaves_logits_unchanged() {
     }
 }
 
+/// Session 30: one-token steps asking L2 for the next layer's cached K and V rows
+/// (`CudaBackend::set_kv_pf`, every placement, plain and evict_last, from the shortest
+/// context on) give the same bits as steps without: the prefetch only moves lines into L2.
+/// Prompts of 300 tokens, so the attention runs several splits; decode steps from graphs.
+#[test]
+fn kv_prefetch_leaves_logits_unchanged() {
+    let test = "kv_prefetch_leaves_logits_unchanged";
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED {test}: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let shape = (2usize, 8usize, 300usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, shape.0, shape, &mut r);
+        let p0 = gpu.kv_pf();
+        for m in ["1:0:7", "6:0"] {
+            let pf = cuda::KvPf::parse(m).expect("a valid KvPf");
+            let mut run = |on: bool| -> Vec<Vec<f32>> {
+                gpu.set_kv_pf(if on { pf } else { cuda::KvPf::default() });
+                decode_rows(
+                    &mut gpu,
+                    &prompts,
+                    &toks,
+                    shape,
+                    &format!("kv_pf {m}: {on}"),
+                )
+            };
+            let (a, b, c) = (run(true), run(false), run(true));
+            let what = format!("the KV prefetch {m}");
+            assert_forms_agree(&path, [&a, &b, &c], shape.1 * (1 + shape.0), &what);
+        }
+        gpu.set_kv_pf(p0);
+    }
+}
+
 /// The CPU's lead over its second token above which a GPU pick must equal the CPU's: an order
 /// above what rounding alone moves a logit on the real SmolLM2 file (`cuda_trace --cpu-only`:
 /// rms logit difference 0.14-0.18 between two CPU orders on random tokens).
