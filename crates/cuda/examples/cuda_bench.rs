@@ -1116,6 +1116,25 @@ fn main() {
         }
         b.set_mvp(m0);
     }
+    // --ab-mvqe (session 30): the block-per-row down projection with its units decoded before
+    // the wait (`mvqe_*`) against `mvqp_*`, five rounds alternating in one process, with each
+    // one's per-class product times once.
+    if args.iter().any(|a| a == "--ab-mvqe") {
+        let e0 = b.gpu().mvqe.get();
+        for round in 0..5 {
+            for on in [false, true] {
+                b.gpu().mvqe.set(on);
+                b.reset_graphs();
+                let label = format!("mvqe={on} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+                if round == 0 {
+                    ab_kernels(&mut b, &label, &[]);
+                }
+            }
+        }
+        b.gpu().mvqe.set(e0);
+        b.reset_graphs();
+    }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain
     // or L2::evict_last), against none, at depth 4096 only (shorter classes never take it),
@@ -1231,7 +1250,10 @@ fn main() {
             "mvr4_q",
             "mvr_q",
             "mvr_swiglu",
+            "mvp3_",
+            "mvh_",
             "mvqp_",
+            "mvqe_",
             "mvqc_",
             "mvsm",
         ];
@@ -1245,8 +1267,8 @@ fn main() {
             &["attn_merge"],
             &["mvr4_rope", "mvr_rope"],
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
-            &["mvr_swiglu"],
-            &["mvqp_", "mvq_", "mvqc_"],
+            &["mvr_swiglu", "mvp3_", "mvh_"],
+            &["mvqp_", "mvqe_", "mvq_", "mvqc_"],
             &["mvr4_q6_k", "mvr_q6_k"],
             &["argmax"],
             &[],

@@ -1543,10 +1543,66 @@ DEF_MVR4_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
     }
 FOR_EACH_QTYPE(DEF_MVQP)
 
+// Session 30 (`mvqe_*`): mvqp_*'s row product with each thread's units (at most MVQE_U of them:
+// units tid, tid + blockDim, ...) already decoded in registers when the PDL wait returns.
+// QI<T>::unit reads weights only, so the loads and the unpacking go before the wait (mvqp only
+// asks L2 for the row there); after it, unit_dot on the activation in mvq_impl's order and
+// mvq_impl's reductions, so mvqp's bits. The host takes it for rows of at most MVQE_U * blockDim
+// units (the 8192-column down projection at 128 threads).
+#define MVQE_U 2
+template <int T>
+__device__ __forceinline__ void mvqe_impl(const u8* w, int rows, int cols, const i8* aq,
+                                          const float2* ad, float* y, int accumulate,
+                                          double* ss) {
+    __shared__ float sh[32];
+    int row = blockIdx.x;
+    int units = cols / 32;
+    constexpr int UPB = Q<T>::BE / 32;
+    long long row_bytes = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    const u8* wr = w + (long long)row * row_bytes;
+    bool live = row < rows;
+    int q[MVQE_U][8];
+    typename QI<T>::P p[MVQE_U];
+#pragma unroll
+    for (int m = 0; m < MVQE_U; m++) {
+        int u = threadIdx.x + m * blockDim.x;
+        if (live && u < units) QI<T>::unit(wr + (long long)(u / UPB) * Q<T>::BB, u % UPB, q[m], p[m]);
+    }
+    PDL_ENTRY();
+    if (!live) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MVQE_U; m++) {
+        int u = threadIdx.x + m * blockDim.x;
+        if (u < units) acc += unit_dot<T>(q[m], p[m], aq + 32 * u, ad + u);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    acc = warp_sum(acc);
+    if (lane == 0) sh[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int k = 0; k < nw; k++) s += sh[k];
+        float* o = y + row;
+        float v = accumulate ? *o + s : s;
+        *o = v;
+        if (ss) ss_add(ss, row, v);
+    }
+}
+#define DEF_MVQE(name, T) \
+    extern "C" __global__ void __launch_bounds__(128) mvqe_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate, double* ss) { \
+        mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
+    }
+FOR_EACH_QTYPE(DEF_MVQE)
+
 // The one-token products of the output head (mvr4) and the down projection (mvqp) on Q6_KA
 // copies of Q6_K weights: the same code, so the Q6_K kernels' bits.
 DEF_MVR4(q6_ka, T_Q6_KA)
 DEF_MVQP(q6_ka, T_Q6_KA)
+DEF_MVQE(q6_ka, T_Q6_KA)
 // Session 20: the same products with Q6_KU's decoding (the same bits).
 DEF_MVR4(q6_ku, T_Q6_KU)
 DEF_MVQP(q6_ku, T_Q6_KU)
+DEF_MVQE(q6_ku, T_Q6_KU)

@@ -352,6 +352,10 @@ pub struct Gpu {
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
     pub mvq_pf: std::cell::Cell<bool>,
+    /// Session 30: those products with each thread's units decoded in registers before the
+    /// wait (`mvqe_*`, the same bits; rows of at most [`crate::kernels::MVQE_UNITS`] units per
+    /// thread): off unless `CROSSOVER_CUDA_MVQE=1`.
+    pub mvqe: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -587,6 +591,7 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
+            mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() == Ok("1")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),

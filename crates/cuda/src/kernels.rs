@@ -192,6 +192,9 @@ const K_ATTN_PREFILL: usize = 11;
 const K_SWIGLU_Q: usize = 13;
 const K_ATTN_DECODE: usize = 14;
 const K_KV_PREFETCH: usize = 17;
+/// Units of 32 weights each thread of an `mvqe_*` block decodes before its wait (`MVQE_U` in
+/// matvec_q.cu).
+pub const MVQE_UNITS: usize = 2;
 /// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
@@ -316,6 +319,7 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
+        v.push(format!("mvqe_{t}"));
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
@@ -330,6 +334,8 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvqp_q6_ka".into());
     v.push("mvr4_q6_ku".into());
     v.push("mvqp_q6_ku".into());
+    v.push("mvqe_q6_ka".into());
+    v.push("mvqe_q6_ku".into());
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
         v.push(format!("mvsm_{t}"));
@@ -1108,8 +1114,9 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             let t = QTYPES[qtype_index(ty)?].1;
             let th = self.mvqp_block(cols);
-            // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`).
-            let name = format!("mvqp_{t}");
+            // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`); session
+            // 30: or with its units decoded before the wait (`mvqe_*`, the same bits).
+            let name = format!("{}_{t}", self.mvqp_form(cols, th));
             return self
                 .launch_id(
                     self.kernel_id(&name)?,
@@ -1127,6 +1134,18 @@ impl Gpu {
             kargs![w, rr, c, qs, ds, n, y, a],
         )
         .map(|_| false)
+    }
+
+    /// The block-per-row one-token kernel family for rows `cols` wide at `th` threads:
+    /// `mvqe` (session 30: units decoded before the wait; [`Gpu::mvqe`], at most
+    /// [`MVQE_UNITS`] units per thread) or `mvqp`.
+    fn mvqp_form(&self, cols: usize, th: u32) -> &'static str {
+        let units = cols / 32;
+        if self.mvqe.get() && th <= 128 && units <= MVQE_UNITS * th as usize {
+            "mvqe"
+        } else {
+            "mvqp"
+        }
     }
 
     /// Threads per block of an `mvqp_*` launch on rows `cols` wide ([`Gpu::mvqp_threads`]).
@@ -1482,10 +1501,12 @@ impl Gpu {
             accumulate as i32,
         );
         let t = if self.q6u_wide.get() { t } else { "q6_ka" };
+        let th = self.mvqp_block(cols);
+        let form = self.mvqp_form(cols, th);
         self.launch_id(
-            self.kernel_id(&format!("mvqp_{t}"))?,
+            self.kernel_id(&format!("{form}_{t}"))?,
             (u32_of(rows, "rows")?, 1, 1),
-            (self.mvqp_block(cols), 1, 1),
+            (th, 1, 1),
             kargs![w, rr, c, qs, ds, y, a, ss],
         )
         .map(|_| ss != 0)

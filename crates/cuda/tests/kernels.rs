@@ -4578,3 +4578,126 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
         bad.join("\n")
     );
 }
+
+/// Session 30: the block-per-row one-token products with each thread's units decoded before the
+/// PDL wait (`mvqe_*`, `Gpu::mvqe`) give `mvqp_*`'s bits on fresh random rows of every K-quant
+/// type (Q6_K also on its aligned copy, with Q6_KA's and Q6_KU's decoding), plain, accumulating
+/// and adding the squares of the outputs, at widths from one super-block to the down
+/// projection's 8192 columns; rows too wide for it still run `mvqp_*`.
+#[test]
+fn early_decoded_block_products_equal_mvqp() {
+    let Some(g) = gpu_or_skip("mvqe") else {
+        return;
+    };
+    if !g.pdl.get() {
+        eprintln!("SKIPPED mvqe: the block-per-row kernels run without PDL here");
+        return;
+    }
+    let mut r = rng("mvqe");
+    let slots = cuda::kernels::RMS_SLOTS;
+    g.mvsm.set(false);
+    g.q6_half.set(false);
+    g.warp_rows.set(false);
+    g.mvr_lb4.set(true);
+    g.mvq_pf.set(true);
+    let e0 = g.mvqe.get();
+    let (q6u0, q6w0) = (g.q6u.get(), g.q6u_wide.get());
+    let types = [
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q3K,
+        GgmlType::Q2K,
+    ];
+    for ty in types {
+        for &(rows, cols) in &[(300usize, 8192usize), (77, 4096), (33, 256), (5, 12288)] {
+            // The mvr kernels take the narrower rows by default; these shapes are wider.
+            if g.mvr_fits(cols) {
+                continue;
+            }
+            let what = format!("{ty:?} {rows}x{cols}");
+            let (qb, db, _) = q8k_token(&g, &randn(&mut r, cols, 1.0));
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
+            let y0 = randn(&mut r, rows, 1.0);
+            for acc in [false, true] {
+                for q6u in [false, true] {
+                    if q6u && pad.is_none() {
+                        continue;
+                    }
+                    g.q6u.set(q6u);
+                    g.q6u_wide.set(q6u);
+                    let run = |early: bool, aligned: bool| -> (Vec<f32>, Vec<f64>) {
+                        g.mvqe.set(early);
+                        let y = if acc {
+                            g.upload(&y0).unwrap()
+                        } else {
+                            poisoned(&g, rows)
+                        };
+                        let ss = g.upload(&vec![0f64; slots]).unwrap();
+                        let (qs, ds) = (qb.ptr(), db.ptr());
+                        match (&pad, aligned) {
+                            (Some(p), true) => g.matvec_q6ka_ss(
+                                ty,
+                                p.ptr(),
+                                rows,
+                                cols,
+                                qs,
+                                ds,
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                            _ => g.matvec_q_ss(
+                                ty,
+                                w.ptr(),
+                                rows,
+                                cols,
+                                qs,
+                                ds,
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                        }
+                        .unwrap();
+                        (
+                            g.download(&y, rows).unwrap(),
+                            g.download(&ss, slots).unwrap(),
+                        )
+                    };
+                    for aligned in [false, true] {
+                        if aligned && pad.is_none() {
+                            continue;
+                        }
+                        let case = format!("{what} q6u={q6u} aligned={aligned} accumulate={acc}");
+                        let (yp, sp) = run(false, aligned);
+                        let (ye, se) = run(true, aligned);
+                        assert!(yp.iter().all(|v| v.is_finite()), "{case}: mvqp not finite");
+                        if let Some(i) = yp
+                            .iter()
+                            .zip(&ye)
+                            .position(|(a, b)| a.to_bits() != b.to_bits())
+                        {
+                            panic!("{case}: row {i}: mvqe {} mvqp {}", ye[i], yp[i]);
+                        }
+                        // The slots take f64 atomics in arrival order: equal up to that.
+                        let sum = |s: &[f64]| s.iter().sum::<f64>();
+                        let (a, b) = (sum(&sp), sum(&se));
+                        let want: f64 = yp.iter().map(|&v| v as f64 * v as f64).sum();
+                        assert!(
+                            (a - b).abs() <= 1e-12 * a.abs() && (a - want).abs() <= 1e-9 * want,
+                            "{case}: sums of squares {b} (mvqe) {a} (mvqp), rows {want}"
+                        );
+                    }
+                }
+            }
+            g.q6u.set(q6u0);
+            g.q6u_wide.set(q6w0);
+        }
+    }
+    g.mvqe.set(e0);
+}
