@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 cat $OUT/gpu.txt
 MODELS="smol l3b" STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
 t models
-timeout 120 .gpu/kernels --test-threads 1 early_decoded q6ka_products > $OUT/kernels.txt 2>&1
+timeout 120 .gpu/kernels --test-threads 1 early_decoded > $OUT/kernels.txt 2>&1
 grep -E "^test |^test result|panicked" $OUT/kernels.txt | cut -c1-300; t kernels
 CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 60 .gpu/model_agree --nocapture early_decoded > $OUT/agree.txt 2>&1
 grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
