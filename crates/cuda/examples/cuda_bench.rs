@@ -1117,7 +1117,7 @@ fn main() {
         b.set_mvp(m0);
     }
     // --ab-mvqe (session 30): the block-per-row down projection with its units decoded before
-    // the wait (`mvqe_*`) against `mvqp_*`, five rounds alternating in one process, with each
+    // the wait (`mvqe_*`, the default since) against `mvqp_*`, five rounds alternating in one process, with each
     // one's per-class product times once.
     if args.iter().any(|a| a == "--ab-mvqe") {
         let e0 = b.gpu().mvqe.get();

@@ -354,7 +354,8 @@ pub struct Gpu {
     pub mvq_pf: std::cell::Cell<bool>,
     /// Session 30: those products with each thread's units decoded in registers before the
     /// wait (`mvqe_*`, the same bits; rows of at most [`crate::kernels::MVQE_UNITS`] units per
-    /// thread): off unless `CROSSOVER_CUDA_MVQE=1`.
+    /// thread): on unless `CROSSOVER_CUDA_MVQE=0` (on an H100 the step 0.015 ms faster at depth
+    /// 0, docs/perf/cuda.md "Session 30").
     pub mvqe: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
@@ -591,7 +592,7 @@ impl Gpu {
             mvq_pf: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
-            mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() == Ok("1")),
+            mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),
