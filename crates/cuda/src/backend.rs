@@ -183,8 +183,9 @@ struct Scratch {
 }
 
 /// Session 30: where one-token steps ask L2 for the next layer's cached K and V rows
-/// ([`Gpu::kv_prefetch`]), so the attention reads them from L2 while the products before it
-/// (which leave HBM bandwidth unused) pay the DRAM time.
+/// ([`Gpu::kv_prefetch`]), meant to let the attention read them from L2 with the DRAM time paid
+/// under the products before it. Measured slower in every form (the products keep HBM busy
+/// while they stream; docs/perf/cuda.md "Session 30"), so off by default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KvPf {
     /// 0: off; 1: before the down projection of the layer before; 2: before its gate/up
@@ -428,8 +429,8 @@ pub struct CudaBackend {
     /// [`SIDE_WIDE`] bits; `CROSSOVER_CUDA_SIDE_L2`).
     side_l2: u8,
     /// Session 30: one-token steps ask L2 for the next layer's cached K and V rows from the
-    /// main chain ([`Gpu::kv_prefetch`]) when their context class is at least `kv_pf_min`
-    /// positions: [`KvPf`] (`CROSSOVER_CUDA_KV_PF=M[:MIN[:BLOCKS]]`).
+    /// main chain ([`Gpu::kv_prefetch`]) when their context class is at least
+    /// [`KvPf::min_len`] positions (`CROSSOVER_CUDA_KV_PF=M[:MIN[:BLOCKS]]`; off).
     kv_pf: KvPf,
     /// Graph buckets whose product shapes [`CudaBackend::tune_products`] tuned, with the
     /// product form (fused or not) it tuned them for.
