@@ -4600,7 +4600,10 @@ fn early_decoded_block_products_equal_mvqp() {
     g.warp_rows.set(false);
     g.mvr_lb4.set(true);
     g.mvq_pf.set(true);
-    let e0 = g.mvqe.get();
+    // The mvr kernels would take rows up to 4096 columns: off, so every width here runs the
+    // block-per-row kernels.
+    let (e0, mvr0) = (g.mvqe.get(), g.mvr.get());
+    g.mvr.set(false);
     let (q6u0, q6w0) = (g.q6u.get(), g.q6u_wide.get());
     let types = [
         GgmlType::Q4K,
@@ -4611,10 +4614,6 @@ fn early_decoded_block_products_equal_mvqp() {
     ];
     for ty in types {
         for &(rows, cols) in &[(300usize, 8192usize), (77, 4096), (33, 256), (5, 12288)] {
-            // The mvr kernels take the narrower rows by default; these shapes are wider.
-            if g.mvr_fits(cols) {
-                continue;
-            }
             let what = format!("{ty:?} {rows}x{cols}");
             let (qb, db, _) = q8k_token(&g, &randn(&mut r, cols, 1.0));
             let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
@@ -4700,4 +4699,5 @@ fn early_decoded_block_products_equal_mvqp() {
         }
     }
     g.mvqe.set(e0);
+    g.mvr.set(mvr0);
 }

@@ -1143,24 +1143,12 @@ fn pipelined_swiglu_leaves_logits_unchanged() {
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
 fn early_decoded_down_leaves_logits_unchanged() {
-    let test = "early_decoded_down_leaves_logits_unchanged";
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED {test}: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 20usize);
-    for path in models() {
-        let shape = (p, steps, plen);
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-        let orig = gpu.gpu().mvqe.get();
-        let what = "the down projection decoded before its wait (against mvqp)";
-        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, |g, on| {
-            g.mvqe.set(on)
-        });
-        gpu.gpu().mvqe.set(orig);
-    }
+    gpu_switch_keeps_bits(
+        "early_decoded_down_leaves_logits_unchanged",
+        &[20],
+        "the down projection decoded before its wait (against mvqp)",
+        |g| &g.mvqe,
+    );
 }
 
 /// Session 30: one-token steps asking L2 for the next layer's cached K and V rows
