@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 30"): the early-decoded down
-# projection (`mvqe_*`): its kernel test and model-level bit check, then five rounds against
-# `mvqp_*` in one process (`cuda_bench --ab-mvqe`); with SKIP=1 also where the step goes
-# now (`--ab-skip`).
-# Build machine: NO_LLAMA_SRC=1 bash scripts/gpu_prepare.sh, then the NVRTC kernel cache into
-# .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
-# CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's lib).
-# Device: bash scripts/gpu_next.sh with carry [".gpu"].
+# The next device call's whole script (docs/perf/cuda.md "Session 31"): the standing figures
+# with llama.cpp in the same call. llama.cpp's CUDA llama-bench builds in the background while
+# the 3B file is made and the kernel suite runs; our cuda_bench runs after the build is done (no
+# compile jobs beside it), then llama-bench on the same file.
+# Build machine: bash scripts/gpu_prepare.sh (with the llama.cpp source), the NVRTC kernel cache
+# in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
+# CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
+# lib); to fit 64 MiB, model_agree, conformance, cuda_trace and the starcoder vocabulary may be
+# left out. Device: bash scripts/gpu_next.sh with carry [".gpu"].
 set -u
 mkdir -p /tmp/cuda-cache && cp -r .gpu/kcache/. /tmp/cuda-cache/
 export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache
 T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.txt; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-MODELS="smol l3b" STAGES=models SYNTH_T=16 OUT=$OUT bash scripts/gpu_bench.sh > $OUT/models.txt 2>&1
+GPU_DIR=.gpu bash scripts/gpu_llama_build.sh llama-bench > $OUT/llama_build.log 2>&1 &
+BUILD=$!
+.gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
+  -o /tmp/l3b.gguf -q -t 4 > $OUT/models.txt 2>&1
 t models
-timeout 120 .gpu/kernels --test-threads 1 early_decoded > $OUT/kernels.txt 2>&1
-grep -E "^test |^test result|panicked" $OUT/kernels.txt | cut -c1-300; t kernels
-CROSSOVER_CUDA_MODELS=/tmp/smol.gguf:/tmp/l3b.gguf timeout 60 .gpu/model_agree --nocapture early_decoded > $OUT/agree.txt 2>&1
-grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-mvqe > $OUT/ab_mvqe.log 2>&1
-grep -E "pp512|tg128|mvq" $OUT/ab_mvqe.log | cut -c1-200; t ab_mvqe
-# SKIP=1: also where the step goes now (about 60 s more).
-if [ "${SKIP:-0}" = 1 ]; then
-  timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-skip > $OUT/ab_skip.log 2>&1
-  grep -E "a/b skip" $OUT/ab_skip.log | cut -c1-200; t ab_skip
-fi
+timeout 150 .gpu/kernels --test-threads 1 > $OUT/kernels.txt 2>&1
+grep -E "^test result|panicked|FAILED" $OUT/kernels.txt | cut -c1-300; grep -E "early_decoded" $OUT/kernels.txt; t kernels
+wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 $OUT/llama_build.log
+timeout 120 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 4 --quick > $OUT/cuda_bench.log 2>&1
+grep -E "pp512|tg128|aggregate|par" $OUT/cuda_bench.log | cut -c1-200; t "our bench"
+timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
+  -d 0,4096 -o md > $OUT/llama_bench.log 2>&1
+cat $OUT/llama_bench.log | grep -E "^\|"; t llama-bench
+# Ours again after llama.cpp (the two sides' order both ways within the call).
+timeout 100 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick > $OUT/cuda_bench2.log 2>&1
+grep -E "pp512|tg128" $OUT/cuda_bench2.log | cut -c1-200; t "our bench again"
