@@ -4701,3 +4701,157 @@ fn early_decoded_block_products_equal_mvqp() {
     g.mvqe.set(e0);
     g.mvr.set(mvr0);
 }
+
+/// Session 31: the one-token Q/K/V launch with each lane's first units of its warp's first row
+/// pair decoded before the PDL wait (`mvre<N>_rope2_*`, `Gpu::qkve` = 1 and 2) gives the bits
+/// of the 64-register launch it replaces (`mvr4_rope2_*`, `mvr4_rope_*`; the existing
+/// `qkv_rope_fused_equals_products_then_rope_store` ties those to the products and
+/// `rope_store`): rotated Q, K and V cache rows, on fresh random Q4_K and Q5_K Q/K with a V of
+/// their own type (the single-type launch) or of Q6_K (the mixed launch, from its rows and from
+/// its aligned copy), at widths where a lane has one, two or three units of a row (and a tail),
+/// one pair per warp and several (the one-wave grid capped), with 8, 4 and 3 warps per block.
+#[test]
+fn early_decoded_qkv_launch_equals_mvr4() {
+    let Some(g) = gpu_or_skip("qkve") else {
+        return;
+    };
+    if !g.pdl.get() {
+        eprintln!("SKIPPED qkve: the Q/K/V kernels run without PDL here");
+        return;
+    }
+    let mut r = rng("qkve");
+    let (nh, nkv, hd) = (6usize, 2usize, 64usize);
+    let (rq, rk) = (nh * hd, nkv * hd);
+    let factors: Vec<f32> = (0..hd / 4).map(|i| 1.0 + i as f32 * 0.29).collect();
+    let fb = g.upload(&factors).unwrap();
+    let ropes = [
+        cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0),
+        cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr()),
+    ];
+    let saved = (
+        g.qkve.get(),
+        g.mvr_lb4.get(),
+        g.wave.get(),
+        g.wave_cap.get(),
+        g.mvr_warps.get(),
+        g.q6u.get(),
+    );
+    g.mvr_lb4.set(true);
+    g.q6_half.set(false);
+    let mut ran = 0;
+    for cols in [1024usize, 2304, 3072] {
+        for qk in [GgmlType::Q4K, GgmlType::Q5K] {
+            // V of Q/K's type (single-type launch), of Q6_K (mixed), of Q6_K's aligned copy.
+            for (vty, copy) in [(qk, false), (GgmlType::Q6K, false), (GgmlType::Q6K, true)] {
+                let mk = |r: &mut ChaCha8Rng, ty: GgmlType, rows: usize| {
+                    g.upload(&quantized(ty, &randn(r, rows * cols, 0.5)).0)
+                        .unwrap()
+                };
+                let (wq, wk, wv) = (mk(&mut r, qk, rq), mk(&mut r, qk, rk), mk(&mut r, vty, rk));
+                let vpad = copy.then(|| g.pad_q6k(wv.ptr(), rk, cols).unwrap());
+                let wv_ptr = vpad.as_ref().map_or(wv.ptr(), |p| p.ptr());
+                g.q6u.set(copy);
+                let x = randn(&mut r, cols, 1.0);
+                let xb = g.upload(&x).unwrap();
+                let (qa, da) = act_bufs(&g, 1, cols);
+                g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qa.ptr(), da.ptr())
+                    .unwrap();
+                let pos = vec![r.gen_range(0..4000i32)];
+                let slot = vec![r.gen_range(0..8i32)];
+                let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+                for (ri, rope) in ropes.iter().enumerate() {
+                    for (cap, nw) in [(0usize, 8usize), (3, 8), (0, 4), (2, 3)] {
+                        g.mvr_warps.set(nw);
+                        g.wave_cap.set(cap);
+                        g.wave.set(cap > 0);
+                        let run = |eu: usize| -> (Vec<u32>, Vec<u16>, Vec<u16>) {
+                            g.qkve.set(eu);
+                            let q = poisoned(&g, rq);
+                            let (kc, vc) = (
+                                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                                g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                            );
+                            let w = [wq.ptr(), wk.ptr(), wv_ptr];
+                            let rows = [rq, rk, rk];
+                            let args = (q.ptr(), pb.ptr(), sb.ptr(), kc.ptr(), vc.ptr());
+                            if vty == qk {
+                                g.matvec_q_qkv_rope(
+                                    qk,
+                                    w,
+                                    rows,
+                                    cols,
+                                    qa.ptr(),
+                                    da.ptr(),
+                                    args.0,
+                                    rope,
+                                    args.1,
+                                    args.2,
+                                    hd,
+                                    rk,
+                                    args.3,
+                                    args.4,
+                                )
+                            } else {
+                                g.matvec_q_qkv_rope_mixed(
+                                    qk,
+                                    vty,
+                                    copy,
+                                    w,
+                                    rows,
+                                    cols,
+                                    qa.ptr(),
+                                    da.ptr(),
+                                    args.0,
+                                    rope,
+                                    args.1,
+                                    args.2,
+                                    hd,
+                                    rk,
+                                    args.3,
+                                    args.4,
+                                )
+                            }
+                            .unwrap();
+                            (
+                                g.download(&q, rq).unwrap(),
+                                g.download(&kc, 8 * rk).unwrap(),
+                                g.download(&vc, 8 * rk).unwrap(),
+                            )
+                        };
+                        let base = run(0);
+                        assert!(
+                            base.0.iter().all(|&b| f32::from_bits(b).is_finite()),
+                            "{qk:?}/{vty:?} {cols}: mvr4 Q not finite"
+                        );
+                        for eu in 1..=cuda::kernels::QKVE_MAX {
+                            let case = format!(
+                                "Q/K {qk:?} V {vty:?} copy={copy} cols={cols} rope {ri} cap={cap} \
+                                 warps={nw} units before the wait {eu}"
+                            );
+                            // The launch is an mvre kernel: left out, nothing is written.
+                            g.skip_kernels(&["mvre"]);
+                            let skipped = run(eu);
+                            g.skip_kernels(&[]);
+                            assert!(
+                                skipped.0.iter().all(|&b| f32::from_bits(b).is_nan()),
+                                "{case}: the launch did not take an mvre kernel"
+                            );
+                            let e = run(eu);
+                            assert_eq!(base.0, e.0, "{case}: rotated Q");
+                            assert_eq!(base.1, e.1, "{case}: K cache");
+                            assert_eq!(base.2, e.2, "{case}: V cache");
+                            ran += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(ran, 3 * 2 * 3 * 2 * 4 * cuda::kernels::QKVE_MAX);
+    g.qkve.set(saved.0);
+    g.mvr_lb4.set(saved.1);
+    g.wave.set(saved.2);
+    g.wave_cap.set(saved.3);
+    g.mvr_warps.set(saved.4);
+    g.q6u.set(saved.5);
+}
