@@ -16,8 +16,12 @@ T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.txt; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-GPU_DIR=.gpu bash scripts/gpu_llama_build.sh llama-bench > $OUT/llama_build.log 2>&1 &
-BUILD=$!
+# LLAMA=0: no llama.cpp (the tests, the A/B and our standing figures only).
+LLAMA=${LLAMA:-1}
+if [ "$LLAMA" = 1 ]; then
+  GPU_DIR=.gpu bash scripts/gpu_llama_build.sh llama-bench > $OUT/llama_build.log 2>&1 &
+  BUILD=$!
+fi
 .gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t 4 > $OUT/models.txt 2>&1
 t models
@@ -29,9 +33,10 @@ grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
 # build: both sides share its load).
 timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-qkve > $OUT/ab_qkve.log 2>&1
 grep -E "qkve" $OUT/ab_qkve.log | cut -c1-200; t ab_qkve
-wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 $OUT/llama_build.log
+if [ "$LLAMA" = 1 ]; then wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 $OUT/llama_build.log; fi
 timeout 120 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 4 --quick > $OUT/cuda_bench.log 2>&1
 grep -E "pp512|tg128|aggregate|par" $OUT/cuda_bench.log | cut -c1-200; t "our bench"
+[ "$LLAMA" = 1 ] || exit 0
 timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
   -d 0,4096 -o md > $OUT/llama_bench.log 2>&1
 cat $OUT/llama_bench.log | grep -E "^\|"; t llama-bench
