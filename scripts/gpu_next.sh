@@ -33,6 +33,11 @@ grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
 # build: both sides share its load).
 timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-qkve > $OUT/ab_qkve.log 2>&1
 grep -E "qkve" $OUT/ab_qkve.log | cut -c1-200; t ab_qkve
+# Where the step goes now (SKIP, default 1 with llama.cpp: it runs inside the build's time).
+if [ "${SKIP:-$LLAMA}" = 1 ]; then
+  timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-skip > $OUT/ab_skip.log 2>&1
+  grep -E "a/b skip" $OUT/ab_skip.log | cut -c1-200; t ab_skip
+fi
 if [ "$LLAMA" = 1 ]; then wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 $OUT/llama_build.log; fi
 timeout 120 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 4 --quick > $OUT/cuda_bench.log 2>&1
 grep -E "pp512|tg128|aggregate|par" $OUT/cuda_bench.log | cut -c1-200; t "our bench"
