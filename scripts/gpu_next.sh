@@ -16,8 +16,9 @@ T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.txt; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-# LLAMA=0: no llama.cpp (the tests, the A/B and our standing figures only).
-LLAMA=${LLAMA:-1}
+# LLAMA=0: no llama.cpp (the tests, the A/B and our standing figures only); by default 1 on an
+# H200 (the card) and 0 on others (session 28 measured llama.cpp on an H100).
+if grep -q H200 $OUT/gpu.txt; then LLAMA=${LLAMA:-1}; else LLAMA=${LLAMA:-0}; fi
 if [ "$LLAMA" = 1 ]; then
   GPU_DIR=.gpu bash scripts/gpu_llama_build.sh llama-bench > $OUT/llama_build.log 2>&1 &
   BUILD=$!
