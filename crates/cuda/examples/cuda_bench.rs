@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-kvpf] [--ab-qkve]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1135,26 +1135,6 @@ fn main() {
         b.gpu().mvqe.set(e0);
         b.reset_graphs();
     }
-    // --ab-qkve (session 31): the Q/K/V launch with each lane's first 1 or 2 units per row
-    // decoded before the wait (`mvre<N>_rope2_*`) against the 64-register launch (the
-    // default), five rounds alternating in one process, with each one's per-class product
-    // times once.
-    if args.iter().any(|a| a == "--ab-qkve") {
-        let e0 = b.gpu().qkve.get();
-        for round in 0..5 {
-            for eu in 0..=cuda::kernels::QKVE_MAX {
-                b.gpu().qkve.set(eu);
-                b.reset_graphs();
-                let label = format!("qkve={eu} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-                if round == 0 {
-                    ab_kernels(&mut b, &label, &[]);
-                }
-            }
-        }
-        b.gpu().qkve.set(e0);
-        b.reset_graphs();
-    }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain
     // or L2::evict_last), against none, at depth 4096 only (shorter classes never take it),
@@ -1267,7 +1247,6 @@ fn main() {
         let products: &[&str] = &[
             "mvr4_rope",
             "mvr_rope",
-            "mvre",
             "mvr4_q",
             "mvr_q",
             "mvr_swiglu",
@@ -1286,7 +1265,7 @@ fn main() {
             &["quantize_act"],
             &["attn_one"],
             &["attn_merge"],
-            &["mvr4_rope", "mvr_rope", "mvre"],
+            &["mvr4_rope", "mvr_rope"],
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
             &["mvr_swiglu", "mvp3_", "mvh_"],
             &["mvqp_", "mvqe_", "mvq_", "mvqc_"],

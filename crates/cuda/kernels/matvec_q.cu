@@ -957,50 +957,7 @@ FOR_EACH_QTYPE(DEF_MVRP)
 // join the launch instead of taking a second one that waits for the first. One row pair per
 // warp (r0 and r1 even, so no pair spans two matrices); each warp runs mvr_rows of its rows'
 // type, so every output takes the operations of the single-type launches: the same bits.
-// Session 31 (`mvre<EU>_rope2_*`, EU > 0): the warp's first row pair with each lane's first EU
-// units of both rows (units lane, lane + 32, ...) decoded into registers before the PDL wait,
-// as `mvqe_*` does for the down projection; after the wait the lane's dots in mvr_dot's order
-// (each row's sum over its units in ascending order) and qkv_pair_out: mvr_rows' bits. The
-// host takes it for even row counts only (every pair complete).
-template <int T, int EU>
-__device__ __forceinline__ void mvre_rows(int row, const u8* __restrict__ w0,
-                                          const u8* __restrict__ w1, const u8* __restrict__ w2,
-                                          int r0, int r1, int total, int units, long long rb,
-                                          const i8* __restrict__ aq, const float2* __restrict__ ad,
-                                          float* yq, const RopeArgs* rp) {
-    constexpr int UPB = Q<T>::BE / 32;
-    int lane = threadIdx.x & 31;
-    const u8* wr[2];
-    mvr_ptrs<T, false>(row, w0, w1, w2, r0, r1, total, rb, wr);
-    int q[2][EU][8];
-    typename QI<T>::P p[2][EU];
-#pragma unroll
-    for (int m = 0; m < EU; m++) {
-        int u = lane + 32 * m;
-        if (u < units) {
-            long long off = (long long)(u / UPB) * Q<T>::BB;
-            QI<T>::unit(wr[0] + off, u % UPB, q[0][m], p[0][m]);
-            QI<T>::unit(wr[1] + off, u % UPB, q[1][m], p[1][m]);
-        }
-    }
-    pdl_wait();
-    pdl_launch();
-    float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int m = 0; m < EU; m++) {
-        int u = lane + 32 * m;
-        if (u < units) {
-            acc[0] += unit_dot<T>(q[0][m], p[0][m], aq + 32 * u, ad + u);
-            acc[1] += unit_dot<T>(q[1][m], p[1][m], aq + 32 * u, ad + u);
-        }
-    }
-    for (int u = lane + 32 * EU; u < units; u += 32) mvr_unit<T>(wr, u, aq, ad, acc);
-    acc[0] = warp_sum(acc[0]);
-    acc[1] = warp_sum(acc[1]);
-    if (lane == 0) qkv_pair_out(row, r0, r1, acc[0], acc[1], yq, rp);
-}
-
-template <int TQ, int TV, int EU = 0>
+template <int TQ, int TV>
 __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                                const i8* __restrict__ aq, const float2* __restrict__ ad,
@@ -1025,10 +982,8 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             if (a < b) prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
         }
     }
-    if (EU == 0) {
-        pdl_wait();
-        pdl_launch();
-    }
+    pdl_wait();
+    pdl_launch();
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
         if (row >= total) return;
@@ -1036,13 +991,6 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             int pr = row + 4 * nw;
             if (pr >= r0 + r1) mvr_prefetch_rows<TV, false>(pr, w0, w1, w2, r0, r1, total, rbv);
             else mvr_prefetch_rows<TQ, false>(pr, w0, w1, w2, r0, r1, total, rbq);
-        }
-        if (EU > 0 && k == 0) {
-            if (row >= r0 + r1)
-                mvre_rows<TV, (EU > 0 ? EU : 1)>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, rp);
-            else
-                mvre_rows<TQ, (EU > 0 ? EU : 1)>(row, w0, w1, w2, r0, r1, total, units, rbq, aq, ad, yq, rp);
-            continue;
         }
         if (row >= r0 + r1)
             mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, yq, yq, 0,
@@ -1579,23 +1527,6 @@ DEF_MVR_ROPE2(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
 DEF_MVR_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
 DEF_MVR4_ROPE2(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
 DEF_MVR4_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
-// Session 31: the Q/K/V launch with the warp's first units decoded before the wait (mvre_rows),
-// for the mixed pairs and for a V of Q/K's own type (the same per-pair code as mvr_rope_*).
-// At most 85 registers (3 blocks of 256 threads per SM: 396 on 132 SMs, one wave for the 3B
-// shape's 320 blocks); at 64 the registers held over the wait spilled 104-368 bytes.
-#define DEF_MVRE_ROPE2(a, TA, b, TB, EU) \
-    extern "C" __global__ void __launch_bounds__(256, 3) mvre##EU##_rope2_##a##_##b( \
-        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
-        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops) { \
-        mvr_rope2_impl<TA, TB, EU>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, \
-                                   loops); \
-    }
-#define DEF_MVRE_SET(a, TA, b, TB) DEF_MVRE_ROPE2(a, TA, b, TB, 1) DEF_MVRE_ROPE2(a, TA, b, TB, 2)
-FOR_EACH_QKV_PAIR(DEF_MVRE_SET)
-DEF_MVRE_SET(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
-DEF_MVRE_SET(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
-DEF_MVRE_SET(q4_k, T_Q4_K, q4_k, T_Q4_K)
-DEF_MVRE_SET(q5_k, T_Q5_K, q5_k, T_Q5_K)
 
 // v10: mvq_<type>_1 (one token, a block of up to 128 threads per row: the down projection)
 // that first asks L2 for its row, before the PDL wait (no registers held over the wait). The

@@ -1324,7 +1324,7 @@ impl CudaBackend {
     /// that kernel class costs inside the real captured step. The results of such steps are
     /// wrong; an empty list restores normal steps. Drops captured graphs.
     pub fn set_skip(&mut self, prefixes: &[&str]) {
-        self.gpu.skip_kernels(prefixes);
+        *self.gpu.skip.borrow_mut() = prefixes.iter().map(|p| p.to_string()).collect();
         self.graphs.clear();
     }
 

@@ -357,12 +357,6 @@ pub struct Gpu {
     /// thread): on unless `CROSSOVER_CUDA_MVQE=0` (on an H100 the step 0.015 ms faster at depth
     /// 0, docs/perf/cuda.md "Session 30").
     pub mvqe: std::cell::Cell<bool>,
-    /// Session 31: the one-token Q/K/V launch with each lane's first units (this many per row,
-    /// 1 or 2) of its warp's first row pair decoded in registers before the PDL wait
-    /// (`mvre<N>_rope2_*`, [`Gpu::matvec_q_qkv_rope_mixed`] and the single-type Q/K/V launch on
-    /// quantized activations with the 64-register kernels; the same bits): 0 (off) unless
-    /// `CROSSOVER_CUDA_QKVE=N`.
-    pub qkve: std::cell::Cell<usize>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -599,7 +593,6 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
-            qkve: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_QKVE", 0).min(2)),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),
@@ -746,14 +739,6 @@ impl Gpu {
             .map_err(drv("main stream wait"))?;
         }
         Ok(())
-    }
-
-    /// Leaves out later launches of kernels whose names start with one of `prefixes` (their
-    /// outputs are then not written: the timing ablation behind
-    /// [`crate::CudaBackend::set_skip`], and tests that check which kernel a call takes); an
-    /// empty list launches everything again.
-    pub fn skip_kernels(&self, prefixes: &[&str]) {
-        *self.skip.borrow_mut() = prefixes.iter().map(|p| p.to_string()).collect();
     }
 
     /// Whether cuBLAS is available for the GEMM path.

@@ -195,9 +195,6 @@ const K_KV_PREFETCH: usize = 17;
 /// Units of 32 weights each thread of an `mvqe_*` block decodes before its wait (`MVQE_U` in
 /// matvec_q.cu).
 pub const MVQE_UNITS: usize = 2;
-/// Most units per row a lane of an `mvre<N>_rope2_*` launch decodes before its wait
-/// ([`Gpu::qkve`]).
-pub const QKVE_MAX: usize = 2;
 /// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
@@ -319,12 +316,6 @@ pub fn all_kernel_names() -> Vec<String> {
         // Session 20: V from its Q6_KA copy, Q6_KU's decoding.
         v.push(format!("mvr_rope2_{}_q6_ku", name(a)));
         v.push(format!("mvr4_rope2_{}_q6_ku", name(a)));
-        // Session 31: the first units decoded before the wait, also for a V of Q/K's type.
-        for eu in 1..=QKVE_MAX {
-            for vb in [name(b), "q6_ku", name(a)] {
-                v.push(format!("mvre{eu}_rope2_{}_{vb}", name(a)));
-            }
-        }
     }
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
@@ -2320,29 +2311,8 @@ impl Gpu {
             if !(rows[0] + rows[1]).is_multiple_of(2) {
                 return Err(CudaError::Arg(format!("mixed Q/K/V launch: rows {rows:?}")));
             }
-            let id = match self.qkve_prefix(rows) {
-                Some(pre) => self.kernel_id(&format!("{pre}_rope2_{a}_{b}"))?,
-                None => {
-                    let lb = if self.mvr_lb4.get() { "mvr4" } else { "mvr" };
-                    self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?
-                }
-            };
-            let nw = self.mvr_block(&act, false);
-            let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
-            return self.launch_id(
-                id,
-                (u32_of(blocks, "rows")?, 1, 1),
-                (32 * nw as u32, 1, 1),
-                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
-            );
-        }
-        // Session 31: a single-type launch on quantized activations takes the early-decoding
-        // mixed kernel with V of Q/K's type where there is one (the same per-pair code).
-        if let (Some(pre), ActIn::Quantized { .. }, GgmlType::Q4K | GgmlType::Q5K) =
-            (self.qkve_prefix(rows), &act, ty)
-        {
-            let a = QTYPES[qtype_index(ty)?].1;
-            let id = self.kernel_id(&format!("{pre}_rope2_{a}_{a}"))?;
+            let lb = if self.mvr_lb4.get() { "mvr4" } else { "mvr" };
+            let id = self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?;
             let nw = self.mvr_block(&act, false);
             let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
             return self.launch_id(
@@ -2366,15 +2336,6 @@ impl Gpu {
             (32 * nw as u32, 1, 1),
             kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
         )
-    }
-
-    /// The kernel prefix of a one-token Q/K/V launch of `rows` with its first units decoded
-    /// before the wait ([`Gpu::qkve`], session 31): `mvre<N>` when on, the 64-register kernels
-    /// are in use and every row pair lies within one matrix; else none.
-    fn qkve_prefix(&self, rows: [usize; 3]) -> Option<String> {
-        let eu = self.qkve.get().min(QKVE_MAX);
-        let pairs = rows.iter().all(|r| r.is_multiple_of(2));
-        (eu > 0 && self.mvr_lb4.get() && pairs).then(|| format!("mvre{eu}"))
     }
 
     /// The `prefetch` argument of the `mvr_*` kernels: bit 0, ask L2 for the block's weights

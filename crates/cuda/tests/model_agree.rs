@@ -1151,33 +1151,6 @@ fn early_decoded_down_leaves_logits_unchanged() {
     );
 }
 
-/// Session 31: the Q/K/V launch with the first units of each lane decoded before the wait
-/// (`Gpu::qkve` = 1 and 2, `mvre<N>_rope2_*`) gives the bits of the launch without, one sequence
-/// and three, decode steps from graphs. (Only Q4_K and Q5_K Q/K take it: on the SmolLM2-shaped
-/// Q4_1 file both sides run the same kernels; the 3B Q4_K_M file is the one this checks.)
-#[test]
-fn early_decoded_qkv_leaves_logits_unchanged() {
-    let test = "early_decoded_qkv_leaves_logits_unchanged";
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED {test}: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 20usize);
-    for path in models() {
-        let shape = (p, steps, plen);
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-        let orig = gpu.gpu().qkve.get();
-        for eu in 1..=cuda::kernels::QKVE_MAX {
-            let set = |g: &cuda::Gpu, on: bool| g.qkve.set(if on { eu } else { 0 });
-            let what = format!("the Q/K/V launch with {eu} units per row decoded before its wait");
-            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
-        }
-        gpu.gpu().qkve.set(orig);
-    }
-}
-
 /// Session 30: one-token steps asking L2 for the next layer's cached K and V rows
 /// (`CudaBackend::set_kv_pf`, every placement, plain and evict_last, from the shortest
 /// context on) give the same bits as steps without: the prefetch only moves lines into L2.
