@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The next device call's whole script (docs/perf/cuda.md "Session 31"): the standing figures
 # with llama.cpp in the same call. llama.cpp's CUDA llama-bench builds in the background while
-# the 3B file is made, the early-decoded Q/K/V launch is tested (kernel and model bits) and
-# measured against the default (`--ab-qkve`); our cuda_bench runs after the build is done (no
-# compile jobs beside it), then llama-bench on the same file, then ours again.
+# the 3B file is made and `cuda_bench --ab-skip` says where the step goes; our cuda_bench runs
+# after the build is done (no compile jobs beside it), then llama-bench on the same file, then
+# ours again.
 # Build machine: bash scripts/gpu_prepare.sh (with the llama.cpp source), the NVRTC kernel cache
 # in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
-# lib); to fit 64 MiB, conformance, cuda_trace and the starcoder vocabulary may be
+# lib); to fit 64 MiB, model_agree, conformance, cuda_trace and the starcoder vocabulary may be
 # left out. Device: bash scripts/gpu_next.sh with carry [".gpu"].
 set -u
 mkdir -p /tmp/cuda-cache && cp -r .gpu/kcache/. /tmp/cuda-cache/
@@ -24,18 +24,10 @@ if [ "$LLAMA" = 1 ]; then
   BUILD=$!
 fi
 .gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
-  -o /tmp/l3b.gguf -q -t 4 > $OUT/models.txt 2>&1
+  -o /tmp/l3b.gguf -q -t $([ "$LLAMA" = 1 ] && echo 4 || echo 16) > $OUT/models.txt 2>&1
 t models
-timeout 150 .gpu/kernels --test-threads 1 early_decoded qkv_rope_fused > $OUT/kernels.txt 2>&1
-grep -E "^test |panicked" $OUT/kernels.txt | cut -c1-300; t kernels
-CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 90 .gpu/model_agree --nocapture early_decoded_qkv > $OUT/agree.txt 2>&1
-grep -E "^test |rows|panicked" $OUT/agree.txt | cut -c1-300; t agree
-# The early-decoded Q/K/V launch against the default, alternating in one process (beside the
-# build: both sides share its load).
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-qkve > $OUT/ab_qkve.log 2>&1
-grep -E "qkve" $OUT/ab_qkve.log | cut -c1-200; t ab_qkve
-# Where the step goes now (SKIP, default 1 with llama.cpp: it runs inside the build's time).
-if [ "${SKIP:-$LLAMA}" = 1 ]; then
+# Where the step goes now (SKIP=0 leaves it out; with llama.cpp it runs inside the build's time).
+if [ "${SKIP:-1}" = 1 ]; then
   timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-skip > $OUT/ab_skip.log 2>&1
   grep -E "a/b skip" $OUT/ab_skip.log | cut -c1-200; t ab_skip
 fi
