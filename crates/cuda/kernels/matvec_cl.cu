@@ -143,3 +143,5 @@ __device__ void mvqc_impl(const u8* __restrict__ w, int rows, int cols,
 FOR_EACH_QTYPE(DEF_MVQC)
 DEF_MVQC(q6_ka, T_Q6_KA)
 DEF_MVQC(q6_ku, T_Q6_KU)
+DEF_MVQC(q6_ka4, T_Q6_KA4)
+DEF_MVQC(q6_ku4, T_Q6_KU4)

@@ -479,19 +479,24 @@ template <> struct QI<T_Q6_K> {
     }
 };
 
-// Q6_KA (Q6_K blocks in 16-byte aligned 224-byte slots, quant.cu): QI<T_Q6_K>::unit's q and P
-// from plain 16-byte loads of the two 32-byte runs (no ld32_a2_wide selects and shifts) and the
-// same aligned 2-byte loads of the scale pair and d; Q6_K's combine, so Q6_K's bits.
-template <> struct QI<T_Q6_KA> {
+// Q6_KA / Q6_KA4 (the aligned copies of groups of G = 1 / 4 Q6_K blocks, Q6G in quant.cu):
+// QI<T_Q6_K>::unit's q and P from plain 16-byte loads of the two 32-byte runs (no ld32_a2_wide
+// selects and shifts) and aligned 2-byte loads of the scale pair and d; Q6_K's combine, so
+// Q6_K's bits. U (Q6_KU, session 20): the unsigned 6-bit values in q (0..63, so the signed dp4a
+// reads them unchanged) and the - 32 taken from the activation's sums of 16 in combine:
+// s - 32 * bsum is the same int32 as the sum over (q - 32) * a, so Q6_K's bits with two
+// operations fewer per word (no byte-wise subtraction).
+template <int G, bool U> struct QI6G {
     using P = QI<T_Q6_K>::P;
     __device__ static __forceinline__ void unit(const u8* b, int j, int* q, P& p) {
-        p.d = h2f(ld_u16(b + 208));
-        int h = j / 4, k = j % 4;
-        u32 scw = ld_u16(b + 192 + 2 * j);
+        int blk = j >> 3, jj = j & 7;
+        p.d = h2f(ld_u16(b + Q6G<G>::d(blk)));
+        int h = jj / 4, k = jj % 4;
+        u32 scw = ld_u16(b + Q6G<G>::sc(blk) + 2 * jj);
         p.s0 = (int)(i8)(scw & 0xff);
         p.s1 = (int)(i8)(scw >> 8);
-        const uint4* ql = (const uint4*)(b + 64 * h + 32 * (k & 1));
-        const uint4* qh = (const uint4*)(b + 128 + 32 * h);
+        const uint4* ql = (const uint4*)(b + Q6G<G>::ql(blk) + 64 * h + 32 * (k & 1));
+        const uint4* qh = (const uint4*)(b + Q6G<G>::qh(blk) + 32 * h);
         uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
         u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
@@ -500,42 +505,20 @@ template <> struct QI<T_Q6_KA> {
         for (int i = 0; i < 8; i++) {
             u32 lo = (lw[i] >> ls) & 0x0f0f0f0fu;
             u32 hi = (hw[i] >> hs) & 0x03030303u;
-            q[i] = SUB_BYTES(lo | (hi << 4), 32);
+            q[i] = U ? (int)(lo | (hi << 4)) : SUB_BYTES(lo | (hi << 4), 32);
         }
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return QI<T_Q6_K>::combine(p, s0, s1, a);
-    }
-};
-
-// Q6_KU (session 20): the Q6_KA copy with the unsigned 6-bit values in q (0..63, so the signed
-// dp4a reads them unchanged) and the - 32 taken from the activation's sums of 16 in combine:
-// s - 32 * bsum is the same int32 as the sum over (q - 32) * a, so Q6_K's bits with two
-// operations fewer per word (no byte-wise subtraction).
-template <> struct QI<T_Q6_KU> {
-    using P = QI<T_Q6_K>::P;
-    __device__ static __forceinline__ void unit(const u8* b, int j, int* q, P& p) {
-        p.d = h2f(ld_u16(b + 208));
-        int h = j / 4, k = j % 4;
-        u32 scw = ld_u16(b + 192 + 2 * j);
-        p.s0 = (int)(i8)(scw & 0xff);
-        p.s1 = (int)(i8)(scw >> 8);
-        const uint4* ql = (const uint4*)(b + 64 * h + 32 * (k & 1));
-        const uint4* qh = (const uint4*)(b + 128 + 32 * h);
-        uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
-        u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-        u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        int ls = 4 * (k >> 1), hs = 2 * k;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            q[i] = (int)(((lw[i] >> ls) & 0x0f0f0f0fu) | (((hw[i] >> hs) & 0x03030303u) << 4));
-    }
-    __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
+        if (!U) return QI<T_Q6_K>::combine(p, s0, s1, a);
         int b0, b1;
         act_bsums(a, &b0, &b1);
         return QI<T_Q6_K>::combine(p, s0 - 32 * b0, s1 - 32 * b1, a);
     }
 };
+template <> struct QI<T_Q6_KA> : QI6G<1, false> {};
+template <> struct QI<T_Q6_KU> : QI6G<1, true> {};
+template <> struct QI<T_Q6_KA4> : QI6G<4, false> {};
+template <> struct QI<T_Q6_KU4> : QI6G<4, true> {};
 
 // One weight unit against token t's activation unit.
 template <int T>
@@ -1522,11 +1505,16 @@ DEF_MVP(3)
         mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
     }
 FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
-// Session 20: V read from its Q6_KA copy with Q6_KU's decoding (Q6_K's bits).
+// Session 20: V read from its Q6_KA copy with Q6_KU's decoding (Q6_K's bits); session 32: from
+// its Q6_KA4 copy.
 DEF_MVR_ROPE2(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
 DEF_MVR_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
 DEF_MVR4_ROPE2(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
 DEF_MVR4_ROPE2(q5_k, T_Q5_K, q6_ku, T_Q6_KU)
+DEF_MVR_ROPE2(q4_k, T_Q4_K, q6_ku4, T_Q6_KU4)
+DEF_MVR_ROPE2(q5_k, T_Q5_K, q6_ku4, T_Q6_KU4)
+DEF_MVR4_ROPE2(q4_k, T_Q4_K, q6_ku4, T_Q6_KU4)
+DEF_MVR4_ROPE2(q5_k, T_Q5_K, q6_ku4, T_Q6_KU4)
 
 // v10: mvq_<type>_1 (one token, a block of up to 128 threads per row: the down projection)
 // that first asks L2 for its row, before the PDL wait (no registers held over the wait). The
@@ -1606,3 +1594,10 @@ DEF_MVQE(q6_ka, T_Q6_KA)
 DEF_MVR4(q6_ku, T_Q6_KU)
 DEF_MVQP(q6_ku, T_Q6_KU)
 DEF_MVQE(q6_ku, T_Q6_KU)
+// Session 32: the same products on the four-block Q6_KA4 copies (the same bits).
+DEF_MVR4(q6_ka4, T_Q6_KA4)
+DEF_MVQP(q6_ka4, T_Q6_KA4)
+DEF_MVQE(q6_ka4, T_Q6_KA4)
+DEF_MVR4(q6_ku4, T_Q6_KU4)
+DEF_MVQP(q6_ku4, T_Q6_KU4)
+DEF_MVQE(q6_ku4, T_Q6_KU4)

@@ -8,8 +8,9 @@ enum {
     T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q5_1 = 6,
     T_Q8_0 = 7, T_Q2_K = 8, T_Q3_K = 9, T_Q4_K = 10, T_Q5_K = 11, T_Q6_K = 12,
     // Not GGUF types: Q6_K blocks padded to 16-byte slots (Q<T_Q6_KA>), and the same copy read
-    // by the one-token products with the - 32 taken from the activation's sums (Q<T_Q6_KU>).
-    T_Q6_KA = 13, T_Q6_KU = 14
+    // by the one-token products with the - 32 taken from the activation's sums (Q<T_Q6_KU>);
+    // session 32: the same two for copies of four blocks per 848-byte group (Q<T_Q6_KA4>).
+    T_Q6_KA = 13, T_Q6_KU = 14, T_Q6_KA4 = 15, T_Q6_KU4 = 16
 };
 
 template <int T> struct Q;
@@ -282,42 +283,61 @@ template <> struct Q<T_Q5_K> {
 // Q6_K: 210 bytes {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}. Element e = 128h + 32k + l:
 // low 4 bits ql[64h + 32(k&1) + l] (high nibble when k >= 2), 2 high bits qh[32h + l] >> 2k,
 // x = d * scales[8h + 2k + l/16] * (q - 32).
+// q6_unit_f32 decodes unit j of a block whose ql, qh, scales and d start at the given bytes.
+__device__ __forceinline__ void q6_unit_f32(const u8* qlb, const u8* qhb, const u8* scb,
+                                            const u8* db, int j, float* v) {
+    float d = h2f(ld_u16(db));
+    int h = j / 4, k = j % 4;
+    u32 scw = ld_u16(scb + 8 * h + 2 * k);
+    float d0 = d * (float)(i8)(scw & 0xff), d1 = d * (float)(i8)(scw >> 8);
+    const u8* ql = qlb + 64 * h + 32 * (k & 1);
+    const u8* qh = qhb + 32 * h;
+    int ls = 4 * (k >> 1), hs = 2 * k;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        u32 lw = ld_u16(ql + 2 * i), hw = ld_u16(qh + 2 * i);
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            int l = 2 * i + t;
+            int q = (int)(((lw >> (8 * t + ls)) & 15) | (((hw >> (8 * t + hs)) & 3) << 4)) - 32;
+            v[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    }
+}
+
 template <> struct Q<T_Q6_K> {
     static constexpr int BE = 256, BB = 210;
     __device__ static __forceinline__ void unit(const u8* b, int j, float* v) {
-        float d = h2f(ld_u16(b + 208));
-        int h = j / 4, k = j % 4;
-        u32 scw = ld_u16(b + 192 + 8 * h + 2 * k);
-        float d0 = d * (float)(i8)(scw & 0xff), d1 = d * (float)(i8)(scw >> 8);
-        const u8* ql = b + 64 * h + 32 * (k & 1);
-        const u8* qh = b + 128 + 32 * h;
-        int ls = 4 * (k >> 1), hs = 2 * k;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            u32 lw = ld_u16(ql + 2 * i), hw = ld_u16(qh + 2 * i);
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                int l = 2 * i + t;
-                int q = (int)(((lw >> (8 * t + ls)) & 15) | (((hw >> (8 * t + hs)) & 3) << 4)) - 32;
-                v[l] = (l < 16 ? d0 : d1) * (float)q;
-            }
-        }
+        q6_unit_f32(b, b + 128, b + 192, b + 208, j, v);
     }
 };
 
-// Q6_KA: each 210-byte Q6_K block copied unchanged into a 224-byte slot (14 zero bytes after
-// it; q6k_pad), so every block, and its ql (0), qh (128), scales (192) and d (208), start at
-// multiples of 16. The same values as Q6_K.
-template <> struct Q<T_Q6_KA> {
-    static constexpr int BE = 256, BB = 224;
+// The aligned copies of Q6_K matrices (q6k_pad) group G consecutive blocks of a row (G = 1:
+// Q6_KA, G = 4: Q6_KA4, for rows of a multiple of 1024 columns) into one slot of
+// Q6G<G>::BB bytes: the G blocks' ql runs (128 bytes each), then their qh runs (64), their
+// scales (16) and their d (2), zeros up to a multiple of 16. So every ql and qh run and every
+// block's scales start at a multiple of 16, and a G = 4 slot wastes 8 of 848 bytes where G = 1
+// wastes 14 of 224 (session 32). For G = 1 the slot is the block itself, then 14 zero bytes.
+template <int G> struct Q6G {
+    static constexpr int BE = 256 * G, BB = (210 * G + 15) / 16 * 16;
+    __device__ static __forceinline__ int ql(int blk) { return 128 * blk; }
+    __device__ static __forceinline__ int qh(int blk) { return 128 * G + 64 * blk; }
+    __device__ static __forceinline__ int sc(int blk) { return 192 * G + 16 * blk; }
+    __device__ static __forceinline__ int d(int blk) { return 208 * G + 2 * blk; }
+    // Unit j (0 .. 8G) of slot b: the Q6_K values.
     __device__ static __forceinline__ void unit(const u8* b, int j, float* v) {
-        Q<T_Q6_K>::unit(b, j, v);
+        int blk = j >> 3;
+        q6_unit_f32(b + ql(blk), b + qh(blk), b + sc(blk), b + d(blk), j & 7, v);
     }
 };
+
+template <> struct Q<T_Q6_KA> : Q6G<1> {};
+template <> struct Q<T_Q6_KA4> : Q6G<4> {};
 
 // Q6_KU (session 20): the Q6_KA copy itself; only the one-token products' integer decoding
 // differs (QI<T_Q6_KU>, matvec_q.cu).
 template <> struct Q<T_Q6_KU> : Q<T_Q6_KA> {};
+template <> struct Q<T_Q6_KU4> : Q<T_Q6_KA4> {};
 
 // Unit u (0 .. cols/32) of row `row` of a matrix of `cols` columns.
 template <int T>
@@ -377,22 +397,31 @@ __device__ void dequant_f16_impl(const u8* w, long long rows, int cols, u16* out
     }
 FOR_EACH_TYPE(DEF_GET_ROWS)
 
-// Q6_K blocks to the Q6_KA layout: 16-byte chunk c of dst (14 per block) from block c / 14 of
-// src (2-byte aligned), bytes past the block's 210 zero. dst is 16-byte aligned.
-extern "C" __global__ void q6k_pad(const u8* src, long long blocks, u8* dst) {
+// Q6_K blocks to the aligned copy of groups of g blocks (Q6G<g>, g = 1 or 4): 16-byte chunk c
+// of dst from group c / n of src (n = Q6G<g>::BB / 16 chunks a group), 2-byte aligned; the
+// chunk's 8 halfwords are each read from the block and field they belong to, bytes past the
+// fields zero. dst is 16-byte aligned; blocks is a multiple of g.
+extern "C" __global__ void q6k_pad(const u8* src, long long blocks, u8* dst, int g) {
     PDL_ENTRY();
-    long long n = blocks * 14;
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < n;
+    int n = (210 * g + 15) / 16;
+    long long total = blocks / g * n;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < total;
          c += (long long)gridDim.x * blockDim.x) {
-        long long b = c / 14;
-        int o = (int)(c - b * 14) * 16;
-        const u8* s = src + b * 210 + o;
+        long long grp = c / n;
+        int o = (int)(c - grp * n) * 16;
+        const u8* s = src + grp * g * 210;
         u32 w[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 lo = o + 4 * i < 210 ? (u32)ld_u16(s + 4 * i) : 0u;
-            u32 hi = o + 4 * i + 2 < 210 ? (u32)ld_u16(s + 4 * i + 2) : 0u;
-            w[i] = lo | (hi << 16);
+        for (int i = 0; i < 8; i++) {
+            // Byte x of the slot: which field of which block, and where that is in src.
+            int x = o + 2 * i, from = -1;
+            if (x < 128 * g) from = (x / 128) * 210 + x % 128;
+            else if (x < 192 * g) from = ((x - 128 * g) / 64) * 210 + 128 + (x - 128 * g) % 64;
+            else if (x < 208 * g) from = ((x - 192 * g) / 16) * 210 + 192 + (x - 192 * g) % 16;
+            else if (x < 210 * g) from = ((x - 208 * g) / 2) * 210 + 208;
+            u32 h = from >= 0 ? (u32)ld_u16(s + from) : 0u;
+            if (i & 1) w[i / 2] |= h << 16;
+            else w[i / 2] = h;
         }
         *(uint4*)(dst + 16 * c) = make_uint4(w[0], w[1], w[2], w[3]);
     }

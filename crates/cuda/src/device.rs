@@ -288,6 +288,12 @@ pub struct Gpu {
     /// same bits, with fewer operations per word): on unless `CROSSOVER_CUDA_Q6U=0` (on the
     /// H200 -0.018 ms per token at depth 0, -0.015 at 4096, docs/perf/cuda.md session 20).
     pub q6u: std::cell::Cell<bool>,
+    /// Session 32: the blocks per slot of the aligned Q6_K copies ([`Gpu::pad_q6k`]): 4 (848
+    /// bytes a group of four blocks, 1/105 over the matrix, for rows of a multiple of 1024
+    /// columns; other rows take 1) unless `CROSSOVER_CUDA_Q6A_GROUP=1` (one block per
+    /// 224-byte slot, 1/15 over, sessions 18-31). Read when a copy is made and when a product
+    /// on it is launched, so set it before a model is loaded ([`Gpu::q6a_group`]).
+    pub q6a_g: std::cell::Cell<usize>,
     /// With [`Gpu::q6u`], Q6_KU's decoding also for rows wider than the `mvr` kernels take (the
     /// block-per-row down projection, `mvqp_q6_ku`): off unless `CROSSOVER_CUDA_Q6U_WIDE=1` (on
     /// the H200 the 3B step took 1.265-1.269 ms with it against 1.258-1.259 without, at depth
@@ -567,6 +573,13 @@ impl Gpu {
             ),
             q6a: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6A").as_deref() != Ok("0")),
             q6u: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_Q6U").as_deref() != Ok("0")),
+            q6a_g: std::cell::Cell::new(
+                if std::env::var("CROSSOVER_CUDA_Q6A_GROUP").as_deref() == Ok("1") {
+                    1
+                } else {
+                    4
+                },
+            ),
             q6u_wide: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_Q6U_WIDE").as_deref() == Ok("1"),
             ),

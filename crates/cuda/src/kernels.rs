@@ -316,6 +316,8 @@ pub fn all_kernel_names() -> Vec<String> {
         // Session 20: V from its Q6_KA copy, Q6_KU's decoding.
         v.push(format!("mvr_rope2_{}_q6_ku", name(a)));
         v.push(format!("mvr4_rope2_{}_q6_ku", name(a)));
+        v.push(format!("mvr_rope2_{}_q6_ku4", name(a)));
+        v.push(format!("mvr4_rope2_{}_q6_ku4", name(a)));
     }
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
@@ -329,13 +331,12 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvrp_swiglu_{t}"));
         v.push(format!("mvrp_rope_{t}"));
     }
-    // The one-token Q6_K products on the 16-byte aligned copy ([`Gpu::pad_q6k`]).
-    v.push("mvr4_q6_ka".into());
-    v.push("mvqp_q6_ka".into());
-    v.push("mvr4_q6_ku".into());
-    v.push("mvqp_q6_ku".into());
-    v.push("mvqe_q6_ka".into());
-    v.push("mvqe_q6_ku".into());
+    // The one-token Q6_K products on the 16-byte aligned copies ([`Gpu::pad_q6k`]).
+    for t in Q6A_TYPES {
+        v.push(format!("mvr4_{t}"));
+        v.push(format!("mvqp_{t}"));
+        v.push(format!("mvqe_{t}"));
+    }
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
         v.push(format!("mvsm_{t}"));
@@ -345,8 +346,9 @@ pub fn all_kernel_names() -> Vec<String> {
     for (_, t) in QTYPES {
         v.push(format!("mvqc_{t}"));
     }
-    v.push("mvqc_q6_ka".into());
-    v.push("mvqc_q6_ku".into());
+    for t in Q6A_TYPES {
+        v.push(format!("mvqc_{t}"));
+    }
     v.push("topk_slice".into());
     v.push("topk_merge".into());
     // Session 23: exact mode (crate::exact).
@@ -355,8 +357,13 @@ pub fn all_kernel_names() -> Vec<String> {
 }
 
 /// The `mvsm_*` kernels' types (session 19: blocks of 16-byte multiples, so staged rows stay
-/// aligned): Q4_K, Q5_K and the Q6_KA copies (with Q6_KA's and, session 20, Q6_KU's decoding).
-pub const MVSM_TYPES: [&str; 4] = ["q4_k", "q5_k", "q6_ka", "q6_ku"];
+/// aligned): Q4_K, Q5_K and the Q6_KA copies (with Q6_KA's and, session 20, Q6_KU's decoding;
+/// session 32, of one or four blocks a slot).
+pub const MVSM_TYPES: [&str; 6] = ["q4_k", "q5_k", "q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
+
+/// The kernel names of the aligned Q6_K copies' decodings: Q6_KA and Q6_KU (session 20) of one
+/// block a slot, and of four (session 32, [`Gpu::q6a_g`]).
+pub const Q6A_TYPES: [&str; 4] = ["q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
 
 /// The most weight bytes one `mvsm_*` block stages in shared memory (its dynamic allocation;
 /// the H200 allows 227 KiB per block).
@@ -394,39 +401,58 @@ pub const MVQC_MAX_COLS: usize = 16384;
 
 /// Bytes of a Q6_K super-block (256 weights) in GGUF.
 pub const Q6K_BLOCK_BYTES: usize = 210;
-/// Bytes of its slot in the 16-byte aligned copy ("Q6_KA", [`Gpu::pad_q6k`]): the block
-/// unchanged, then 14 zero bytes.
-pub const Q6KA_BLOCK_BYTES: usize = 224;
-
-/// Bytes of the Q6_KA copy of a `rows x cols` Q6_K matrix (`cols` a multiple of 256).
-pub fn q6ka_bytes(rows: usize, cols: usize) -> usize {
-    rows * (cols / 256) * Q6KA_BLOCK_BYTES
+/// Bytes of a slot of `g` Q6_K blocks (1 or 4) in the 16-byte aligned copy ("Q6_KA",
+/// [`Gpu::pad_q6k`]): the blocks' ql runs, their qh runs, their scales and their d, then zeros
+/// up to a multiple of 16 (224 for one block, 848 for four).
+pub fn q6ka_slot_bytes(g: usize) -> usize {
+    (Q6K_BLOCK_BYTES * g).div_ceil(16) * 16
 }
 
-fn check_q6ka_cols(cols: usize, what: &str) -> Result<(), CudaError> {
-    if cols == 0 || !cols.is_multiple_of(256) {
+/// Bytes of the aligned copy of a `rows x cols` Q6_K matrix in slots of `g` blocks (`cols` a
+/// multiple of 256 `g`).
+pub fn q6ka_bytes(rows: usize, cols: usize, g: usize) -> usize {
+    rows * (cols / (256 * g)) * q6ka_slot_bytes(g)
+}
+
+fn check_q6ka_cols(cols: usize, g: usize, what: &str) -> Result<(), CudaError> {
+    if !matches!(g, 1 | 4) {
         return Err(CudaError::Arg(format!(
-            "{what}: {cols} columns is not a positive multiple of 256 (Q6_K super-blocks)"
+            "{what}: {g} blocks a slot (1 or 4)"
+        )));
+    }
+    if cols == 0 || !cols.is_multiple_of(256 * g) {
+        return Err(CudaError::Arg(format!(
+            "{what}: {cols} columns is not a positive multiple of {} (Q6_K super-blocks, {g} a \
+             slot)",
+            256 * g
         )));
     }
     Ok(())
 }
 
-/// The Q6_KA layout of Q6_K blocks on the host (whole 210-byte blocks, row after row): each
-/// block followed by 14 zero bytes, the bytes [`Gpu::pad_q6k`] writes.
-pub fn pad_q6k_host(src: &[u8]) -> Result<Vec<u8>, CudaError> {
-    if !src.len().is_multiple_of(Q6K_BLOCK_BYTES) {
+/// The aligned copy of Q6_K blocks on the host in slots of `g` blocks (whole 210-byte blocks,
+/// row after row, their count a multiple of `g`, rows of a multiple of `g` blocks): the bytes
+/// [`Gpu::pad_q6k`] writes.
+pub fn pad_q6k_host(src: &[u8], g: usize) -> Result<Vec<u8>, CudaError> {
+    if !matches!(g, 1 | 4) || !src.len().is_multiple_of(Q6K_BLOCK_BYTES * g) {
         return Err(CudaError::Arg(format!(
-            "Q6_KA copy on the host: {} bytes is not whole {Q6K_BLOCK_BYTES}-byte Q6_K blocks",
+            "Q6_KA copy on the host: {} bytes is not whole groups of {g} {Q6K_BLOCK_BYTES}-byte \
+             Q6_K blocks",
             src.len()
         )));
     }
-    let mut out = vec![0u8; src.len() / Q6K_BLOCK_BYTES * Q6KA_BLOCK_BYTES];
-    for (o, b) in out
-        .chunks_exact_mut(Q6KA_BLOCK_BYTES)
-        .zip(src.chunks_exact(Q6K_BLOCK_BYTES))
+    let slot = q6ka_slot_bytes(g);
+    let mut out = vec![0u8; src.len() / (Q6K_BLOCK_BYTES * g) * slot];
+    for (o, grp) in out
+        .chunks_exact_mut(slot)
+        .zip(src.chunks_exact(Q6K_BLOCK_BYTES * g))
     {
-        o[..Q6K_BLOCK_BYTES].copy_from_slice(b);
+        for (k, b) in grp.chunks_exact(Q6K_BLOCK_BYTES).enumerate() {
+            o[128 * k..128 * k + 128].copy_from_slice(&b[..128]);
+            o[128 * g + 64 * k..128 * g + 64 * k + 64].copy_from_slice(&b[128..192]);
+            o[192 * g + 16 * k..192 * g + 16 * k + 16].copy_from_slice(&b[192..208]);
+            o[208 * g + 2 * k..208 * g + 2 * k + 2].copy_from_slice(&b[208..210]);
+        }
     }
     Ok(out)
 }
@@ -1156,13 +1182,32 @@ impl Gpu {
         }
     }
 
+    /// The blocks per slot of the aligned copy of a Q6_K matrix of `cols` columns: 4 where
+    /// [`Gpu::q6a_g`] asks for four and `cols` is a multiple of 1024, else 1.
+    pub fn q6a_group(&self, cols: usize) -> usize {
+        if self.q6a_g.get() == 4 && cols.is_multiple_of(1024) {
+            4
+        } else {
+            1
+        }
+    }
+
+    /// The kernel name part of the aligned copy of a Q6_K matrix of `cols` columns read with
+    /// Q6_KA's decoding or (`unsigned`) Q6_KU's: `q6_ka`, `q6_ku`, `q6_ka4` or `q6_ku4`.
+    pub fn q6a_name(&self, cols: usize, unsigned: bool) -> &'static str {
+        let i = 2 * (self.q6a_group(cols) == 4) as usize + unsigned as usize;
+        Q6A_TYPES[i]
+    }
+
     /// A 16-byte aligned copy ("Q6_KA") of the `rows x cols` Q6_K matrix at `src` (2-byte
-    /// aligned) for the one-token products [`Gpu::matvec_q6ka_ss`]: each 210-byte block
-    /// unchanged in a 224-byte slot, then 14 zero bytes ([`pad_q6k_host`]'s bytes, 16/15 of
-    /// the matrix). Queued on the stream (`q6k_pad`); `src` must live until it has run.
+    /// aligned) for the one-token products [`Gpu::matvec_q6ka_ss`]: its blocks in slots of
+    /// [`Gpu::q6a_group`] blocks ([`pad_q6k_host`]'s bytes; 16/15 of the matrix for one block a
+    /// slot, 106/105 for four). Queued on the stream (`q6k_pad`); `src` must live until it has
+    /// run.
     pub fn pad_q6k(&self, src: u64, rows: usize, cols: usize) -> Result<DevBuf, CudaError> {
-        check_q6ka_cols(cols, "Q6_KA copy")?;
-        let dst = self.alloc(q6ka_bytes(rows, cols))?;
+        let g = self.q6a_group(cols);
+        check_q6ka_cols(cols, g, "Q6_KA copy")?;
+        let dst = self.alloc(q6ka_bytes(rows, cols, g))?;
         self.pad_q6k_into(src, rows, cols, dst.ptr())?;
         Ok(dst)
     }
@@ -1175,7 +1220,8 @@ impl Gpu {
         cols: usize,
         dst: u64,
     ) -> Result<(), CudaError> {
-        check_q6ka_cols(cols, "Q6_KA copy")?;
+        let g = self.q6a_group(cols);
+        check_q6ka_cols(cols, g, "Q6_KA copy")?;
         if !src.is_multiple_of(2) || !dst.is_multiple_of(16) {
             return Err(CudaError::Arg(format!(
                 "Q6_KA copy: source {src:#x} (2-byte aligned) to {dst:#x} (16-byte aligned)"
@@ -1185,14 +1231,15 @@ impl Gpu {
         if blocks == 0 {
             return Ok(());
         }
-        // One thread per 16 bytes of the copy, 14 per block.
-        let grid = (blocks * 14).div_ceil(256).min(self.sms as usize * 32);
-        let b = blocks as i64;
+        // One thread per 16 bytes of the copy.
+        let chunks = blocks / g * (q6ka_slot_bytes(g) / 16);
+        let grid = chunks.div_ceil(256).min(self.sms as usize * 32);
+        let (b, gi) = (blocks as i64, g as i32);
         self.launch_id(
             self.kernel_id("q6k_pad")?,
             (u32_of(grid, "blocks")?, 1, 1),
             (256, 1, 1),
-            kargs![src, b, dst],
+            kargs![src, b, dst, gi],
         )
     }
 
@@ -1350,7 +1397,7 @@ impl Gpu {
             return false;
         };
         let rb = if q6a {
-            cols / 256 * 224
+            q6ka_bytes(1, cols, self.q6a_group(cols))
         } else {
             matrix_bytes(ty, 1, cols)
         };
@@ -1401,11 +1448,7 @@ impl Gpu {
             return Err(CudaError::Arg("cluster product: no activation row".into()));
         }
         let t = if q6a {
-            if self.q6u.get() && self.q6u_wide.get() {
-                "q6_ku"
-            } else {
-                "q6_ka"
-            }
+            self.q6a_name(cols, self.q6u.get() && self.q6u_wide.get())
         } else {
             QTYPES[qtype_index(ty)?].1
         };
@@ -1461,7 +1504,7 @@ impl Gpu {
                 "Q6_KA product: weights of type {ty} (the aligned copy holds Q6_K)"
             )));
         }
-        check_q6ka_cols(cols, "Q6_KA product")?;
+        check_q6ka_cols(cols, self.q6a_group(cols), "Q6_KA product")?;
         if nt != 1 {
             return Err(CudaError::Arg(format!(
                 "Q6_KA product: {nt} tokens (its kernels take one)"
@@ -1472,9 +1515,9 @@ impl Gpu {
                 "Q6_KA product: weights at {w:#x}, not 16-byte aligned"
             )));
         }
-        let rb = cols / 256 * 224;
+        let rb = q6ka_bytes(1, cols, self.q6a_group(cols));
         // Session 20: Q6_KU's decoding of the same copy (the same bits) unless switched off.
-        let t = if self.q6u.get() { "q6_ku" } else { "q6_ka" };
+        let t = self.q6a_name(cols, self.q6u.get());
         if let Some(ppb) = self.mvsm_pairs(rows, cols, rb) {
             return self
                 .mvsm_launch(t, w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
@@ -1500,7 +1543,11 @@ impl Gpu {
             i32_of(cols, "cols")?,
             accumulate as i32,
         );
-        let t = if self.q6u_wide.get() { t } else { "q6_ka" };
+        let t = if self.q6u_wide.get() {
+            t
+        } else {
+            self.q6a_name(cols, false)
+        };
         let th = self.mvqp_block(cols);
         let form = self.mvqp_form(cols, th);
         self.launch_id(
@@ -2302,7 +2349,11 @@ impl Gpu {
         if let Some((tv, v_copy)) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
             // Session 20: V from its Q6_KA copy takes Q6_KU's decoding (Q6_K's bits).
-            let vname = if v_copy { Some("q6_ku") } else { name(tv) };
+            let vname = if v_copy {
+                Some(self.q6a_name(cols, true))
+            } else {
+                name(tv)
+            };
             let (Some(a), Some(b), ActIn::Quantized { .. }) = (name(ty), vname, &act) else {
                 return Err(CudaError::Arg(format!(
                     "mixed Q/K/V launch of {ty} and {tv}"

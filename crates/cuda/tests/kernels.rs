@@ -4094,121 +4094,139 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
         let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
         let w = g.upload(&q).unwrap();
 
-        // (a) the device copy is the host-side padding.
-        let host = cuda::kernels::pad_q6k_host(&q).unwrap();
-        assert_eq!(host.len(), cuda::kernels::q6ka_bytes(rows, cols), "{what}");
-        let pad = g.pad_q6k(w.ptr(), rows, cols).unwrap();
-        assert_eq!(pad.bytes(), host.len(), "{what}: copy size");
-        let got: Vec<u8> = g.download(&pad, host.len()).unwrap();
-        if let Some(i) = got.iter().zip(&host).position(|(a, b)| a != b) {
-            panic!(
-                "{what}: padded byte {i} (block {}, offset {}): gpu {} host {}",
-                i / 224,
-                i % 224,
-                got[i],
-                host[i]
+        // Session 32: copies of one and of four blocks a slot.
+        let what0 = what.clone();
+        for gq in [1usize, 4] {
+            g.q6a_g.set(gq);
+            let what = format!("{what0} group={gq}");
+            // (a) the device copy is the host-side padding.
+            let gs = g.q6a_group(cols);
+            assert_eq!(
+                gs,
+                if gq == 4 && cols % 1024 == 0 { 4 } else { 1 },
+                "{what}"
             );
-        }
+            let host = cuda::kernels::pad_q6k_host(&q, gs).unwrap();
+            assert_eq!(
+                host.len(),
+                cuda::kernels::q6ka_bytes(rows, cols, gs),
+                "{what}"
+            );
+            let pad = g.pad_q6k(w.ptr(), rows, cols).unwrap();
+            assert_eq!(pad.bytes(), host.len(), "{what}: copy size");
+            let got: Vec<u8> = g.download(&pad, host.len()).unwrap();
+            if let Some(i) = got.iter().zip(&host).position(|(a, b)| a != b) {
+                let slot = cuda::kernels::q6ka_slot_bytes(gs);
+                panic!(
+                    "{what}: padded byte {i} (slot {}, offset {}): gpu {} host {}",
+                    i / slot,
+                    i % slot,
+                    got[i],
+                    host[i]
+                );
+            }
 
-        let want = cpu_rows(ty, &q, rows, cols, &buf);
-        let y0 = randn(&mut r, rows, 1.0);
-        let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
-        let mvr = g.mvr_fits(cols);
-        // mvr: (warps per block, one-wave grid); mvqp: threads per block (0: the row's units).
-        let cases: Vec<(usize, bool, usize)> = if mvr {
-            vec![(4, false, 0), (8, false, 0), (1, false, 0), (4, true, 0)]
-        } else {
-            vec![(4, false, 0), (4, false, 64), (4, false, 32)]
-        };
-        for (nw, wave, th) in cases {
-            g.mvr_warps.set(nw);
-            g.wave.set(wave);
-            g.mvqp_threads.set(th);
-            // Without PDL the Q6_K product is mvq_q6_k_1, whose block is the row's units.
-            let twin = th == 0 || mvr || g.pdl.get();
-            let case = format!("{what} mvr={mvr} warps={nw} wave={wave} threads={th}");
-            for acc in [false, true] {
-                let run = |aligned: bool| -> Vec<f32> {
-                    let y = if acc {
-                        g.upload(&y0).unwrap()
-                    } else {
-                        poisoned(&g, rows)
+            let want = cpu_rows(ty, &q, rows, cols, &buf);
+            let y0 = randn(&mut r, rows, 1.0);
+            let want_acc: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            let mvr = g.mvr_fits(cols);
+            // mvr: (warps per block, one-wave grid); mvqp: threads per block (0: the row's units).
+            let cases: Vec<(usize, bool, usize)> = if mvr {
+                vec![(4, false, 0), (8, false, 0), (1, false, 0), (4, true, 0)]
+            } else {
+                vec![(4, false, 0), (4, false, 64), (4, false, 32)]
+            };
+            for (nw, wave, th) in cases {
+                g.mvr_warps.set(nw);
+                g.wave.set(wave);
+                g.mvqp_threads.set(th);
+                // Without PDL the Q6_K product is mvq_q6_k_1, whose block is the row's units.
+                let twin = th == 0 || mvr || g.pdl.get();
+                let case = format!("{what} mvr={mvr} warps={nw} wave={wave} threads={th}");
+                for acc in [false, true] {
+                    let run = |aligned: bool| -> Vec<f32> {
+                        let y = if acc {
+                            g.upload(&y0).unwrap()
+                        } else {
+                            poisoned(&g, rows)
+                        };
+                        if aligned {
+                            g.matvec_q6ka(
+                                ty,
+                                pad.ptr(),
+                                rows,
+                                cols,
+                                qb.ptr(),
+                                db.ptr(),
+                                1,
+                                y.ptr(),
+                                acc,
+                            )
+                        } else {
+                            g.matvec_q(ty, w.ptr(), rows, cols, qb.ptr(), db.ptr(), 1, y.ptr(), acc)
+                        }
+                        .unwrap();
+                        g.download(&y, rows).unwrap()
                     };
-                    if aligned {
-                        g.matvec_q6ka(
-                            ty,
-                            pad.ptr(),
-                            rows,
-                            cols,
-                            qb.ptr(),
-                            db.ptr(),
-                            1,
-                            y.ptr(),
-                            acc,
-                        )
-                    } else {
-                        g.matvec_q(ty, w.ptr(), rows, cols, qb.ptr(), db.ptr(), 1, y.ptr(), acc)
-                    }
-                    .unwrap();
-                    g.download(&y, rows).unwrap()
-                };
-                let plain = run(false);
-                // Session 20: the copy read with Q6_KA's and with Q6_KU's decoding.
-                for q6u in [false, true] {
-                    g.q6u.set(q6u);
-                    g.q6u_wide.set(q6u);
-                    let aligned = run(true);
-                    let e = rel_err(&aligned, if acc { &want_acc } else { &want });
-                    assert!(
-                        e < 5e-6,
-                        "{case} q6u={q6u} accumulate={acc}: relative error {e:e}"
-                    );
-                    if twin {
-                        if let Some(i) = plain
-                            .iter()
-                            .zip(&aligned)
-                            .position(|(a, b)| a.to_bits() != b.to_bits())
-                        {
-                            panic!(
-                                "{case} q6u={q6u} accumulate={acc}: row {i}: copy {} Q6_K {}",
-                                aligned[i], plain[i]
-                            );
+                    let plain = run(false);
+                    // Session 20: the copy read with Q6_KA's and with Q6_KU's decoding.
+                    for q6u in [false, true] {
+                        g.q6u.set(q6u);
+                        g.q6u_wide.set(q6u);
+                        let aligned = run(true);
+                        let e = rel_err(&aligned, if acc { &want_acc } else { &want });
+                        assert!(
+                            e < 5e-6,
+                            "{case} q6u={q6u} accumulate={acc}: relative error {e:e}"
+                        );
+                        if twin {
+                            if let Some(i) = plain
+                                .iter()
+                                .zip(&aligned)
+                                .position(|(a, b)| a.to_bits() != b.to_bits())
+                            {
+                                panic!(
+                                    "{case} q6u={q6u} accumulate={acc}: row {i}: copy {} Q6_K {}",
+                                    aligned[i], plain[i]
+                                );
+                            }
                         }
                     }
+                    g.q6u.set(q6u0);
+                    g.q6u_wide.set(q6w0);
                 }
-                g.q6u.set(q6u0);
-                g.q6u_wide.set(q6w0);
             }
-        }
-        g.mvr_warps.set(4);
-        g.wave.set(false);
-        g.mvqp_threads.set(0);
+            g.mvr_warps.set(4);
+            g.wave.set(false);
+            g.mvqp_threads.set(0);
 
-        // The sums of squares of the rows the product writes.
-        let ss = g.upload(&vec![0f64; slots]).unwrap();
-        let yb = g.upload(&y0).unwrap();
-        let wrote = g
-            .matvec_q6ka_ss(
-                ty,
-                pad.ptr(),
-                rows,
-                cols,
-                qb.ptr(),
-                db.ptr(),
-                1,
-                yb.ptr(),
-                true,
-                ss.ptr(),
-            )
-            .unwrap();
-        assert!(wrote, "{what}: sums of squares not taken");
-        let y1: Vec<f32> = g.download(&yb, rows).unwrap();
-        let e = rel_err(&y1, &want_acc);
-        assert!(
-            e < 5e-6,
-            "{what} with sums of squares: relative error {e:e}"
-        );
-        assert_slots_hold_squares(&g, &ss, &y1, &what);
+            // The sums of squares of the rows the product writes.
+            let ss = g.upload(&vec![0f64; slots]).unwrap();
+            let yb = g.upload(&y0).unwrap();
+            let wrote = g
+                .matvec_q6ka_ss(
+                    ty,
+                    pad.ptr(),
+                    rows,
+                    cols,
+                    qb.ptr(),
+                    db.ptr(),
+                    1,
+                    yb.ptr(),
+                    true,
+                    ss.ptr(),
+                )
+                .unwrap();
+            assert!(wrote, "{what}: sums of squares not taken");
+            let y1: Vec<f32> = g.download(&yb, rows).unwrap();
+            let e = rel_err(&y1, &want_acc);
+            assert!(
+                e < 5e-6,
+                "{what} with sums of squares: relative error {e:e}"
+            );
+            assert_slots_hold_squares(&g, &ss, &y1, &what);
+        }
+        g.q6a_g.set(4);
     }
 
     // Typed errors, no launch.
@@ -4217,7 +4235,15 @@ fn q6ka_products_equal_q6k_kernels_and_cpu_scalar_vec_dot() {
     assert!(g.pad_q6k(p, 2, 300).is_err(), "columns not whole blocks");
     assert!(g.pad_q6k_into(p + 1, 1, 256, y).is_err(), "odd source");
     assert!(g.pad_q6k_into(p, 1, 256, y + 8).is_err(), "unaligned copy");
-    assert!(cuda::kernels::pad_q6k_host(&[0u8; 211]).is_err());
+    assert!(cuda::kernels::pad_q6k_host(&[0u8; 211], 1).is_err());
+    assert!(
+        cuda::kernels::pad_q6k_host(&[0u8; 420], 4).is_err(),
+        "half a group"
+    );
+    assert!(
+        cuda::kernels::pad_q6k_host(&[0u8; 210], 2).is_err(),
+        "two blocks a slot"
+    );
     let fails = |ty: GgmlType, w: u64, cols: usize, nt: usize| {
         g.matvec_q6ka(ty, w, 1, cols, p, p, nt, y, false).is_err()
     };
