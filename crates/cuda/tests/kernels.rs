@@ -4279,6 +4279,10 @@ fn cluster_product_equals_quantize_then_product() {
     g.q6_half.set(false);
     g.mvq_pf.set(true);
     g.down_cl.set(true);
+    // The cluster product runs mvqp's row code: the reference is mvqp, not the early-decoded
+    // form the block-per-row products take by default since session 30 (`Gpu::mvqe`).
+    let e0 = g.mvqe.get();
+    g.mvqe.set(false);
     for &(ty, name) in QTYPES {
         let fmt = act_format(ty).unwrap();
         let widths: &[usize] = if fmt == ActFormat::Q8K {
@@ -4416,6 +4420,7 @@ fn cluster_product_equals_quantize_then_product() {
     g.down_cl.set(false);
     assert!(!g.mvqc_takes(GgmlType::Q4K, 64, 8192, false));
     g.down_cl.set(true);
+    g.mvqe.set(e0);
 }
 
 /// Session 21: the GPU's top-k of each logits row (`Gpu::top_k_rows`) is the sampler's own list
@@ -4607,7 +4612,8 @@ fn exact_products_on_the_gpu_equal_the_cpu_products() {
 
 /// Session 30: the block-per-row one-token products with each thread's units decoded before the
 /// PDL wait (`mvqe_*`, `Gpu::mvqe`) give `mvqp_*`'s bits on fresh random rows of every K-quant
-/// type (Q6_K also on its aligned copy, with Q6_KA's and Q6_KU's decoding), plain, accumulating
+/// type (Q6_K also on its aligned copies, with Q6_KA's and Q6_KU's decoding) and (session 32) of
+/// every type with 32-element blocks, plain, accumulating
 /// and adding the squares of the outputs, at widths from one super-block to the down
 /// projection's 8192 columns; rows too wide for it still run `mvqp_*`.
 #[test]
@@ -4631,17 +4637,33 @@ fn early_decoded_block_products_equal_mvqp() {
     let (e0, mvr0) = (g.mvqe.get(), g.mvr.get());
     g.mvr.set(false);
     let (q6u0, q6w0) = (g.q6u.get(), g.q6u_wide.get());
+    // Session 32: the 32-element block types too (their activation in blocks of 32).
     let types = [
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q3K,
         GgmlType::Q2K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
     ];
     for ty in types {
         for &(rows, cols) in &[(300usize, 8192usize), (77, 4096), (33, 256), (5, 12288)] {
             let what = format!("{ty:?} {rows}x{cols}");
-            let (qb, db, _) = q8k_token(&g, &randn(&mut r, cols, 1.0));
+            let xb = g.upload(&randn(&mut r, cols, 1.0)).unwrap();
+            let (qb, db) = act_bufs(&g, 1, cols);
+            g.quantize_act(
+                xb.ptr(),
+                1,
+                cols,
+                act_format(ty).unwrap(),
+                qb.ptr(),
+                db.ptr(),
+            )
+            .unwrap();
             let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
             let w = g.upload(&q).unwrap();
             let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
