@@ -50,7 +50,8 @@ if [ "$LLAMA" = 1 ]; then
   grep -E "^\|" $OUT/llama_bench.log; t llama-bench
 fi
 k=2
-while (( $(date +%s) - T0 < ${UNTIL:-520} )) && (( k <= 4 )); do
+# More rounds (UNTIL: seconds into the call; by default 520 with llama.cpp, none without).
+while (( $(date +%s) - T0 < ${UNTIL:-$([ "$LLAMA" = 1 ] && echo 520 || echo 0)} )) && (( k <= 6 )); do
   ours 1 bench_g1_$k "--par 0"
   ours 4 bench_g4_$k "--par 0"
   k=$((k + 1))
