@@ -243,6 +243,15 @@ __device__ __forceinline__ u32 spread4(u32 b) {
 // same float operations as the CPU's scalar kernel.
 template <int T> struct QI;
 
+// The 32-element block types' share of a unit, (float)isum * (d * a.d), rounded after every
+// operation (session 32): with plain operators the compiler may fuse a product into the add
+// that follows it (the `+ m * a.s` of Q4_1 and Q5_1, or the caller's `acc +=`) differently in
+// different kernels, and `mvqe_q4_1` then differed from `mvqp_q4_1` in the last bit
+// (docs/perf/cuda.md session 32). The CPU's scalar kernel rounds each operation too.
+__device__ __forceinline__ float q32_scaled(int isum, float d, float ad) {
+    return __fmul_rn((float)isum, __fmul_rn(d, ad));
+}
+
 template <> struct QI<T_Q4_0> {
     struct P { float d; };
     __device__ static __forceinline__ void unit(const u8* b, int, int* q, P& p) {
@@ -255,7 +264,7 @@ template <> struct QI<T_Q4_0> {
         }
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return (float)(s0 + s1) * (p.d * a.x);
+        return q32_scaled(s0 + s1, p.d, a.x);
     }
 };
 
@@ -273,7 +282,7 @@ template <> struct QI<T_Q4_1> {
         }
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return (float)(s0 + s1) * (p.d * a.x) + p.m * a.y;
+        return __fadd_rn(q32_scaled(s0 + s1, p.d, a.x), __fmul_rn(p.m, a.y));
     }
 };
 
@@ -290,7 +299,7 @@ template <> struct QI<T_Q5_0> {
         }
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return (float)(s0 + s1) * (p.d * a.x);
+        return q32_scaled(s0 + s1, p.d, a.x);
     }
 };
 
@@ -309,7 +318,7 @@ template <> struct QI<T_Q5_1> {
         }
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return (float)(s0 + s1) * (p.d * a.x) + p.m * a.y;
+        return __fadd_rn(q32_scaled(s0 + s1, p.d, a.x), __fmul_rn(p.m, a.y));
     }
 };
 
@@ -321,7 +330,7 @@ template <> struct QI<T_Q8_0> {
         for (int i = 0; i < 8; i++) q[i] = ld_u32_a2(b + 2 + 4 * i);
     }
     __device__ static __forceinline__ float combine(const P& p, int s0, int s1, float2 a) {
-        return (float)(s0 + s1) * (p.d * a.x);
+        return q32_scaled(s0 + s1, p.d, a.x);
     }
 };
 
