@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 32"): the four-block Q6_K
-# copies (CROSSOVER_CUDA_Q6A_GROUP, default 4) checked bit for bit and timed against the
-# one-block copies of sessions 18-31, with llama.cpp's llama-bench in the same call on an H200.
-# llama.cpp's CUDA build runs in the background while the 3B file is made and the tests run;
-# the timed runs come after it (no compile jobs beside them): ours with 4 and 1 blocks a slot,
-# llama-bench, then ours with 1 and 4 again (both orders within the call), more rounds while
-# the call has time.
+# The next device call's whole script (docs/perf/cuda.md "Session 32"): the kernel suite's
+# copy tests and the 3B file's logits with and without the aligned Q6_K copies; ours with four
+# and with one block a slot (CROSSOVER_CUDA_Q6A_GROUP); on an H200 llama.cpp's llama-bench in
+# the same call (its CUDA build runs in the background while the file is made and the tests
+# run; the timed runs come after it), then the H200 A/B of mvp3 and mvqe, which sessions 29-31
+# measured on H100s only. Only 8 files under $OUT come back: the greps below print what counts.
 # Build machine: bash scripts/gpu_prepare.sh (with the llama.cpp source), the NVRTC kernel cache
 # in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
@@ -49,10 +48,9 @@ if [ "$LLAMA" = 1 ]; then
     -d 0,4096 -o md > $OUT/llama_bench.log 2>&1
   grep -E "^\|" $OUT/llama_bench.log; t llama-bench
 fi
-k=2
-# More rounds (UNTIL: seconds into the call; by default 520 with llama.cpp, none without).
-while (( $(date +%s) - T0 < ${UNTIL:-$([ "$LLAMA" = 1 ] && echo 520 || echo 0)} )) && (( k <= 6 )); do
-  ours 1 bench_g1_$k "--par 0"
-  ours 4 bench_g4_$k "--par 0"
-  k=$((k + 1))
-done
+# Session 33's question: do mvp3 and mvqe (both measured on H100s only) gain on this card?
+# Five rounds alternating in one process each (session 32: the H200 tree before the
+# four-block copies ran 1.237 ms, session 28's before mvp3 and mvqe 1.224).
+timeout 120 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-mvp --ab-mvqe \
+  > $OUT/ab_mvp.log 2>&1
+grep -E "a/b" $OUT/ab_mvp.log | cut -c1-160; t "ab mvp mvqe"
