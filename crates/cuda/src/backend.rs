@@ -97,6 +97,9 @@ struct Mat {
     /// Session 18: the 16-byte aligned copy of a Q6_K output head or down projection that
     /// one-token products read ([`Gpu::pad_q6k`], [`Gpu::q6a`]); the same values.
     q6a: Option<DevBuf>,
+    /// Session 32: the blocks per slot that copy was made with ([`Gpu::q6a_group`]); the
+    /// products read it only while the `Gpu` still launches that layout for these columns.
+    q6a_group: usize,
 }
 
 impl Mat {
@@ -509,6 +512,7 @@ fn upload_mat(gpu: &Gpu, file: &GgufFile, info: &TensorInfo) -> Result<Mat, Cuda
         f16_at: 0,
         host: None,
         q6a: None,
+        q6a_group: 0,
     })
 }
 
@@ -534,6 +538,7 @@ fn placed_mat(
         f16_at: 0,
         host: Some(h),
         q6a: None,
+        q6a_group: 0,
     })
 }
 
@@ -730,6 +735,7 @@ impl CudaBackend {
             let pad = |m: &mut Mat| -> Result<(), CudaError> {
                 if m.ty == GgmlType::Q6K && m.host.is_none() && m.cols.is_multiple_of(256) {
                     m.q6a = Some(gpu.pad_q6k(m.q.ptr(), m.rows, m.cols)?);
+                    m.q6a_group = gpu.q6a_group(m.cols);
                 }
                 Ok(())
             };
@@ -2421,7 +2427,10 @@ impl CudaBackend {
                 }
                 if launches.is_empty() {
                     // Session 20: V from its aligned copy where one was made.
-                    let vcopy = l.wv.q6a.as_ref().filter(|_| gpu.q6u.get());
+                    let vcopy =
+                        l.wv.q6a.as_ref().filter(|_| {
+                            gpu.q6u.get() && gpu.q6a_group(l.wv.cols) == l.wv.q6a_group
+                        });
                     gpu.matvec_q_qkv_rope_mixed(
                         l.wq.ty,
                         l.wv.ty,
@@ -3643,10 +3652,12 @@ fn matvec_q_int(
 }
 
 /// The aligned Q6_K copy a one-token product of `m` reads (the same bits, session 18), unless
-/// a switch picks one of the Q6_K forms that copy has no kernel for.
+/// a switch picks one of the Q6_K forms that copy has no kernel for, or [`Gpu::q6a_g`] changed
+/// since the copy was made (its products would read another layout).
 fn q6a_for<'a>(gpu: &Gpu, m: &'a Mat, n: usize) -> Option<&'a DevBuf> {
     m.q6a.as_ref().filter(|_| {
         n == 1
+            && gpu.q6a_group(m.cols) == m.q6a_group
             && gpu.q6a.get()
             && !gpu.q6_half.get()
             && !gpu.warp_rows.get()

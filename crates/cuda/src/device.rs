@@ -292,7 +292,9 @@ pub struct Gpu {
     /// bytes a group of four blocks, 1/105 over the matrix, for rows of a multiple of 1024
     /// columns; other rows take 1) unless `CROSSOVER_CUDA_Q6A_GROUP=1` (one block per
     /// 224-byte slot, 1/15 over, sessions 18-31). Read when a copy is made and when a product
-    /// on it is launched, so set it before a model is loaded ([`Gpu::q6a_group`]).
+    /// on it is launched ([`Gpu::q6a_group`]); a backend whose copies were made with another
+    /// value runs the GGUF-layout kernels instead of reading them. On the H200 four a slot
+    /// made the 3B step 0.023 ms faster at depth 0 (docs/perf/cuda.md session 32).
     pub q6a_g: std::cell::Cell<usize>,
     /// With [`Gpu::q6u`], Q6_KU's decoding also for rows wider than the `mvr` kernels take (the
     /// block-per-row down projection, `mvqp_q6_ku`): off unless `CROSSOVER_CUDA_Q6U_WIDE=1` (on

@@ -995,6 +995,36 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
     }
 }
 
+/// Session 32: the copies are made in slots of four blocks where rows allow (`Gpu::q6a_g`);
+/// switched to one block a slot after the load, the products no longer read those copies
+/// (their layout is not the one the kernels would be launched for) and run on the GGUF layout:
+/// the same bits, not another layout's bytes read as this one.
+#[test]
+fn aligned_q6k_copies_follow_their_own_layout() {
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED aligned_q6k_copies_follow_their_own_layout: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps, plen) = (3usize, 10usize, 9usize);
+    for path in models() {
+        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        gpu.gpu().mvsm.set(false);
+        let g0 = gpu.gpu().q6a_g.get();
+        let set = |g: &cuda::Gpu, on: bool| g.q6a_g.set(if on { g0 } else { 5 - g0 });
+        switch_keeps_bits(
+            &mut gpu,
+            &path,
+            (&prompts, &toks),
+            (p, steps, plen),
+            "the copies' layout switched after the load",
+            set,
+        );
+        gpu.gpu().q6a_g.set(g0);
+    }
+}
+
 /// Decode the same prompts and tokens (`shape` = (p, steps, plen), as [`decode_rows`]) with a
 /// switch on, off and on again (`set` flips it), every decode step from a graph, and check
 /// that the two forms agree as two runs of one form do ([`assert_forms_agree`]).
