@@ -970,29 +970,11 @@ fn greedy_picks_on_the_gpu_equal_the_host_argmax_of_the_rows() {
 /// runs of one form do (zero but for the RMS slots' rare last-bit roundings of their f64 sums).
 #[test]
 fn aligned_q6k_copies_leave_logits_unchanged() {
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED aligned_q6k_copies_leave_logits_unchanged: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 9usize);
-    for path in models() {
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
-        // The staged down products (session 19) exist for the copies only, with other sums
-        // than the unstaged Q6_K kernel: this test compares the layouts, so without them.
-        gpu.gpu().mvsm.set(false);
-        let shape = (p, steps, plen);
-        let set = |g: &cuda::Gpu, on: bool| g.q6a.set(on);
-        switch_keeps_bits(
-            &mut gpu,
-            &path,
-            (&prompts, &toks),
-            shape,
-            "the aligned copies",
-            set,
-        );
-    }
+    aligned_copies_switch_keeps_bits(
+        "aligned_q6k_copies_leave_logits_unchanged",
+        "the aligned copies",
+        |g, on, _| g.q6a.set(on),
+    );
 }
 
 /// Session 32: the copies are made in slots of four blocks where rows allow (`Gpu::q6a_g`);
@@ -1001,27 +983,31 @@ fn aligned_q6k_copies_leave_logits_unchanged() {
 /// the same bits, not another layout's bytes read as this one.
 #[test]
 fn aligned_q6k_copies_follow_their_own_layout() {
+    aligned_copies_switch_keeps_bits(
+        "aligned_q6k_copies_follow_their_own_layout",
+        "the copies' layout switched after the load",
+        |g, on, g0| g.q6a_g.set(if on { g0 } else { 5 - g0 }),
+    );
+}
+
+/// The body of the two tests above: for every model, [`switch_keeps_bits`] with `set(gpu, on,
+/// blocks a slot at load)` flipping the switch, without the staged down products (session 19:
+/// they exist for the copies only, with other sums than the unstaged Q6_K kernel, and these
+/// tests compare layouts). Skips (with `test`'s name) where no GPU is found.
+fn aligned_copies_switch_keeps_bits(test: &str, what: &str, set: fn(&cuda::Gpu, bool, usize)) {
     let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED aligned_q6k_copies_follow_their_own_layout: {e}");
+        eprintln!("SKIPPED {test}: {e}");
         return;
     }
     let mut r = test_rng();
-    let (p, steps, plen) = (3usize, 10usize, 9usize);
+    let shape = (3usize, 10usize, 9usize);
     for path in models() {
-        let (mut gpu, prompts, toks) = decode_setup(&path, p, (p, steps, plen), &mut r);
+        let (mut gpu, prompts, toks) = decode_setup(&path, shape.0, shape, &mut r);
         gpu.gpu().mvsm.set(false);
         let g0 = gpu.gpu().q6a_g.get();
-        let set = |g: &cuda::Gpu, on: bool| g.q6a_g.set(if on { g0 } else { 5 - g0 });
-        switch_keeps_bits(
-            &mut gpu,
-            &path,
-            (&prompts, &toks),
-            (p, steps, plen),
-            "the copies' layout switched after the load",
-            set,
-        );
-        gpu.gpu().q6a_g.set(g0);
+        let flip = |g: &cuda::Gpu, on: bool| set(g, on, g0);
+        switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, what, flip);
     }
 }
 
