@@ -6,6 +6,8 @@ order, each after a #line directive; the same NVRTC options) to an sm_90 CUBIN w
 `--ptxas-options=-v` and prints the report lines of the kernels whose names match PATTERN.
 REV is a git revision whose crates/cuda/kernels are read, or WT for the working tree.
 Needs libnvrtc.so.13 (the PyPI wheel nvidia-cuda-nvrtc; LIBNVRTC names another path).
+CUBIN_OUT=FILE also writes the CUBIN, for `cuobjdump -sass` (PyPI nvidia-cuda-cuobjdump with
+nvidia-cuda-nvdisasm on PATH).
 
   python3 scripts/cuda_regs.py WT 'attn_batch|attn_one'
   python3 scripts/cuda_regs.py 9959f4c attn_batch
@@ -70,6 +72,14 @@ def main():
     if rc:
         print(log.value.decode(errors="replace"))
         sys.exit(f"compile failed ({rc})")
+    out = os.environ.get("CUBIN_OUT")
+    if out:
+        n = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        with open(out, "wb") as f:
+            f.write(buf.raw)
 
 
 if __name__ == "__main__":

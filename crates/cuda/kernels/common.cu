@@ -38,6 +38,26 @@ __device__ __forceinline__ void pdl_launch() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// A 16-byte read-only load (ld.global.nc).
+__device__ __forceinline__ uint4 ld_nc16(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// A 16-byte load that stays before a later PDL wait (session 33): the compilers keep a plain
+// ld.global on its side of griddepcontrol.wait, while ptxas moved the wait above `.nc` loads
+// (`__ldg` or ld_nc16), so their bytes were asked for only after the kernel before had ended.
+__device__ __forceinline__ uint4 ld_early16(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 #define PDL_ENTRY() \
     do { \
         pdl_wait(); \

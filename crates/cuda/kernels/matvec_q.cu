@@ -389,16 +389,21 @@ template <> struct QI<T_Q3_K> {
 // 4-byte load and three byte loads per unit, each touching as many cache lines as the warp
 // covers super-blocks: with the nibble loads, more L1 wavefronts than the 16-byte loads of the
 // weights themselves.
-__device__ __forceinline__ void k4_header(const u8* b, int j, float* d, float* dmin, int* sc,
-                                          int* m) {
-    uint4 h = *(const uint4*)b;
-    *d = h2f((u16)(h.x & 0xffff));
-    *dmin = h2f((u16)(h.x >> 16));
+// Sub-block j's 6-bit scale and min from the K-quant header's words (k4_scale_min's values).
+__device__ __forceinline__ void k4_sc_m(const uint4& h, int j, int* sc, int* m) {
     u32 sh = 8u * (u32)(j & 3);
     u32 yb = (h.y >> sh) & 0xffu, zb = (h.z >> sh) & 0xffu, wb = (h.w >> sh) & 0xffu;
     bool lo = j < 4;
     *sc = (int)(lo ? (yb & 63u) : ((wb & 15u) | ((yb >> 6) << 4)));
     *m = (int)(lo ? (zb & 63u) : ((wb >> 4) | ((zb >> 6) << 4)));
+}
+
+__device__ __forceinline__ void k4_header(const u8* b, int j, float* d, float* dmin, int* sc,
+                                          int* m) {
+    uint4 h = *(const uint4*)b;
+    *d = h2f((u16)(h.x & 0xffff));
+    *dmin = h2f((u16)(h.x >> 16));
+    k4_sc_m(h, j, sc, m);
 }
 
 template <> struct QI<T_Q4_K> {
@@ -1507,6 +1512,106 @@ __device__ void mvp_swiglu_impl(const u8* __restrict__ wg, const u8* __restrict_
     }
 DEF_MVP(3)
 
+// Session 33 (`mvps<S>_swiglu_q4_k`): mvp3's product at one row per warp for rows of exactly S
+// steps (cols = 1024 S), written without mvp3's cursors: no per-step bounds or zeroed loads, no
+// L2 prefetch (the warp loads every byte of its row itself), and each lane's two super-block
+// headers a step decoded before the PDL wait while the weights arrive (the f16 pair as loaded,
+// the 6-bit scale and min as one word: 2 registers a header instead of 4). After the wait only
+// the activation loads, the nibble unpacking, the dp4a sums and the scaling remain (the weight
+// loads are ld_early16: as `.nc` loads ptxas put them after the wait). A lane adds
+// its steps in mvh's order and each sub-block's share is mvh_sub's, its float operations spelled
+// out as the compiler contracts them there (d a.x (sc s) - (dmin a.x)(m b) as one FMA after a
+// product), so the outputs are mvh's bits.
+struct K4Pre {
+    u32 dd;   // f16 d | f16 dmin << 16
+    int scm;  // 6-bit scale | 6-bit min << 8
+};
+
+__device__ __forceinline__ K4Pre k4_pre(const uint4& hd, int j) {
+    int sc, m;
+    k4_sc_m(hd, j, &sc, &m);
+    K4Pre p;
+    p.dd = hd.x;
+    p.scm = sc | (m << 8);
+    return p;
+}
+
+__device__ __forceinline__ float mvps_sub(const uint4& w, K4Pre hp, int4 alo, int4 ahi,
+                                          float4 a2, int h) {
+    u32 wv[4] = {w.x, w.y, w.z, w.w};
+    int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
+    int sl = 0, sh = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sl = dp4a((int)(wv[i] & 0x0f0f0f0fu), al[i], sl);
+        sh = dp4a((int)((wv[i] >> 4) & 0x0f0f0f0fu), ah[i], sh);
+    }
+    sl += __shfl_xor_sync(0xffffffffu, sl, 1);
+    sh += __shfl_xor_sync(0xffffffffu, sh, 1);
+    float d = h2f((u16)(hp.dd & 0xffffu)), dmin = h2f((u16)(hp.dd >> 16));
+    int sc = hp.scm & 0xff, m = hp.scm >> 8;
+    float2 a = h ? make_float2(a2.z, a2.w) : make_float2(a2.x, a2.y);
+    int b0, b1;
+    act_bsums(a, &b0, &b1);
+    int s32 = h ? sh : sl;
+    float mins = __fmul_rn(__fmul_rn(dmin, a.x), (float)(m * (b0 + b1)));
+    return __fmaf_rn(__fmul_rn(d, a.x), (float)(sc * s32), -mins);
+}
+
+template <int S>
+__device__ __forceinline__ void mvps_swiglu_impl(const u8* __restrict__ wg,
+                                                 const u8* __restrict__ wu, int rows,
+                                                 const i8* __restrict__ aq,
+                                                 const float2* __restrict__ ad, float* y) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp;
+    if (row >= rows) return;  // the whole warp: it shares one row
+    constexpr long long RB = 4LL * S * 144;
+    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
+    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
+    const u8* g0 = wg + (long long)row * RB + slot * 144;
+    const u8* u0 = wu + (long long)row * RB + slot * 144;
+    uint4 qg[S], qu[S], hg[S], hu[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        qg[k] = ld_early16((const uint4*)(g0 + k * 576 + qoff));
+        hg[k] = ld_early16((const uint4*)(g0 + k * 576));
+        qu[k] = ld_early16((const uint4*)(u0 + k * 576 + qoff));
+        hu[k] = ld_early16((const uint4*)(u0 + k * 576));
+    }
+    K4Pre pg[S], pu[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        pg[k] = k4_pre(hg[k], j);
+        pu[k] = k4_pre(hu[k], j);
+    }
+    pdl_wait();
+    pdl_launch();
+    float accg = 0.0f, accu = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        int s = 4 * k + slot;
+        const i8* a = aq + 256 * s + 32 * c + 16 * h;
+        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 128);
+        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
+        accg += mvps_sub(qg[k], pg[k], alo, ahi, dd, h);
+        accu += mvps_sub(qu[k], pu[k], alo, ahi, dd, h);
+    }
+    float g = warp_sum(accg), u = warp_sum(accu);
+    if (lane == 0) y[row] = ggml_swiglu(g, u);
+}
+
+#define DEF_MVPS(S) \
+    extern "C" __global__ void __launch_bounds__(128) mvps##S##_swiglu_q4_k( \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, \
+        const i8* __restrict__ aq, const float2* __restrict__ ad, float* y) { \
+        mvps_swiglu_impl<S>(wg, wu, rows, aq, ad, y); \
+    }
+DEF_MVPS(1)
+DEF_MVPS(2)
+DEF_MVPS(3)
+DEF_MVPS(4)
+
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
@@ -1593,20 +1698,34 @@ __device__ __forceinline__ void mvqe_impl(const u8* w, int rows, int cols, const
         mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVQE)
+// Session 33 (`mvqe16_*`, `Gpu::mvqe16`): the same kernels held to 32 registers, so 16 blocks of
+// 128 threads (64 warps) fit an SM instead of 12: the 3072 rows of a 3B down projection in 1.45
+// waves instead of 1.94, more of them loaded before the wait. The same code, so the same bits.
+#define DEF_MVQE16(name, T) \
+    extern "C" __global__ void __launch_bounds__(128, 16) mvqe16_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate, double* ss) { \
+        mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
+    }
+FOR_EACH_QTYPE(DEF_MVQE16)
 
 // The one-token products of the output head (mvr4) and the down projection (mvqp) on Q6_KA
 // copies of Q6_K weights: the same code, so the Q6_K kernels' bits.
 DEF_MVR4(q6_ka, T_Q6_KA)
 DEF_MVQP(q6_ka, T_Q6_KA)
 DEF_MVQE(q6_ka, T_Q6_KA)
+DEF_MVQE16(q6_ka, T_Q6_KA)
 // Session 20: the same products with Q6_KU's decoding (the same bits).
 DEF_MVR4(q6_ku, T_Q6_KU)
 DEF_MVQP(q6_ku, T_Q6_KU)
 DEF_MVQE(q6_ku, T_Q6_KU)
+DEF_MVQE16(q6_ku, T_Q6_KU)
 // Session 32: the same products on the four-block Q6_KA4 copies (the same bits).
 DEF_MVR4(q6_ka4, T_Q6_KA4)
 DEF_MVQP(q6_ka4, T_Q6_KA4)
 DEF_MVQE(q6_ka4, T_Q6_KA4)
+DEF_MVQE16(q6_ka4, T_Q6_KA4)
 DEF_MVR4(q6_ku4, T_Q6_KU4)
 DEF_MVQP(q6_ku4, T_Q6_KU4)
 DEF_MVQE(q6_ku4, T_Q6_KU4)
+DEF_MVQE16(q6_ku4, T_Q6_KU4)

@@ -11,14 +11,6 @@
 //   depend on no earlier kernel, and shared memory, not registers, holds them in flight).
 // `prefetch` 1: the block first asks L2 for its whole range (as the mvr kernels do).
 
-__device__ __forceinline__ uint4 ld_nc16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ void probe_finish(u32 acc, u32* out) {
     __shared__ u32 sx[32];
 #pragma unroll

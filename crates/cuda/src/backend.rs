@@ -1031,7 +1031,23 @@ impl CudaBackend {
             let ms = gpu.time_graph(reps, &mut || {
                 for l in &self.layers {
                     let ms = pick(l);
-                    if ms.len() == 2 && ms[0].ty == ms[1].ty && name.starts_with("gate") {
+                    if ms.len() == 2
+                        && name.starts_with("gate")
+                        && gpu.mvp_fits(ms[0].ty, ms[0].cols)
+                        && ms[1].ty == ms[0].ty
+                    {
+                        // The default path's pipelined kernel (session 33: was always the unit
+                        // kernel); the plain layout's bytes time the same as the permuted ones.
+                        gpu.matvec_q_swiglu_pipe(
+                            ms[0].q.ptr(),
+                            ms[1].q.ptr(),
+                            ms[0].rows,
+                            ms[0].cols,
+                            s.aq.ptr(),
+                            s.ad.ptr(),
+                            s.g.ptr(),
+                        )?;
+                    } else if ms.len() == 2 && ms[0].ty == ms[1].ty && name.starts_with("gate") {
                         gpu.matvec_q_swiglu(
                             ms[0].ty,
                             ms[0].q.ptr(),
@@ -1379,6 +1395,13 @@ impl CudaBackend {
     /// captured graphs so later steps use the choice.
     pub fn set_mvp(&mut self, rpw: usize) {
         self.gpu.mvp.set(rpw);
+        self.graphs.clear();
+    }
+
+    /// Session 33's cursor-free pipelined SwiGLU product ([`Gpu::mvps`]); drops captured
+    /// graphs so later steps use the choice.
+    pub fn set_mvps(&mut self, on: bool) {
+        self.gpu.mvps.set(on);
         self.graphs.clear();
     }
 

@@ -356,6 +356,11 @@ pub struct Gpu {
     /// 0.028-0.030 ms per token faster than the unit kernel at depth 0 and 0.034 at 4096
     /// (docs/perf/cuda.md session 29).
     pub mvp: std::cell::Cell<usize>,
+    /// Session 33: at one row per warp, rows of 1024, 2048, 3072 or 4096 columns take
+    /// `mvps<S>_swiglu_q4_k` (mvp3's bits without its cursors, the super-block headers decoded
+    /// before the PDL wait): on unless `CROSSOVER_CUDA_MVPS=0` (on an H100 -0.037 ms per token
+    /// at depth 0, -0.035 at 4096; docs/perf/cuda.md session 33).
+    pub mvps: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -365,6 +370,10 @@ pub struct Gpu {
     /// thread): on unless `CROSSOVER_CUDA_MVQE=0` (on an H100 the step 0.015 ms faster at depth
     /// 0, docs/perf/cuda.md "Session 30").
     pub mvqe: std::cell::Cell<bool>,
+    /// Session 33: `mvqe_*` launches take `mvqe16_*`, the same code held to 32 registers (16
+    /// blocks of 128 threads an SM instead of 12): off unless `CROSSOVER_CUDA_MVQE16=1`
+    /// (docs/perf/cuda.md session 33).
+    pub mvqe16: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -596,6 +605,7 @@ impl Gpu {
             ),
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
+            mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
@@ -608,6 +618,9 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
+            mvqe16: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVQE16").as_deref() == Ok("1"),
+            ),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),

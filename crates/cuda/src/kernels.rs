@@ -322,10 +322,14 @@ pub fn all_kernel_names() -> Vec<String> {
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
         v.push(format!("mvqe_{t}"));
+        v.push(format!("mvqe16_{t}"));
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
+    for st in 1..=4 {
+        v.push(format!("mvps{st}_swiglu_q4_k"));
+    }
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
         v.push(format!("mvrp_swiglu_{t}"));
@@ -336,6 +340,7 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvr4_{t}"));
         v.push(format!("mvqp_{t}"));
         v.push(format!("mvqe_{t}"));
+        v.push(format!("mvqe16_{t}"));
     }
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
@@ -1168,7 +1173,11 @@ impl Gpu {
     fn mvqp_form(&self, cols: usize, th: u32) -> &'static str {
         let units = cols / 32;
         if self.mvqe.get() && th <= 128 && units <= MVQE_UNITS * th as usize {
-            "mvqe"
+            if self.mvqe16.get() {
+                "mvqe16"
+            } else {
+                "mvqe"
+            }
         } else {
             "mvqp"
         }
@@ -2539,6 +2548,17 @@ impl Gpu {
             )));
         }
         const NW: usize = 4;
+        if rpw == 1 && self.mvps.get() && cols.is_multiple_of(1024) && cols <= 4096 {
+            // Session 33: the cursor-free form for rows of whole four-super-block steps.
+            let name = format!("mvps{}_swiglu_q4_k", cols / 1024);
+            let r = i32_of(rows, "rows")?;
+            return self.launch_id(
+                self.kernel_id(&name)?,
+                (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
+                (32 * NW as u32, 1, 1),
+                kargs![wg, wu, r, qs, ds, y],
+            );
+        }
         let (r, c, pf, rw) = (
             i32_of(rows, "rows")?,
             i32_of(cols, "cols")?,

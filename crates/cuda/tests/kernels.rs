@@ -3886,7 +3886,15 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
     let mut r = rng("mvh");
     let ty = GgmlType::Q4K;
     let cnt = g.alloc_zeroed(64 * 1024).unwrap();
-    for &(rows, cols) in &[(768usize, 3072usize), (512, 2304), (256, 256)] {
+    // 3072 and 2048 (then 1024 and 4096 below): session 33's cursor-free mvps<S> forms too.
+    for &(rows, cols) in &[
+        (768usize, 3072usize),
+        (512, 2304),
+        (256, 256),
+        (512, 2048),
+        (256, 1024),
+        (256, 4096),
+    ] {
         let what = format!("{rows}x{cols}");
         assert!(g.mvh_fits(ty, cols) || !g.mvh.get());
         let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
@@ -4008,9 +4016,16 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         // Session 29: the pipelined form gives the half-unit kernel's bits, at every row count
         // per warp (rows not a multiple of a block's rows included).
         let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
-        let saved = g.mvp.get();
-        for rpw in [1usize, 2, 3, 5] {
+        let saved = (g.mvp.get(), g.mvps.get());
+        for (rpw, mvps) in [
+            (1usize, false),
+            (2, false),
+            (3, false),
+            (5, false),
+            (1, true),
+        ] {
             g.mvp.set(rpw);
+            g.mvps.set(mvps);
             let yp = poisoned(&g, rows);
             g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
                 .unwrap();
@@ -4022,9 +4037,25 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 .count();
             assert_eq!(
                 same, rows,
-                "{what}: pipelined ({rpw} rows per warp) vs half-unit bits"
+                "{what}: pipelined ({rpw} rows per warp, mvps {mvps}) vs half-unit bits"
             );
         }
+        // A row count that leaves part of the last block's warps without a row: the rows
+        // there are the same bits and nothing past them is written.
+        let short = rows - 3;
+        let yp = poisoned(&g, rows);
+        g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), short, cols, qp.ptr(), dp.ptr(), yp.ptr())
+            .unwrap();
+        let got: Vec<f32> = g.download(&yp, rows).unwrap();
+        for (i, (a, b)) in got.iter().zip(&mvh_y).enumerate() {
+            if i < short {
+                assert_eq!(a.to_bits(), b.to_bits(), "{what}: {short} rows, row {i}");
+            } else {
+                assert!(a.is_nan(), "{what}: {short} rows wrote row {i}");
+            }
+        }
+        g.mvps.set(saved.1);
+        let saved = saved.0;
         g.mvp.set(0);
         assert!(g
             .matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yh.ptr())
@@ -4675,8 +4706,10 @@ fn early_decoded_block_products_equal_mvqp() {
                     }
                     g.q6u.set(q6u);
                     g.q6u_wide.set(q6u);
-                    let run = |early: bool, aligned: bool| -> (Vec<f32>, Vec<f64>) {
-                        g.mvqe.set(early);
+                    // early: 0 mvqp, 1 mvqe, 2 mvqe16 (session 33: held to 32 registers).
+                    let run = |early: u8, aligned: bool| -> (Vec<f32>, Vec<f64>) {
+                        g.mvqe.set(early > 0);
+                        g.mvqe16.set(early == 2);
                         let y = if acc {
                             g.upload(&y0).unwrap()
                         } else {
@@ -4721,15 +4754,18 @@ fn early_decoded_block_products_equal_mvqp() {
                             continue;
                         }
                         let case = format!("{what} q6u={q6u} aligned={aligned} accumulate={acc}");
-                        let (yp, sp) = run(false, aligned);
-                        let (ye, se) = run(true, aligned);
+                        let (yp, sp) = run(0, aligned);
+                        let (ye, se) = run(1, aligned);
+                        let (y16, _) = run(2, aligned);
                         assert!(yp.iter().all(|v| v.is_finite()), "{case}: mvqp not finite");
-                        if let Some(i) = yp
-                            .iter()
-                            .zip(&ye)
-                            .position(|(a, b)| a.to_bits() != b.to_bits())
-                        {
-                            panic!("{case}: row {i}: mvqe {} mvqp {}", ye[i], yp[i]);
+                        for (form, got) in [("mvqe", &ye), ("mvqe16", &y16)] {
+                            if let Some(i) = yp
+                                .iter()
+                                .zip(got)
+                                .position(|(a, b)| a.to_bits() != b.to_bits())
+                            {
+                                panic!("{case}: row {i}: {form} {} mvqp {}", got[i], yp[i]);
+                            }
                         }
                         // The slots take f64 atomics in arrival order: equal up to that.
                         let sum = |s: &[f64]| s.iter().sum::<f64>();
@@ -4747,5 +4783,6 @@ fn early_decoded_block_products_equal_mvqp() {
         }
     }
     g.mvqe.set(e0);
+    g.mvqe16.set(false);
     g.mvr.set(mvr0);
 }

@@ -1155,6 +1155,31 @@ fn pipelined_swiglu_leaves_logits_unchanged() {
     }
 }
 
+/// Session 33: the cursor-free pipelined SwiGLU product (`Gpu::mvps`, `mvps<S>_swiglu_q4_k`
+/// where the rows are whole four-super-block steps) gives the bits of `mvp3`, one sequence and
+/// three, decode steps from graphs.
+#[test]
+fn cursor_free_swiglu_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "cursor_free_swiglu_leaves_logits_unchanged",
+        &[20],
+        "the cursor-free SwiGLU product (against mvp3)",
+        |g| &g.mvps,
+    );
+}
+
+/// Session 33: the down projection's `mvqe_*` held to 32 registers (`Gpu::mvqe16`) gives
+/// `mvqe`'s bits, one sequence and three, decode steps from graphs.
+#[test]
+fn register_capped_down_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "register_capped_down_leaves_logits_unchanged",
+        &[20],
+        "the down projection held to 32 registers (against mvqe)",
+        |g| &g.mvqe16,
+    );
+}
+
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
