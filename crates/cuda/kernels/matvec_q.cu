@@ -1601,6 +1601,82 @@ __device__ __forceinline__ void mvps_swiglu_impl(const u8* __restrict__ wg,
     if (lane == 0) y[row] = ggml_swiglu(g, u);
 }
 
+// Session 33 (`mvpq<S>_q4_k_<v>`): the one-token Q/K/V launch with RoPE and the KV store
+// (mvr_rope2's outputs, qkv_pair_out's arithmetic) on mvps's form: a warp per rotation pair of
+// Q4_K rows (rows 2p and 2p + 1 where mvps takes a gate and an up row), each lane's weights and
+// decoded headers in registers before the PDL wait, mvh_sub's half-unit sums on the plain Q8_K
+// activation (lane (c, h) reads elements 64c + 16h and 64c + 32 + 16h of each super-block).
+// Lane l ends up summing sub-block l % 8 of super-blocks l / 8 + 4k in k order, each with the
+// unit code's value (the pair's integer sums are exact), which is mvr's unit order: mvr's bits.
+// V rows of another type TV (Q4_K_M files store some layers' V as Q6_K) take mvr_rows's unit
+// code after the wait, their row pair asked of L2 before it. cols = 1024 S.
+template <int S, int TV>
+__device__ __forceinline__ void mvpq_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                          const u8* __restrict__ w2, int r0, int r1, int r2,
+                                          const i8* __restrict__ aq,
+                                          const float2* __restrict__ ad, float* yq,
+                                          const RopeArgs* rp) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = 2 * (blockIdx.x * nw + warp);
+    int total = r0 + r1 + r2;
+    if (row >= total) return;  // the whole warp: it shares one pair
+    if (TV != T_Q4_K && row >= r0 + r1) {
+        long long rbv = (long long)(S * 1024 / Q<TV>::BE) * Q<TV>::BB;
+        mvr_prefetch_rows<TV, false>(row, w0, w1, w2, r0, r1, total, rbv);
+        pdl_wait();
+        pdl_launch();
+        mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, S * 32, rbv, aq, ad, yq, yq, yq, 0,
+                            0, 0, 0, 0, rp);
+        return;
+    }
+    constexpr long long RB = 4LL * S * 144;
+    const u8* w = row < r0 ? w0 + (long long)row * RB
+                 : row < r0 + r1 ? w1 + (long long)(row - r0) * RB
+                                 : w2 + (long long)(row - r0 - r1) * RB;
+    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
+    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
+    const u8* a0p = w + slot * 144;
+    const u8* a1p = w + RB + slot * 144;
+    uint4 q0[S], q1[S], h0[S], h1[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        q0[k] = ld_early16((const uint4*)(a0p + k * 576 + qoff));
+        h0[k] = ld_early16((const uint4*)(a0p + k * 576));
+        q1[k] = ld_early16((const uint4*)(a1p + k * 576 + qoff));
+        h1[k] = ld_early16((const uint4*)(a1p + k * 576));
+    }
+    K4Pre p0[S], p1[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        p0[k] = k4_pre(h0[k], j);
+        p1[k] = k4_pre(h1[k], j);
+    }
+    pdl_wait();
+    pdl_launch();
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        int s = 4 * k + slot;
+        const i8* a = aq + 256 * s + 64 * c + 16 * h;
+        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 32);
+        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
+        acc0 += mvps_sub(q0[k], p0[k], alo, ahi, dd, h);
+        acc1 += mvps_sub(q1[k], p1[k], alo, ahi, dd, h);
+    }
+    float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
+    if (lane == 0) qkv_pair_out(row, r0, r1, y0, y1, yq, rp);
+}
+
+#define DEF_MVPQ(S, v, TV) \
+    extern "C" __global__ void __launch_bounds__(128) mvpq##S##_q4_k_##v( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, const i8* aq, \
+        const float2* ad, float* yq, RopeArgs rp) { \
+        mvpq_impl<S, TV>(w0, w1, w2, r0, r1, r2, aq, ad, yq, &rp); \
+    }
+#define DEF_MVPQ_S(S) \
+    DEF_MVPQ(S, q4_k, T_Q4_K) DEF_MVPQ(S, q6_k, T_Q6_K) DEF_MVPQ(S, q6_ku, T_Q6_KU) \
+    DEF_MVPQ(S, q6_ku4, T_Q6_KU4)
+
 #define DEF_MVPS(S) \
     extern "C" __global__ void __launch_bounds__(128) mvps##S##_swiglu_q4_k( \
         const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, \
@@ -1611,6 +1687,10 @@ DEF_MVPS(1)
 DEF_MVPS(2)
 DEF_MVPS(3)
 DEF_MVPS(4)
+DEF_MVPQ_S(1)
+DEF_MVPQ_S(2)
+DEF_MVPQ_S(3)
+DEF_MVPQ_S(4)
 
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \

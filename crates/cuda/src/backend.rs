@@ -1405,6 +1405,13 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 33's pipelined Q/K/V launch ([`Gpu::mvpq`]); drops captured graphs so later
+    /// steps use the choice.
+    pub fn set_mvpq(&mut self, on: bool) {
+        self.gpu.mvpq.set(on);
+        self.graphs.clear();
+    }
+
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss

@@ -361,6 +361,11 @@ pub struct Gpu {
     /// before the PDL wait): on unless `CROSSOVER_CUDA_MVPS=0` (on an H100 -0.037 ms per token
     /// at depth 0, -0.035 at 4096; docs/perf/cuda.md session 33).
     pub mvps: std::cell::Cell<bool>,
+    /// Session 33: one-token Q/K/V launches with Q/K of Q4_K on rows of 1024 to 4096 columns
+    /// take `mvpq<S>_q4_k_<v>` (a warp per rotation pair with its weights in registers before
+    /// the PDL wait, mvps's half-unit lanes; the `mvr` kernels' bits): off unless
+    /// `CROSSOVER_CUDA_MVPQ=1` (docs/perf/cuda.md session 33).
+    pub mvpq: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -606,6 +611,7 @@ impl Gpu {
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
+            mvpq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPQ").as_deref() == Ok("1")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),

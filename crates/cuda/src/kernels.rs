@@ -329,6 +329,9 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvp3_swiglu_q4_k".into());
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
+        for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
+            v.push(format!("mvpq{st}_q4_k_{vt}"));
+        }
     }
     for (_, t) in QTYPES {
         v.push(format!("mvrp_{t}"));
@@ -2315,6 +2318,36 @@ impl Gpu {
         )
     }
 
+    /// The V part of the `mvpq<S>_q4_k_<v>` kernel name for a one-token Q/K/V launch ([`Gpu::mvpq`]
+    /// on, Q/K of Q4_K on a quantized activation, rows of 1024 to 4096 columns in steps of
+    /// 1024, Q and K in whole rotation pairs; V of Q4_K, Q6_K or its aligned copy), or `None`
+    /// for the `mvr` kernels.
+    fn mvpq_form(
+        &self,
+        ty: GgmlType,
+        tv: Option<(GgmlType, bool)>,
+        act: &ActIn,
+        rows: [usize; 3],
+        cols: usize,
+    ) -> Option<&'static str> {
+        if !self.mvpq.get()
+            || ty != GgmlType::Q4K
+            || !matches!(act, ActIn::Quantized { .. })
+            || !cols.is_multiple_of(1024)
+            || cols > 4096
+            || !rows[0].is_multiple_of(2)
+            || !rows[1].is_multiple_of(2)
+        {
+            return None;
+        }
+        match tv {
+            None => Some("q4_k"),
+            Some((GgmlType::Q6K, true)) => Some(self.q6a_name(cols, true)),
+            Some((GgmlType::Q6K, false)) => Some("q6_k"),
+            Some(_) => None,
+        }
+    }
+
     /// Whether [`Gpu::matvec_q_qkv_rope_mixed`] has a kernel for Q/K of `ty` and V of `tv`.
     pub fn qkv_mixed_fits(ty: GgmlType, tv: GgmlType) -> bool {
         QKV_PAIRS.contains(&(ty, tv))
@@ -2355,6 +2388,17 @@ impl Gpu {
         let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
+        if let Some(v) = self.mvpq_form(ty, tv, &act, rows, cols) {
+            // Session 33: a warp per Q4_K rotation pair, its weights in registers before the
+            // wait (`mvpq<S>_q4_k_<v>`); V of another type on the unit code in the same launch.
+            let id = self.kernel_id(&format!("mvpq{}_q4_k_{v}", cols / 1024))?;
+            return self.launch_id(
+                id,
+                (u32_of(total.div_ceil(8), "rows")?, 1, 1),
+                (128, 1, 1),
+                kargs![w0, w1, w2, r0, r1, r2, qs, ds, yq, rp],
+            );
+        }
         if let Some((tv, v_copy)) = tv {
             let name = |t: GgmlType| QTYPES.iter().find(|q| q.0 == t).map(|q| q.1);
             // Session 20: V from its Q6_KA copy takes Q6_KU's decoding (Q6_K's bits).

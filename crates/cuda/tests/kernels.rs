@@ -802,6 +802,160 @@ fn fused_output_quantization_is_quantize_act() {
     }
 }
 
+/// f16 bit patterns at most `steps` apart (adjacent values of one sign are adjacent patterns).
+fn f16_close(a: &[u16], b: &[u16], steps: i32, what: &str) {
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let d = (x as i32 - y as i32).abs();
+        assert!(
+            d <= steps || (x & 0x7fff == 0 && y & 0x7fff == 0),
+            "{what}: element {i}: f16 {x:#06x} against {y:#06x}"
+        );
+    }
+}
+
+/// Session 33: the pipelined one-token Q/K/V launch (`mvpq<S>_q4_k_<v>`: a warp per Q4_K
+/// rotation pair, half-unit lanes) gives the `mvr` launch's bits: rotated Q, K and V cache
+/// entries, V rows of Q4_K, of Q6_K and of its aligned copy (the unit code in the same launch);
+/// Q4_K V rows also within one f16 step of the CPU's scalar `vec_dot`; widths of one and three
+/// four-super-block steps, full and partial rotation. (Lane l of a warp sums sub-block l % 8
+/// of super-blocks l / 8 + 4 k, k in order, each sub-block's value as the unit code computes
+/// it, so the half-unit form keeps mvr's float order.)
+#[test]
+fn pipelined_qkv_rope_equals_mvr_launch_and_cpu() {
+    let Some(g) = gpu_or_skip("mvpq") else {
+        return;
+    };
+    g.q6_half.set(false);
+    let saved = g.mvpq.get();
+    let mut r = rng("mvpq");
+    let (nh, nkv, hd) = (4usize, 2usize, 64usize);
+    let (rq, rk) = (nh * hd, nkv * hd);
+    let factors: Vec<f32> = (0..hd / 4).map(|i| 1.0 + i as f32 * 0.37).collect();
+    let fb = g.upload(&factors).unwrap();
+    let ropes = [
+        cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0),
+        cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr()),
+    ];
+    for cols in [1024usize, 3072] {
+        for (ci, rope) in ropes.iter().enumerate() {
+            for (vty, vcopy) in [
+                (GgmlType::Q4K, false),
+                (GgmlType::Q6K, false),
+                (GgmlType::Q6K, true),
+            ] {
+                let what = format!("{cols} columns, rope {ci}, V {vty} copy={vcopy}");
+                let mut mk =
+                    |ty: GgmlType, rows: usize| quantized(ty, &randn(&mut r, rows * cols, 0.5)).0;
+                let (hq, hk, hv) = (mk(GgmlType::Q4K, rq), mk(GgmlType::Q4K, rk), mk(vty, rk));
+                let (wq, wk, wv) = (
+                    g.upload(&hq).unwrap(),
+                    g.upload(&hk).unwrap(),
+                    g.upload(&hv).unwrap(),
+                );
+                let vpad = vcopy.then(|| g.pad_q6k(wv.ptr(), rk, cols).unwrap());
+                let vptr = vpad.as_ref().map_or(wv.ptr(), |p| p.ptr());
+                let x = randn(&mut r, cols, 1.0);
+                let xb = g.upload(&x).unwrap();
+                let (qa, da) = act_bufs(&g, 1, cols);
+                g.quantize_act(xb.ptr(), 1, cols, ActFormat::Q8K, qa.ptr(), da.ptr())
+                    .unwrap();
+                let pos = vec![r.gen_range(0..4000i32)];
+                let slot = vec![r.gen_range(0..8i32)];
+                let (pb, sb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+                let run = |on: bool| -> (Vec<f32>, Vec<u16>, Vec<u16>) {
+                    g.mvpq.set(on);
+                    let q = poisoned(&g, rq);
+                    let (kc, vc) = (
+                        g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                        g.upload(&vec![0u16; 8 * rk]).unwrap(),
+                    );
+                    let w = [wq.ptr(), wk.ptr(), vptr];
+                    let (qs, ds, y) = (qa.ptr(), da.ptr(), q.ptr());
+                    let (p, sl, k, v) = (pb.ptr(), sb.ptr(), kc.ptr(), vc.ptr());
+                    if vty == GgmlType::Q4K {
+                        g.matvec_q_qkv_rope(
+                            vty,
+                            w,
+                            [rq, rk, rk],
+                            cols,
+                            qs,
+                            ds,
+                            y,
+                            rope,
+                            p,
+                            sl,
+                            hd,
+                            rk,
+                            k,
+                            v,
+                        )
+                    } else {
+                        g.matvec_q_qkv_rope_mixed(
+                            GgmlType::Q4K,
+                            vty,
+                            vcopy,
+                            w,
+                            [rq, rk, rk],
+                            cols,
+                            qs,
+                            ds,
+                            y,
+                            rope,
+                            p,
+                            sl,
+                            hd,
+                            rk,
+                            k,
+                            v,
+                        )
+                    }
+                    .unwrap();
+                    (
+                        g.download(&q, rq).unwrap(),
+                        g.download(&kc, 8 * rk).unwrap(),
+                        g.download(&vc, 8 * rk).unwrap(),
+                    )
+                };
+                let (q1, k1, v1) = run(false);
+                let (q2, k2, v2) = run(true);
+                assert!(q2.iter().all(|v| v.is_finite()), "{what}: Q not finite");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&q2), bits(&q1), "{what}: rotated Q");
+                assert_eq!(k2, k1, "{what}: K cache");
+                assert_eq!(v2, v1, "{what}: V cache");
+                if vty == GgmlType::Q4K {
+                    // The CPU's scalar products of the V rows, stored as f16.
+                    let mut buf = quant::dot::ActBuf::new();
+                    quant::dot::quantize_acts_with_isa(vty, &x, 1, cols, &mut buf, Isa::Scalar)
+                        .unwrap();
+                    let rb = hv.len() / rk;
+                    let want: Vec<u16> = (0..rk)
+                        .map(|i| {
+                            let v = quant::dot::vec_dot(
+                                vty,
+                                &hv[i * rb..(i + 1) * rb],
+                                buf.row(0).unwrap(),
+                                cols,
+                                Isa::Scalar,
+                            )
+                            .unwrap();
+                            half::f16::from_f32(v).to_bits()
+                        })
+                        .collect();
+                    let at = slot[0] as usize * rk;
+                    f16_close(
+                        &v2[at..at + rk],
+                        &want,
+                        1,
+                        &format!("{what}: V cache against the CPU"),
+                    );
+                }
+            }
+        }
+    }
+    g.mvpq.set(saved);
+}
+
 /// The one-token Q/K/V launch with RoPE and the KV-cache store fused gives the bits of the
 /// separate products followed by `rope_store`: full and partial rotation (with frequency
 /// factors), and a V of another type in its own launch.
@@ -811,8 +965,10 @@ fn qkv_rope_fused_equals_products_then_rope_store() {
         return;
     };
     // The reference V of type Q6_K through the mvr kernel (v10's half-block kernel sums in
-    // another order; it has its own test).
+    // another order; it has its own test). Session 33's pipelined launch sums in another order
+    // too (its own test below).
     g.q6_half.set(false);
+    g.mvpq.set(false);
     let mut r = rng("qkv_rope");
     let (nh, nkv, hd, cols) = (4usize, 2usize, 64usize, 1024usize);
     let (rq, rk) = (nh * hd, nkv * hd);

@@ -1168,6 +1168,18 @@ fn cursor_free_swiglu_leaves_logits_unchanged() {
     );
 }
 
+/// Session 33: the pipelined one-token Q/K/V launch (`Gpu::mvpq`, `mvpq<S>_q4_k_<v>`) gives
+/// the `mvr` launch's bits, one sequence and three, decode steps from graphs.
+#[test]
+fn pipelined_qkv_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "pipelined_qkv_leaves_logits_unchanged",
+        &[20],
+        "the pipelined Q/K/V launch (against mvr)",
+        |g| &g.mvpq,
+    );
+}
+
 /// Session 33: the down projection's `mvqe_*` held to 32 registers (`Gpu::mvqe16`) gives
 /// `mvqe`'s bits, one sequence and three, decode steps from graphs.
 #[test]
