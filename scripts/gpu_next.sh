@@ -29,15 +29,15 @@ fi
 .gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t $([ "$LLAMA" = 1 ] && echo 4 || echo 12) > /tmp/models.txt 2>&1 &
 SYN=$!
-timeout 120 .gpu/kernels pipelined_qkv qkv_rope_fused --test-threads 1 > $OUT/kernels.log 2>&1
+timeout 120 .gpu/kernels half_unit_swiglu pipelined_qkv --test-threads 1 > $OUT/kernels.log 2>&1
 grep -E "^test |test result|panicked" $OUT/kernels.log | cut -c1-250; t kernels
 wait $SYN; t "models (rc $?)"
 CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 120 .gpu/model_agree pipelined_qkv cursor_free \
   --nocapture --test-threads 1 > $OUT/model_agree.log 2>&1
 grep -E "rows|largest|test result|panicked" $OUT/model_agree.log | cut -c1-200; t model_agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-mvpq --ab-mvqe \
+timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick --ab-mvps --ab-mvqe \
   > $OUT/ab.log 2>&1
-grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab mvpq mvqe"
+grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab mvps mvqe"
 # mvpq on for the standing figures if its depth-0 rounds were faster on average.
 Q=$(grep -E "a/b mvpq=.*depth 0:" $OUT/ab.log | sed -E 's/.*mvpq=(true|false).*: ([0-9.]+) ms.*/\1 \2/' \
   | awk '{s[$1]+=$2; n[$1]++} END {print (n["true"] && s["true"]/n["true"] < s["false"]/n["false"]) ? 1 : 0}')

@@ -802,21 +802,11 @@ fn fused_output_quantization_is_quantize_act() {
     }
 }
 
-/// f16 bit patterns at most `steps` apart (adjacent values of one sign are adjacent patterns).
-fn f16_close(a: &[u16], b: &[u16], steps: i32, what: &str) {
-    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-        let d = (x as i32 - y as i32).abs();
-        assert!(
-            d <= steps || (x & 0x7fff == 0 && y & 0x7fff == 0),
-            "{what}: element {i}: f16 {x:#06x} against {y:#06x}"
-        );
-    }
-}
-
 /// Session 33: the pipelined one-token Q/K/V launch (`mvpq<S>_q4_k_<v>`: a warp per Q4_K
 /// rotation pair, half-unit lanes) gives the `mvr` launch's bits: rotated Q, K and V cache
 /// entries, V rows of Q4_K, of Q6_K and of its aligned copy (the unit code in the same launch);
-/// Q4_K V rows also within one f16 step of the CPU's scalar `vec_dot`; widths of one and three
+/// Q4_K V rows also within 2e-5 of the rows' scale (plus f16 rounding) of the CPU's scalar
+/// `vec_dot`; widths of one and three
 /// four-super-block steps, full and partial rotation. (Lane l of a warp sums sub-block l % 8
 /// of super-blocks l / 8 + 4 k, k in order, each sub-block's value as the unit code computes
 /// it, so the half-unit form keeps mvr's float order.)
@@ -924,31 +914,36 @@ fn pipelined_qkv_rope_equals_mvr_launch_and_cpu() {
                 assert_eq!(k2, k1, "{what}: K cache");
                 assert_eq!(v2, v1, "{what}: V cache");
                 if vty == GgmlType::Q4K {
-                    // The CPU's scalar products of the V rows, stored as f16.
+                    // The CPU's scalar products of the V rows. The GPU sums in another order:
+                    // within 2e-5 of the rows' largest value (a sum near zero after
+                    // cancellation moves by more than an f16 step of its own), plus the f16
+                    // store's rounding.
                     let mut buf = quant::dot::ActBuf::new();
                     quant::dot::quantize_acts_with_isa(vty, &x, 1, cols, &mut buf, Isa::Scalar)
                         .unwrap();
                     let rb = hv.len() / rk;
-                    let want: Vec<u16> = (0..rk)
+                    let want: Vec<f32> = (0..rk)
                         .map(|i| {
-                            let v = quant::dot::vec_dot(
+                            quant::dot::vec_dot(
                                 vty,
                                 &hv[i * rb..(i + 1) * rb],
                                 buf.row(0).unwrap(),
                                 cols,
                                 Isa::Scalar,
                             )
-                            .unwrap();
-                            half::f16::from_f32(v).to_bits()
+                            .unwrap()
                         })
                         .collect();
                     let at = slot[0] as usize * rk;
-                    f16_close(
-                        &v2[at..at + rk],
-                        &want,
-                        1,
-                        &format!("{what}: V cache against the CPU"),
-                    );
+                    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    for (i, (&gb, &cv)) in v2[at..at + rk].iter().zip(&want).enumerate() {
+                        let gv = half::f16::from_bits(gb).to_f32();
+                        let tol = 2e-5 * scale + cv.abs() / 1024.0;
+                        assert!(
+                            (gv - cv).abs() <= tol,
+                            "{what}: V row {i}: GPU {gv} CPU {cv} (tolerance {tol:e})"
+                        );
+                    }
                 }
             }
         }
