@@ -1558,6 +1558,52 @@ __device__ __forceinline__ float mvps_sub(const uint4& w, K4Pre hp, int4 alo, in
     return __fmaf_rn(__fmul_rn(d, a.x), (float)(sc * s32), -mins);
 }
 
+// Two Q4_K rows of S four-super-block steps (`p0`, `p1`: the rows' first bytes) against one
+// token's Q8_K activation, a warp's lanes in mvh's half-unit roles: each lane's weights and
+// decoded headers loaded before the PDL wait (which this waits on), its partial sums of the two
+// rows in *acc0, *acc1 (the caller's warp sums finish them). PERM: the activation in the
+// permuted layout (ACT_PERM: lane (c, h) reads elements 32c + 16h and 128 + 32c + 16h of each
+// super-block's permuted bytes), else the plain one (64c + 16h and 64c + 32 + 16h): the same
+// values either way.
+template <int S, bool PERM>
+__device__ __forceinline__ void mvps_pair(const u8* p0, const u8* p1, const i8* __restrict__ aq,
+                                          const float2* __restrict__ ad, float* acc0,
+                                          float* acc1) {
+    int lane = threadIdx.x & 31;
+    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
+    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
+    const u8* b0 = p0 + slot * 144;
+    const u8* b1 = p1 + slot * 144;
+    uint4 q0[S], q1[S], h0[S], h1[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        q0[k] = ld_early16((const uint4*)(b0 + k * 576 + qoff));
+        h0[k] = ld_early16((const uint4*)(b0 + k * 576));
+        q1[k] = ld_early16((const uint4*)(b1 + k * 576 + qoff));
+        h1[k] = ld_early16((const uint4*)(b1 + k * 576));
+    }
+    K4Pre e0[S], e1[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        e0[k] = k4_pre(h0[k], j);
+        e1[k] = k4_pre(h1[k], j);
+    }
+    pdl_wait();
+    pdl_launch();
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        int s = 4 * k + slot;
+        const i8* a = aq + 256 * s + (PERM ? 32 : 64) * c + 16 * h;
+        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + (PERM ? 128 : 32));
+        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
+        s0 += mvps_sub(q0[k], e0[k], alo, ahi, dd, h);
+        s1 += mvps_sub(q1[k], e1[k], alo, ahi, dd, h);
+    }
+    *acc0 = s0;
+    *acc1 = s1;
+}
+
 template <int S>
 __device__ __forceinline__ void mvps_swiglu_impl(const u8* __restrict__ wg,
                                                  const u8* __restrict__ wu, int rows,
@@ -1567,36 +1613,8 @@ __device__ __forceinline__ void mvps_swiglu_impl(const u8* __restrict__ wg,
     int row = blockIdx.x * nw + warp;
     if (row >= rows) return;  // the whole warp: it shares one row
     constexpr long long RB = 4LL * S * 144;
-    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
-    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
-    const u8* g0 = wg + (long long)row * RB + slot * 144;
-    const u8* u0 = wu + (long long)row * RB + slot * 144;
-    uint4 qg[S], qu[S], hg[S], hu[S];
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        qg[k] = ld_early16((const uint4*)(g0 + k * 576 + qoff));
-        hg[k] = ld_early16((const uint4*)(g0 + k * 576));
-        qu[k] = ld_early16((const uint4*)(u0 + k * 576 + qoff));
-        hu[k] = ld_early16((const uint4*)(u0 + k * 576));
-    }
-    K4Pre pg[S], pu[S];
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        pg[k] = k4_pre(hg[k], j);
-        pu[k] = k4_pre(hu[k], j);
-    }
-    pdl_wait();
-    pdl_launch();
-    float accg = 0.0f, accu = 0.0f;
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        int s = 4 * k + slot;
-        const i8* a = aq + 256 * s + 32 * c + 16 * h;
-        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 128);
-        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
-        accg += mvps_sub(qg[k], pg[k], alo, ahi, dd, h);
-        accu += mvps_sub(qu[k], pu[k], alo, ahi, dd, h);
-    }
+    float accg, accu;
+    mvps_pair<S, true>(wg + (long long)row * RB, wu + (long long)row * RB, aq, ad, &accg, &accu);
     float g = warp_sum(accg), u = warp_sum(accu);
     if (lane == 0) y[row] = ggml_swiglu(g, u);
 }
@@ -1633,36 +1651,8 @@ __device__ __forceinline__ void mvpq_impl(const u8* __restrict__ w0, const u8* _
     const u8* w = row < r0 ? w0 + (long long)row * RB
                  : row < r0 + r1 ? w1 + (long long)(row - r0) * RB
                                  : w2 + (long long)(row - r0 - r1) * RB;
-    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
-    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
-    const u8* a0p = w + slot * 144;
-    const u8* a1p = w + RB + slot * 144;
-    uint4 q0[S], q1[S], h0[S], h1[S];
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        q0[k] = ld_early16((const uint4*)(a0p + k * 576 + qoff));
-        h0[k] = ld_early16((const uint4*)(a0p + k * 576));
-        q1[k] = ld_early16((const uint4*)(a1p + k * 576 + qoff));
-        h1[k] = ld_early16((const uint4*)(a1p + k * 576));
-    }
-    K4Pre p0[S], p1[S];
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        p0[k] = k4_pre(h0[k], j);
-        p1[k] = k4_pre(h1[k], j);
-    }
-    pdl_wait();
-    pdl_launch();
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-    for (int k = 0; k < S; k++) {
-        int s = 4 * k + slot;
-        const i8* a = aq + 256 * s + 64 * c + 16 * h;
-        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 32);
-        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
-        acc0 += mvps_sub(q0[k], p0[k], alo, ahi, dd, h);
-        acc1 += mvps_sub(q1[k], p1[k], alo, ahi, dd, h);
-    }
+    float acc0, acc1;
+    mvps_pair<S, false>(w, w + RB, aq, ad, &acc0, &acc1);
     float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
     if (lane == 0) qkv_pair_out(row, r0, r1, y0, y1, yq, rp);
 }
@@ -1687,6 +1677,18 @@ DEF_MVPS(1)
 DEF_MVPS(2)
 DEF_MVPS(3)
 DEF_MVPS(4)
+// Session 33: the same kernels held to 64 registers (8 blocks of 128 threads an SM against 7;
+// `Gpu::mvps8`). The same code, so the same bits.
+#define DEF_MVPS8(S) \
+    extern "C" __global__ void __launch_bounds__(128, 8) mvps##S##b8_swiglu_q4_k( \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, \
+        const i8* __restrict__ aq, const float2* __restrict__ ad, float* y) { \
+        mvps_swiglu_impl<S>(wg, wu, rows, aq, ad, y); \
+    }
+DEF_MVPS8(1)
+DEF_MVPS8(2)
+DEF_MVPS8(3)
+DEF_MVPS8(4)
 DEF_MVPQ_S(1)
 DEF_MVPQ_S(2)
 DEF_MVPQ_S(3)

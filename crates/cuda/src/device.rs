@@ -361,6 +361,10 @@ pub struct Gpu {
     /// before the PDL wait): on unless `CROSSOVER_CUDA_MVPS=0` (on an H100 -0.037 ms per token
     /// at depth 0, -0.035 at 4096; docs/perf/cuda.md session 33).
     pub mvps: std::cell::Cell<bool>,
+    /// Session 33: `mvps<S>` launches take `mvps<S>b8`, the same code held to 64 registers (8
+    /// blocks of 128 threads an SM against 7): off unless `CROSSOVER_CUDA_MVPS8=1`
+    /// (docs/perf/cuda.md session 33).
+    pub mvps8: std::cell::Cell<bool>,
     /// Session 33: one-token Q/K/V launches with Q/K of Q4_K on rows of 1024 to 4096 columns
     /// take `mvpq<S>_q4_k_<v>` (a warp per rotation pair with its weights in registers before
     /// the PDL wait, mvps's half-unit lanes; the `mvr` kernels' bits): off unless
@@ -612,6 +616,9 @@ impl Gpu {
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
             mvpq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPQ").as_deref() == Ok("1")),
+            mvps8: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVPS8").as_deref() == Ok("1"),
+            ),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),

@@ -329,6 +329,7 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvp3_swiglu_q4_k".into());
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
+        v.push(format!("mvps{st}b8_swiglu_q4_k"));
         for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
             v.push(format!("mvpq{st}_q4_k_{vt}"));
         }
@@ -2594,7 +2595,8 @@ impl Gpu {
         const NW: usize = 4;
         if rpw == 1 && self.mvps.get() && cols.is_multiple_of(1024) && cols <= 4096 {
             // Session 33: the cursor-free form for rows of whole four-super-block steps.
-            let name = format!("mvps{}_swiglu_q4_k", cols / 1024);
+            let lb = if self.mvps8.get() { "b8" } else { "" };
+            let name = format!("mvps{}{lb}_swiglu_q4_k", cols / 1024);
             let r = i32_of(rows, "rows")?;
             return self.launch_id(
                 self.kernel_id(&name)?,

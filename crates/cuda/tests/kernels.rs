@@ -4168,15 +4168,18 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         // per warp (rows not a multiple of a block's rows included).
         let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
         let saved = (g.mvp.get(), g.mvps.get());
-        for (rpw, mvps) in [
-            (1usize, false),
-            (2, false),
-            (3, false),
-            (5, false),
-            (1, true),
+        // (rows per warp, mvps, mvps held to 64 registers)
+        for (rpw, mvps, b8) in [
+            (1usize, false, false),
+            (2, false, false),
+            (3, false, false),
+            (5, false, false),
+            (1, true, false),
+            (1, true, true),
         ] {
             g.mvp.set(rpw);
             g.mvps.set(mvps);
+            g.mvps8.set(b8);
             let yp = poisoned(&g, rows);
             g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
                 .unwrap();
@@ -4188,7 +4191,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 .count();
             assert_eq!(
                 same, rows,
-                "{what}: pipelined ({rpw} rows per warp, mvps {mvps}) vs half-unit bits"
+                "{what}: pipelined ({rpw} rows per warp, mvps {mvps}, b8 {b8}) vs half-unit bits"
             );
         }
         // A row count that leaves part of the last block's warps without a row: the rows
@@ -4206,6 +4209,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
             }
         }
         g.mvps.set(saved.1);
+        g.mvps8.set(false);
         let saved = saved.0;
         g.mvp.set(0);
         assert!(g
