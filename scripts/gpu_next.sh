@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 33", call 5): mvps and mvpq
-# after their shared body was factored out (`mvps_pair`), and mvps held to 64 registers
-# (`mvps3b8`), checked bit for bit (kernel tests, the 3B file's logits) and timed (AB, default
-# `--ab-mvps --ab-mvps8`); then the standing figures, with llama.cpp's llama-bench in the same
-# call when .gpu carries its source (its CUDA build runs in the background meanwhile), mvpq set
-# by this call's own A/B when AB has --ab-mvpq. Only 8 files under $OUT come back: the greps
-# below print what counts.
+# The next device call's whole script (docs/perf/cuda.md "Session 33"; call 5 ran it with
+# AB="--ab-mvps --ab-mvps8"): mvps and mvpq checked bit for bit (kernel tests, the 3B file's
+# logits) and timed (AB, default `--ab-mvps --ab-mvpq`: on an H200 the first measurement of
+# both); then the standing figures, with llama.cpp's llama-bench in the same call when .gpu
+# carries its source (its CUDA build runs in the background meanwhile), mvpq set by this call's
+# own A/B. Only 8 files under $OUT come back: the greps below print what counts.
 # Build machine: bash scripts/gpu_prepare.sh (with the llama.cpp source), the NVRTC kernel cache
 # in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
@@ -32,12 +31,12 @@ SYN=$!
 timeout 120 .gpu/kernels half_unit_swiglu pipelined_qkv qkv_rope_fused --test-threads 1 > $OUT/kernels.log 2>&1
 grep -E "^test |test result|panicked" $OUT/kernels.log | cut -c1-250; t kernels
 wait $SYN; t "models (rc $?)"
-CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 120 .gpu/model_agree pipelined_qkv cursor_free register_capped_swiglu \
+CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 120 .gpu/model_agree pipelined_qkv cursor_free \
   --nocapture --test-threads 1 > $OUT/model_agree.log 2>&1
 grep -E "rows|largest|test result|panicked" $OUT/model_agree.log | cut -c1-200; t model_agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvps --ab-mvps8} \
+timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvps --ab-mvpq} \
   > $OUT/ab.log 2>&1
-grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:-mvps mvps8}"
+grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:-mvps mvpq}"
 # mvpq on for the standing figures if its depth-0 rounds were faster on average.
 Q=$(grep -E "a/b mvpq=.*depth 0:" $OUT/ab.log | sed -E 's/.*mvpq=(true|false).*: ([0-9.]+) ms.*/\1 \2/' \
   | awk '{s[$1]+=$2; n[$1]++} END {print (n["true"] && s["true"]/n["true"] < s["false"]/n["false"]) ? 1 : 0}')

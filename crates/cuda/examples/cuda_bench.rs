@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvps8] [--ab-mvpq] [--ab-mvqe16] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1170,41 +1170,6 @@ fn main() {
             }
         }
         b.set_mvpq(q0);
-    }
-    // --ab-mvps8 (session 33): mvps held to 64 registers (8 blocks an SM) against mvps, five
-    // rounds alternating in one process, with each one's per-class product times once.
-    if args.iter().any(|a| a == "--ab-mvps8") {
-        let e0 = b.gpu().mvps8.get();
-        for round in 0..5 {
-            for on in [false, true] {
-                b.set_mvps8(on);
-                let label = format!("mvps8={on} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-                if round == 0 {
-                    ab_kernels(&mut b, &label, &[]);
-                }
-            }
-        }
-        b.set_mvps8(e0);
-    }
-    // --ab-mvqe16 (session 33): the down projection's mvqe held to 32 registers (16 blocks an
-    // SM) against mvqe, five rounds alternating in one process, with each one's per-class
-    // product times once.
-    if args.iter().any(|a| a == "--ab-mvqe16") {
-        let e0 = b.gpu().mvqe16.get();
-        for round in 0..5 {
-            for on in [false, true] {
-                b.gpu().mvqe16.set(on);
-                b.reset_graphs();
-                let label = format!("mvqe16={on} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-                if round == 0 {
-                    ab_kernels(&mut b, &label, &[]);
-                }
-            }
-        }
-        b.gpu().mvqe16.set(e0);
-        b.reset_graphs();
     }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain

@@ -1677,18 +1677,6 @@ DEF_MVPS(1)
 DEF_MVPS(2)
 DEF_MVPS(3)
 DEF_MVPS(4)
-// Session 33: the same kernels held to 64 registers (8 blocks of 128 threads an SM against 7;
-// `Gpu::mvps8`). The same code, so the same bits.
-#define DEF_MVPS8(S) \
-    extern "C" __global__ void __launch_bounds__(128, 8) mvps##S##b8_swiglu_q4_k( \
-        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, \
-        const i8* __restrict__ aq, const float2* __restrict__ ad, float* y) { \
-        mvps_swiglu_impl<S>(wg, wu, rows, aq, ad, y); \
-    }
-DEF_MVPS8(1)
-DEF_MVPS8(2)
-DEF_MVPS8(3)
-DEF_MVPS8(4)
 DEF_MVPQ_S(1)
 DEF_MVPQ_S(2)
 DEF_MVPQ_S(3)
@@ -1780,34 +1768,20 @@ __device__ __forceinline__ void mvqe_impl(const u8* w, int rows, int cols, const
         mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
     }
 FOR_EACH_QTYPE(DEF_MVQE)
-// Session 33 (`mvqe16_*`, `Gpu::mvqe16`): the same kernels held to 32 registers, so 16 blocks of
-// 128 threads (64 warps) fit an SM instead of 12: the 3072 rows of a 3B down projection in 1.45
-// waves instead of 1.94, more of them loaded before the wait. The same code, so the same bits.
-#define DEF_MVQE16(name, T) \
-    extern "C" __global__ void __launch_bounds__(128, 16) mvqe16_##name( \
-        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
-        int accumulate, double* ss) { \
-        mvqe_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
-    }
-FOR_EACH_QTYPE(DEF_MVQE16)
 
 // The one-token products of the output head (mvr4) and the down projection (mvqp) on Q6_KA
 // copies of Q6_K weights: the same code, so the Q6_K kernels' bits.
 DEF_MVR4(q6_ka, T_Q6_KA)
 DEF_MVQP(q6_ka, T_Q6_KA)
 DEF_MVQE(q6_ka, T_Q6_KA)
-DEF_MVQE16(q6_ka, T_Q6_KA)
 // Session 20: the same products with Q6_KU's decoding (the same bits).
 DEF_MVR4(q6_ku, T_Q6_KU)
 DEF_MVQP(q6_ku, T_Q6_KU)
 DEF_MVQE(q6_ku, T_Q6_KU)
-DEF_MVQE16(q6_ku, T_Q6_KU)
 // Session 32: the same products on the four-block Q6_KA4 copies (the same bits).
 DEF_MVR4(q6_ka4, T_Q6_KA4)
 DEF_MVQP(q6_ka4, T_Q6_KA4)
 DEF_MVQE(q6_ka4, T_Q6_KA4)
-DEF_MVQE16(q6_ka4, T_Q6_KA4)
 DEF_MVR4(q6_ku4, T_Q6_KU4)
 DEF_MVQP(q6_ku4, T_Q6_KU4)
 DEF_MVQE(q6_ku4, T_Q6_KU4)
-DEF_MVQE16(q6_ku4, T_Q6_KU4)

@@ -1412,13 +1412,6 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Session 33's SwiGLU product held to 64 registers ([`Gpu::mvps8`]); drops captured
-    /// graphs so later steps use the choice.
-    pub fn set_mvps8(&mut self, on: bool) {
-        self.gpu.mvps8.set(on);
-        self.graphs.clear();
-    }
-
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss

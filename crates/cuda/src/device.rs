@@ -361,10 +361,6 @@ pub struct Gpu {
     /// before the PDL wait): on unless `CROSSOVER_CUDA_MVPS=0` (on an H100 -0.037 ms per token
     /// at depth 0, -0.035 at 4096; docs/perf/cuda.md session 33).
     pub mvps: std::cell::Cell<bool>,
-    /// Session 33: `mvps<S>` launches take `mvps<S>b8`, the same code held to 64 registers (8
-    /// blocks of 128 threads an SM against 7): off unless `CROSSOVER_CUDA_MVPS8=1`
-    /// (docs/perf/cuda.md session 33).
-    pub mvps8: std::cell::Cell<bool>,
     /// Session 33: one-token Q/K/V launches with Q/K of Q4_K on rows of 1024 to 4096 columns
     /// take `mvpq<S>_q4_k_<v>` (a warp per rotation pair with its weights in registers before
     /// the PDL wait, mvps's half-unit lanes; the `mvr` kernels' bits): off unless
@@ -379,10 +375,6 @@ pub struct Gpu {
     /// thread): on unless `CROSSOVER_CUDA_MVQE=0` (on an H100 the step 0.015 ms faster at depth
     /// 0, docs/perf/cuda.md "Session 30").
     pub mvqe: std::cell::Cell<bool>,
-    /// Session 33: `mvqe_*` launches take `mvqe16_*`, the same code held to 32 registers (16
-    /// blocks of 128 threads an SM instead of 12): off unless `CROSSOVER_CUDA_MVQE16=1`
-    /// (docs/perf/cuda.md session 33).
-    pub mvqe16: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -616,9 +608,6 @@ impl Gpu {
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
             mvpq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPQ").as_deref() == Ok("1")),
-            mvps8: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVPS8").as_deref() == Ok("1"),
-            ),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),
             ),
@@ -631,9 +620,6 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
-            mvqe16: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVQE16").as_deref() == Ok("1"),
-            ),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),

@@ -322,14 +322,12 @@ pub fn all_kernel_names() -> Vec<String> {
     for (_, t) in QTYPES {
         v.push(format!("mvqp_{t}"));
         v.push(format!("mvqe_{t}"));
-        v.push(format!("mvqe16_{t}"));
     }
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
-        v.push(format!("mvps{st}b8_swiglu_q4_k"));
         for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
             v.push(format!("mvpq{st}_q4_k_{vt}"));
         }
@@ -344,7 +342,6 @@ pub fn all_kernel_names() -> Vec<String> {
         v.push(format!("mvr4_{t}"));
         v.push(format!("mvqp_{t}"));
         v.push(format!("mvqe_{t}"));
-        v.push(format!("mvqe16_{t}"));
     }
     v.push("q6k_pad".into());
     for t in MVSM_TYPES {
@@ -1177,11 +1174,7 @@ impl Gpu {
     fn mvqp_form(&self, cols: usize, th: u32) -> &'static str {
         let units = cols / 32;
         if self.mvqe.get() && th <= 128 && units <= MVQE_UNITS * th as usize {
-            if self.mvqe16.get() {
-                "mvqe16"
-            } else {
-                "mvqe"
-            }
+            "mvqe"
         } else {
             "mvqp"
         }
@@ -2595,8 +2588,7 @@ impl Gpu {
         const NW: usize = 4;
         if rpw == 1 && self.mvps.get() && cols.is_multiple_of(1024) && cols <= 4096 {
             // Session 33: the cursor-free form for rows of whole four-super-block steps.
-            let lb = if self.mvps8.get() { "b8" } else { "" };
-            let name = format!("mvps{}{lb}_swiglu_q4_k", cols / 1024);
+            let name = format!("mvps{}_swiglu_q4_k", cols / 1024);
             let r = i32_of(rows, "rows")?;
             return self.launch_id(
                 self.kernel_id(&name)?,

@@ -4168,18 +4168,15 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
         // per warp (rows not a multiple of a block's rows included).
         let mvh_y: Vec<f32> = g.download(&yh, rows).unwrap();
         let saved = (g.mvp.get(), g.mvps.get());
-        // (rows per warp, mvps, mvps held to 64 registers)
-        for (rpw, mvps, b8) in [
-            (1usize, false, false),
-            (2, false, false),
-            (3, false, false),
-            (5, false, false),
-            (1, true, false),
-            (1, true, true),
+        for (rpw, mvps) in [
+            (1usize, false),
+            (2, false),
+            (3, false),
+            (5, false),
+            (1, true),
         ] {
             g.mvp.set(rpw);
             g.mvps.set(mvps);
-            g.mvps8.set(b8);
             let yp = poisoned(&g, rows);
             g.matvec_q_swiglu_pipe(w.ptr(), wu.ptr(), rows, cols, qp.ptr(), dp.ptr(), yp.ptr())
                 .unwrap();
@@ -4191,7 +4188,7 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
                 .count();
             assert_eq!(
                 same, rows,
-                "{what}: pipelined ({rpw} rows per warp, mvps {mvps}, b8 {b8}) vs half-unit bits"
+                "{what}: pipelined ({rpw} rows per warp, mvps {mvps}) vs half-unit bits"
             );
         }
         // A row count that leaves part of the last block's warps without a row: the rows
@@ -4209,7 +4206,6 @@ fn half_unit_swiglu_matches_unit_kernel_and_cpu() {
             }
         }
         g.mvps.set(saved.1);
-        g.mvps8.set(false);
         let saved = saved.0;
         g.mvp.set(0);
         assert!(g
@@ -4861,10 +4857,8 @@ fn early_decoded_block_products_equal_mvqp() {
                     }
                     g.q6u.set(q6u);
                     g.q6u_wide.set(q6u);
-                    // early: 0 mvqp, 1 mvqe, 2 mvqe16 (session 33: held to 32 registers).
-                    let run = |early: u8, aligned: bool| -> (Vec<f32>, Vec<f64>) {
-                        g.mvqe.set(early > 0);
-                        g.mvqe16.set(early == 2);
+                    let run = |early: bool, aligned: bool| -> (Vec<f32>, Vec<f64>) {
+                        g.mvqe.set(early);
                         let y = if acc {
                             g.upload(&y0).unwrap()
                         } else {
@@ -4909,18 +4903,15 @@ fn early_decoded_block_products_equal_mvqp() {
                             continue;
                         }
                         let case = format!("{what} q6u={q6u} aligned={aligned} accumulate={acc}");
-                        let (yp, sp) = run(0, aligned);
-                        let (ye, se) = run(1, aligned);
-                        let (y16, _) = run(2, aligned);
+                        let (yp, sp) = run(false, aligned);
+                        let (ye, se) = run(true, aligned);
                         assert!(yp.iter().all(|v| v.is_finite()), "{case}: mvqp not finite");
-                        for (form, got) in [("mvqe", &ye), ("mvqe16", &y16)] {
-                            if let Some(i) = yp
-                                .iter()
-                                .zip(got)
-                                .position(|(a, b)| a.to_bits() != b.to_bits())
-                            {
-                                panic!("{case}: row {i}: {form} {} mvqp {}", got[i], yp[i]);
-                            }
+                        if let Some(i) = yp
+                            .iter()
+                            .zip(&ye)
+                            .position(|(a, b)| a.to_bits() != b.to_bits())
+                        {
+                            panic!("{case}: row {i}: mvqe {} mvqp {}", ye[i], yp[i]);
                         }
                         // The slots take f64 atomics in arrival order: equal up to that.
                         let sum = |s: &[f64]| s.iter().sum::<f64>();
@@ -4938,6 +4929,5 @@ fn early_decoded_block_products_equal_mvqp() {
         }
     }
     g.mvqe.set(e0);
-    g.mvqe16.set(false);
     g.mvr.set(mvr0);
 }

@@ -1168,18 +1168,6 @@ fn cursor_free_swiglu_leaves_logits_unchanged() {
     );
 }
 
-/// Session 33: the cursor-free SwiGLU product held to 64 registers (`Gpu::mvps8`) gives
-/// mvps's bits, one sequence and three, decode steps from graphs.
-#[test]
-fn register_capped_swiglu_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "register_capped_swiglu_leaves_logits_unchanged",
-        &[20],
-        "the cursor-free SwiGLU product held to 64 registers (against mvps)",
-        |g| &g.mvps8,
-    );
-}
-
 /// Session 33: the pipelined one-token Q/K/V launch (`Gpu::mvpq`, `mvpq<S>_q4_k_<v>`) gives
 /// the `mvr` launch's bits, one sequence and three, decode steps from graphs.
 #[test]
@@ -1189,18 +1177,6 @@ fn pipelined_qkv_leaves_logits_unchanged() {
         &[20],
         "the pipelined Q/K/V launch (against mvr)",
         |g| &g.mvpq,
-    );
-}
-
-/// Session 33: the down projection's `mvqe_*` held to 32 registers (`Gpu::mvqe16`) gives
-/// `mvqe`'s bits, one sequence and three, decode steps from graphs.
-#[test]
-fn register_capped_down_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "register_capped_down_leaves_logits_unchanged",
-        &[20],
-        "the down projection held to 32 registers (against mvqe)",
-        |g| &g.mvqe16,
     );
 }
 
