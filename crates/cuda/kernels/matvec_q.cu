@@ -1296,8 +1296,11 @@ FOR_EACH_QTYPE(DEF_MVR4)
 // sums of the two halves of a sub-block are added across the lane pair (exact), and lane h
 // then scales sub-block 2c + h exactly as QI<T_Q4_K>::combine scales a unit: the same value
 // per sub-block as mvr_swiglu_q4_k, added in another order.
-__device__ __forceinline__ float mvh_sub(const uint4& w, const uint4& hd, int4 alo, int4 ahi,
-                                         float4 a2, int c, int h) {
+// A half-unit lane's integer sums: its 16 weight bytes' low nibbles against `alo` and high
+// nibbles against `ahi` (dp4a), each added to its lane pair's (lane ^ 1) so both lanes hold the
+// whole sub-blocks' sums: *psl of sub-block 2c, *psh of 2c + 1. Exact integers.
+__device__ __forceinline__ void half_unit_isums(const uint4& w, int4 alo, int4 ahi, int* psl,
+                                                int* psh) {
     u32 wv[4] = {w.x, w.y, w.z, w.w};
     int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
     int sl = 0, sh = 0;
@@ -1308,6 +1311,14 @@ __device__ __forceinline__ float mvh_sub(const uint4& w, const uint4& hd, int4 a
     }
     sl += __shfl_xor_sync(0xffffffffu, sl, 1);
     sh += __shfl_xor_sync(0xffffffffu, sh, 1);
+    *psl = sl;
+    *psh = sh;
+}
+
+__device__ __forceinline__ float mvh_sub(const uint4& w, const uint4& hd, int4 alo, int4 ahi,
+                                         float4 a2, int c, int h) {
+    int sl, sh;
+    half_unit_isums(w, alo, ahi, &sl, &sh);
     // Lane h scales sub-block j = 2c + h with its whole-sub-block sum.
     int j = 2 * c + h;
     float d, dmin;
@@ -1538,16 +1549,8 @@ __device__ __forceinline__ K4Pre k4_pre(const uint4& hd, int j) {
 
 __device__ __forceinline__ float mvps_sub(const uint4& w, K4Pre hp, int4 alo, int4 ahi,
                                           float4 a2, int h) {
-    u32 wv[4] = {w.x, w.y, w.z, w.w};
-    int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
-    int sl = 0, sh = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        sl = dp4a((int)(wv[i] & 0x0f0f0f0fu), al[i], sl);
-        sh = dp4a((int)((wv[i] >> 4) & 0x0f0f0f0fu), ah[i], sh);
-    }
-    sl += __shfl_xor_sync(0xffffffffu, sl, 1);
-    sh += __shfl_xor_sync(0xffffffffu, sh, 1);
+    int sl, sh;
+    half_unit_isums(w, alo, ahi, &sl, &sh);
     float d = h2f((u16)(hp.dd & 0xffffu)), dmin = h2f((u16)(hp.dd >> 16));
     int sc = hp.scm & 0xff, m = hp.scm >> 8;
     float2 a = h ? make_float2(a2.z, a2.w) : make_float2(a2.x, a2.y);
