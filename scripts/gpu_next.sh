@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 33"; call 5 ran it with
-# AB="--ab-mvps --ab-mvps8"): mvps and mvpq checked bit for bit (kernel tests, the 3B file's
-# logits) and timed (AB, default `--ab-mvps --ab-mvpq`: on an H200 the first measurement of
-# both); then the standing figures, with llama.cpp's llama-bench in the same call when .gpu
-# carries its source (its CUDA build runs in the background meanwhile), mvpq set by this call's
-# own A/B. Only 8 files under $OUT come back: the greps below print what counts.
-# Build machine: bash scripts/gpu_prepare.sh (with the llama.cpp source), the NVRTC kernel cache
-# in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
+# The next device call's whole script (docs/perf/cuda.md "Session 34"): the Q/K/V launch's
+# rotation angles before the PDL wait (`rope_early`) checked bit for bit (kernel tests, the 3B
+# file's logits) and timed (AB, default `--ab-rope`); then the one-token attention's blocks per
+# SM at depth 4096 (CROSSOVER_CUDA_ATTN_ONE, one process each); then the standing figures, with
+# llama.cpp's llama-bench in the same call when .gpu carries its source and LLAMA is not 0 (its
+# CUDA build runs in the background meanwhile). Only 8 files under $OUT come back: the greps
+# below print what counts.
+# Build machine: bash scripts/gpu_prepare.sh (NO_LLAMA_SRC=1 without llama.cpp), the NVRTC
+# kernel cache in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
 # lib); to fit 64 MiB, conformance, cuda_trace and the starcoder vocabulary may be left out.
 # Device: bash scripts/gpu_next.sh with carry [".gpu"].
@@ -17,8 +18,6 @@ T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
-# LLAMA=0: no llama.cpp (on either card by default: the card is the H200, but H100s
-# serve most calls, and llama.cpp beside ours on the same card is the comparison that counts).
 if [ -f .gpu/llama-src.tar.gz ]; then LLAMA=${LLAMA:-1}; else LLAMA=${LLAMA:-0}; fi
 if [ "$LLAMA" = 1 ]; then
   GPU_DIR=.gpu bash scripts/gpu_llama_build.sh llama-bench > /tmp/llama_build.log 2>&1 &
@@ -28,28 +27,28 @@ fi
 .gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t $([ "$LLAMA" = 1 ] && echo 4 || echo 12) > /tmp/models.txt 2>&1 &
 SYN=$!
-timeout 120 .gpu/kernels half_unit_swiglu pipelined_qkv qkv_rope_fused --test-threads 1 > $OUT/kernels.log 2>&1
+timeout 120 .gpu/kernels ${KTESTS:-qkv_rope_fused pipelined_qkv} --test-threads 1 > $OUT/kernels.log 2>&1
 grep -E "^test |test result|panicked" $OUT/kernels.log | cut -c1-250; t kernels
 wait $SYN; t "models (rc $?)"
-CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 120 .gpu/model_agree pipelined_qkv cursor_free \
+CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 150 .gpu/model_agree ${MTESTS:-early_rope_angles} \
   --nocapture --test-threads 1 > $OUT/model_agree.log 2>&1
 grep -E "rows|largest|test result|panicked" $OUT/model_agree.log | cut -c1-200; t model_agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvps --ab-mvpq} \
+timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-rope} \
   > $OUT/ab.log 2>&1
-grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:-mvps mvpq}"
-# mvpq on for the standing figures if its depth-0 rounds were faster on average.
-Q=$(grep -E "a/b mvpq=.*depth 0:" $OUT/ab.log | sed -E 's/.*mvpq=(true|false).*: ([0-9.]+) ms.*/\1 \2/' \
-  | awk '{s[$1]+=$2; n[$1]++} END {print (n["true"] && s["true"]/n["true"] < s["false"]/n["false"]) ? 1 : 0}')
-t "standing figures with CROSSOVER_CUDA_MVPQ=$Q"
+grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:-rope}"
+# The one-token attention's blocks per SM (splits at 4096: 1 -> 17, 2 -> 33, 3 -> 50, 4 -> 66).
+for B in ${ATTN_SWEEP:-1 3 2 4}; do
+  CROSSOVER_CUDA_ATTN_ONE=$B timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick \
+    > /tmp/attn_$B.log 2>&1
+  grep -E "tg128" /tmp/attn_$B.log | sed "s/^/[attn_one=$B] /" | cut -c1-160
+done | tee $OUT/attn_sweep.log; t "attention sweep"
 if [ "$LLAMA" = 1 ]; then wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 /tmp/llama_build.log; fi
-CROSSOVER_CUDA_MVPQ=$Q timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 4 \
-  > $OUT/bench.log 2>&1
+timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 4 > $OUT/bench.log 2>&1
 grep -E "pp512|tg128|aggregate" $OUT/bench.log | cut -c1-200; t bench
 if [ "$LLAMA" = 1 ]; then
   timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
     -d 0,4096 -o md > $OUT/llama_bench.log 2>&1
   grep -E "^\|" $OUT/llama_bench.log; t llama-bench
-  CROSSOVER_CUDA_MVPQ=$Q timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 0 \
-    > $OUT/bench2.log 2>&1
+  timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 0 > $OUT/bench2.log 2>&1
   grep -E "tg128" $OUT/bench2.log | sed "s/^/[after llama] /" | cut -c1-200; t bench2
 fi
