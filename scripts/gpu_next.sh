@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The next device call's whole script (docs/perf/cuda.md "Session 34"): the Q/K/V launch's
-# rotation angles before the PDL wait (`rope_early`) checked bit for bit (kernel tests, the 3B
-# file's logits) and timed (AB, default `--ab-rope`); then the one-token attention's blocks per
-# SM at depth 4096 (CROSSOVER_CUDA_ATTN_ONE, one process each); then the standing figures, with
-# llama.cpp's llama-bench in the same call when .gpu carries its source and LLAMA is not 0 (its
-# CUDA build runs in the background meanwhile). Only 8 files under $OUT come back: the greps
-# below print what counts.
+# The next device call's whole script (docs/perf/cuda.md "Session 34"): kernel tests and the 3B
+# file's logits for the one-token products (KTESTS, MTESTS), an A/B in one process (AB, default
+# `--ab-mvpq`: on an H200 its first measurement), the one-token attention's blocks per SM at
+# depth 4096 if ATTN_SWEEP lists them (CROSSOVER_CUDA_ATTN_ONE, one process each; session 34
+# ran "1 3 2 4"), then the standing figures, with llama.cpp's llama-bench in the same call when
+# .gpu carries its source and LLAMA is not 0 (its CUDA build runs in the background meanwhile).
+# Session 34's calls 2-3 ran it with AB=--ab-rope (the rotation angles before the wait,
+# removed; its code is in commit 0c2962e). Only 8 files under $OUT come back: the greps below
+# print what counts.
 # Build machine: bash scripts/gpu_prepare.sh (NO_LLAMA_SRC=1 without llama.cpp), the NVRTC
 # kernel cache in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's
@@ -27,17 +29,17 @@ fi
 .gpu/crossover synth --preset llama-3.2-3b --quant q4_k_m --vocab-from .gpu/ggml-vocab-llama-bpe.gguf \
   -o /tmp/l3b.gguf -q -t $([ "$LLAMA" = 1 ] && echo 4 || echo 12) > /tmp/models.txt 2>&1 &
 SYN=$!
-timeout 120 .gpu/kernels ${KTESTS:-qkv_rope_fused pipelined_qkv} --test-threads 1 > $OUT/kernels.log 2>&1
+timeout 120 .gpu/kernels ${KTESTS:-half_unit_swiglu pipelined_qkv qkv_rope_fused} --test-threads 1 > $OUT/kernels.log 2>&1
 grep -E "^test |test result|panicked" $OUT/kernels.log | cut -c1-250; t kernels
 wait $SYN; t "models (rc $?)"
-CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 150 .gpu/model_agree ${MTESTS:-early_rope_angles} \
+CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 150 .gpu/model_agree ${MTESTS:-pipelined_qkv cursor_free} \
   --nocapture --test-threads 1 > $OUT/model_agree.log 2>&1
 grep -E "rows|largest|test result|panicked" $OUT/model_agree.log | cut -c1-200; t model_agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-rope} \
+timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvpq} \
   > $OUT/ab.log 2>&1
-grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:-rope}"
+grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:---ab-mvpq}"
 # The one-token attention's blocks per SM (splits at 4096: 1 -> 17, 2 -> 33, 3 -> 50, 4 -> 66).
-for B in ${ATTN_SWEEP:-1 3 2 4}; do
+for B in ${ATTN_SWEEP:-}; do
   CROSSOVER_CUDA_ATTN_ONE=$B timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick \
     > /tmp/attn_$B.log 2>&1
   grep -E "tg128" /tmp/attn_$B.log | sed "s/^/[attn_one=$B] /" | cut -c1-160

@@ -657,10 +657,7 @@ struct RopeArgs {
     const int* slot;
     const float* factors;
     float theta_scale, freq_scale;
-    int n_rot, hd, kv_row;
-    // Session 34: 1 = the launch takes each warp's first rotation angle before its PDL wait
-    // (rope_cs; the position and the factors were written before the step), 0 = after its dot.
-    int early;
+    int n_rot, hd, kv_row, pad;
     u16* kc;
     u16* vc;
 };
@@ -704,65 +701,33 @@ __device__ __forceinline__ void mvr_prep(const float* __restrict__ x, const floa
     __syncthreads();
 }
 
-// The rotation of Q/K/V row pair (g, g + 1) of a one-token launch (rows [0, r0) Q, [r0, r0 + r1)
-// K, the rest V): rope_store's angle for pair i = (row % hd) / 2 of its head (the f32 recurrence
-// theta_{k+1} = theta_k theta_scale from the position, freq_scale (theta / factor), cos and sin
-// in f64 rounded to f32); `rot` false for V rows and for pairs past n_rot / 2. It reads only
-// the step's position and the rope factors, which the step wrote before its first kernel, so
-// session 34 takes it before the PDL wait (RopeArgs::early) instead of after the warp's dot.
-// rot: 1 rotate, 0 not, -1 not taken yet (rope_unset).
-struct RopeCS {
-    float c, s;
-    int rot;
-};
-
-__device__ __forceinline__ RopeCS rope_unset() {
-    RopeCS r;
-    r.c = 1.0f;
-    r.s = 0.0f;
-    r.rot = -1;
-    return r;
-}
-
-__device__ __forceinline__ RopeCS rope_cs(int g, int r0, int r1, const RopeArgs* rp) {
-    RopeCS r;
-    r.c = 1.0f;
-    r.s = 0.0f;
-    r.rot = 0;
+// The one-token Q/K/V launch's output of rows (row, row + 1) with sums (a0, a1): rows [0, r0)
+// are Q, [r0, r0 + r1) K, the rest V; rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K
+// head; K and V rows go to the cache as f16 at the token's slot, Q rows rotated to y0.
+__device__ __forceinline__ void qkv_pair_out(int row, int r0, int r1, float a0, float a1,
+                                             float* y0, const RopeArgs* rp) {
+    // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic):
+    // rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K head; K and V rows go to the
+    // cache as f16 at the token's slot, Q rows rotated to y0.
+    int g = row;
+    int hd = rp->hd, rhalf = rp->n_rot / 2;
+    int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
+    float x0 = a0, x1 = a1;
     if (g < r0 + r1) {
-        int li = g < r0 ? g : g - r0;
-        int i = (li % rp->hd) / 2;
-        if (i < rp->n_rot / 2) {
+        int i = (li % hd) / 2;
+        if (i < rhalf) {
             float theta = (float)rp->pos[0];
             for (int k = 0; k < i; k++) theta *= rp->theta_scale;
             float ff = (rp->factors && rp->factors[i] != 0.0f) ? rp->factors[i] : 1.0f;
             float a = rp->freq_scale * (theta / ff);
             double sd, cd;
             sincos((double)a, &sd, &cd);
-            r.c = (float)cd;
-            r.s = (float)sd;
-            r.rot = 1;
+            float c = (float)cd, sn = (float)sd;
+            float y0v = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+            float y1v = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
+            x0 = y0v;
+            x1 = y1v;
         }
-    }
-    return r;
-}
-
-// The one-token Q/K/V launch's output of rows (row, row + 1) with sums (a0, a1): rows [0, r0)
-// are Q, [r0, r0 + r1) K, the rest V; rows g, g + 1 are rotation pair (2i, 2i + 1) of a Q or K
-// head; K and V rows go to the cache as f16 at the token's slot, Q rows rotated to y0 (RoPE and
-// the KV-cache store fused: rope_store's arithmetic). `cs`: the pair's rope_cs taken earlier
-// (rope_unset(): taken here).
-__device__ __forceinline__ void qkv_pair_out(int row, int r0, int r1, float a0, float a1,
-                                             float* y0, const RopeArgs* rp, RopeCS cs) {
-    int g = row;
-    int li = g < r0 ? g : g < r0 + r1 ? g - r0 : g - r0 - r1;
-    float x0 = a0, x1 = a1;
-    if (cs.rot < 0) cs = rope_cs(g, r0, r1, rp);
-    if (cs.rot > 0) {
-        float y0v = __fmaf_rn(x0, cs.c, -__fmul_rn(x1, cs.s));
-        float y1v = __fmaf_rn(x0, cs.s, __fmul_rn(x1, cs.c));
-        x0 = y0v;
-        x1 = y1v;
     }
     long long dst = (long long)rp->slot[0] * rp->kv_row + li;
     if (g < r0) {
@@ -819,8 +784,7 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
                                          const i8* __restrict__ aq, const float2* __restrict__ ad,
                                          float* y0, float* y1, float* y2, int accumulate,
                                          int qfmt, u32* qcnt, i8* qso, float2* dso,
-                                         const RopeArgs* rp, double* ss = nullptr,
-                                         RopeCS pre = rope_unset()) {
+                                         const RopeArgs* rp, double* ss = nullptr) {
     int lane = threadIdx.x & 31;
     const u8* wr[2];
     bool second = mvr_ptrs<T, GLU>(row, w0, w1, w2, r0, r1, total, rb, wr);
@@ -838,7 +802,7 @@ __device__ __forceinline__ void mvr_rows(int row, const u8* __restrict__ w0,
     if (lane != 0) return;
     if (rp && second) {
         // Q/K/V with RoPE and the KV-cache store fused (one token, rope_store's arithmetic).
-        qkv_pair_out(row, r0, r1, acc[0], acc[1], y0, rp, pre);
+        qkv_pair_out(row, r0, r1, acc[0], acc[1], y0, rp);
         return;
     }
 #pragma unroll
@@ -914,10 +878,6 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
             }
         }
     }
-    // Session 34: the first pair's rotation while the kernel before this one finishes.
-    bool early = !GLU && rp && rp->early != 0;
-    RopeCS cs0 = early && (threadIdx.x & 31) == 0 ? rope_cs(first + warp * per_warp, r0, r1, rp)
-                                                  : rope_unset();
     pdl_wait();
     pdl_launch();
     if (PREP) {
@@ -934,8 +894,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
         if (ahead && k + 2 < loops) mvr_prefetch_rows<T, GLU>(row + 2 * nw * per_warp, w0, w1, w2,
                                                                r0, r1, total, rb);
         mvr_rows<T, GLU>(row, w0, w1, w2, r0, r1, total, units, rb, aq, ad, y0, y1, y2,
-                         accumulate, qfmt, qcnt, qso, dso, rp, ss,
-                         k == 0 ? cs0 : rope_unset());
+                         accumulate, qfmt, qcnt, qso, dso, rp, ss);
     }
 }
 
@@ -1020,18 +979,11 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             if (a < b) prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
         }
     }
-    // Session 34: the first pair's rotation while the kernel before this one finishes, by
-    // lane 0 only (the lane that writes the pair; on every lane the f64 sine and cosine made
-    // the step 0.01 ms slower on an H100).
-    bool early = rp->early != 0;
-    RopeCS cs0 = early && (threadIdx.x & 31) == 0 ? rope_cs(first + warp * 2, r0, r1, rp)
-                                                  : rope_unset();
     pdl_wait();
     pdl_launch();
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
         if (row >= total) return;
-        RopeCS pre = k == 0 ? cs0 : rope_unset();
         if (ahead && k + 2 < loops) {
             int pr = row + 4 * nw;
             if (pr >= r0 + r1) mvr_prefetch_rows<TV, false>(pr, w0, w1, w2, r0, r1, total, rbv);
@@ -1039,10 +991,10 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
         }
         if (row >= r0 + r1)
             mvr_rows<TV, false>(row, w0, w1, w2, r0, r1, total, units, rbv, aq, ad, yq, yq, yq, 0,
-                                0, 0, 0, 0, rp, nullptr, pre);
+                                0, 0, 0, 0, rp);
         else
             mvr_rows<TQ, false>(row, w0, w1, w2, r0, r1, total, units, rbq, aq, ad, yq, yq, yq, 0,
-                                0, 0, 0, 0, rp, nullptr, pre);
+                                0, 0, 0, 0, rp);
     }
 }
 
@@ -1703,10 +1655,9 @@ __device__ __forceinline__ void mvpq_impl(const u8* __restrict__ w0, const u8* _
                  : row < r0 + r1 ? w1 + (long long)(row - r0) * RB
                                  : w2 + (long long)(row - r0 - r1) * RB;
     float acc0, acc1;
-    RopeCS cs = rp->early != 0 && lane == 0 ? rope_cs(row, r0, r1, rp) : rope_unset();
     mvps_pair<S, false>(w, w + RB, aq, ad, &acc0, &acc1);
     float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
-    if (lane == 0) qkv_pair_out(row, r0, r1, y0, y1, yq, rp, cs);
+    if (lane == 0) qkv_pair_out(row, r0, r1, y0, y1, yq, rp);
 }
 
 #define DEF_MVPQ(S, v, TV) \

@@ -1412,13 +1412,6 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Session 34's one-token rotation angles before the PDL wait ([`Gpu::rope_early`]); drops
-    /// captured graphs.
-    pub fn set_rope_early(&mut self, on: bool) {
-        self.gpu.rope_early.set(on);
-        self.graphs.clear();
-    }
-
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss

@@ -366,10 +366,6 @@ pub struct Gpu {
     /// the PDL wait, mvps's half-unit lanes; the `mvr` kernels' bits): off unless
     /// `CROSSOVER_CUDA_MVPQ=1` (docs/perf/cuda.md session 33).
     pub mvpq: std::cell::Cell<bool>,
-    /// Session 34: the one-token Q/K/V launches with RoPE take each warp's first rotation
-    /// angle (the f32 recurrence and the f64 sin and cos, by lane 0 after the dot until now)
-    /// before the PDL wait, the same values: on unless `CROSSOVER_CUDA_ROPE_EARLY=0`.
-    pub rope_early: std::cell::Cell<bool>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -611,9 +607,6 @@ impl Gpu {
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
-            rope_early: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_ROPE_EARLY").as_deref() != Ok("0"),
-            ),
             mvpq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPQ").as_deref() == Ok("1")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),

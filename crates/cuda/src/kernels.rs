@@ -78,8 +78,7 @@ struct RopeArgs {
     n_rot: i32,
     hd: i32,
     kv_row: i32,
-    /// 1: each warp takes its first rotation angle before the PDL wait ([`Gpu::rope_early`]).
-    early: i32,
+    pad: i32,
     kc: u64,
     vc: u64,
 }
@@ -120,7 +119,7 @@ fn rope_args(
         n_rot: rope.n_rot as i32,
         hd: i32_of(hd, "head size")?,
         kv_row: i32_of(kv_row, "KV row")?,
-        early: 0,
+        pad: 0,
         kc,
         vc,
     })
@@ -2373,8 +2372,7 @@ impl Gpu {
                 "fused Q/K/V + RoPE: {cols} columns (at most {MVR_MAX_COLS})"
             )));
         }
-        let mut rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
-        rp.early = self.rope_early.get() as i32;
+        let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
         let (w0, w1, w2) = (w[0], w[1], w[2]);
         let (r0, r1, r2) = (
             i32_of(rows[0], "rows")?,

@@ -1180,19 +1180,6 @@ fn pipelined_qkv_leaves_logits_unchanged() {
     );
 }
 
-/// Session 34: the one-token Q/K/V launches taking their rotation angles before the PDL wait
-/// (`Gpu::rope_early`) give the bits of taking them after each warp's dot, one sequence and
-/// three, decode steps from graphs (prompts of 20 and 300: short and multi-tile positions).
-#[test]
-fn early_rope_angles_leave_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "early_rope_angles_leave_logits_unchanged",
-        &[20, 300],
-        "the rotation angles before the wait (against after the dot)",
-        |g| &g.rope_early,
-    );
-}
-
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
