@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-rms1s] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1171,20 +1171,6 @@ fn main() {
         }
         b.set_mvpq(q0);
     }
-    // --ab-rms1s (session 34): the one-token RMSNorms from the slot sums as a warp per group
-    // (`rms_norm1s`) against rms_norm's block per group, five rounds alternating in one
-    // process.
-    if args.iter().any(|a| a == "--ab-rms1s") {
-        let r0 = b.gpu().rms1s.get();
-        for round in 0..5 {
-            for on in [false, true] {
-                b.set_rms1s(on);
-                let label = format!("rms1s={on} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-            }
-        }
-        b.set_rms1s(r0);
-    }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain
     // or L2::evict_last), against none, at depth 4096 only (shorter classes never take it),
@@ -1301,8 +1287,6 @@ fn main() {
             "mvr_q",
             "mvr_swiglu",
             "mvp3_",
-            "mvps",
-            "mvpq",
             "mvh_",
             "mvqp_",
             "mvqe_",
@@ -1317,9 +1301,9 @@ fn main() {
             &["quantize_act"],
             &["attn_one"],
             &["attn_merge"],
-            &["mvr4_rope", "mvr_rope", "mvpq"],
+            &["mvr4_rope", "mvr_rope"],
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
-            &["mvr_swiglu", "mvp3_", "mvps", "mvh_"],
+            &["mvr_swiglu", "mvp3_", "mvh_"],
             &["mvqp_", "mvqe_", "mvq_", "mvqc_"],
             &["mvr4_q6_k", "mvr_q6_k"],
             &["argmax"],

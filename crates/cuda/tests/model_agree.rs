@@ -1180,19 +1180,6 @@ fn pipelined_qkv_leaves_logits_unchanged() {
     );
 }
 
-/// Session 34: the one-token RMSNorms from the slot sums as a warp per 256-element group
-/// (`Gpu::rms1s`, `rms_norm1s`) give the bits of rms_norm's block per group, one sequence
-/// and three, decode steps from graphs.
-#[test]
-fn warp_rms_norm_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "warp_rms_norm_leaves_logits_unchanged",
-        &[20],
-        "the RMSNorms a warp per group (against a block per group)",
-        |g| &g.rms1s,
-    );
-}
-
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
