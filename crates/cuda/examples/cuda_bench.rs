@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1170,6 +1170,29 @@ fn main() {
             }
         }
         b.set_mvpq(q0);
+    }
+    // --ab-hop (session 34): what a small kernel costs against the bare link of the chain it
+    // occupies: each class left out, then replaced by one empty block that only waits for
+    // its predecessor (`pdl_hop`, the "~" prefix of set_skip), three rounds alternating in
+    // one process (the step's results are wrong while either is set).
+    if args.iter().any(|a| a == "--ab-hop") {
+        let sets: &[&[&str]] = &[
+            &[],
+            &["rms_norm"],
+            &["~rms_norm"],
+            &["quantize_act"],
+            &["~quantize_act"],
+            &["attn_merge"],
+            &["~attn_merge"],
+        ];
+        for round in 0..3 {
+            for set in sets {
+                b.set_skip(set);
+                let label = format!("hop [{}] (round {round})", set.join(","));
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            }
+        }
+        b.set_skip(&[]);
     }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain

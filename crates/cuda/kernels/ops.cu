@@ -325,3 +325,8 @@ extern "C" __global__ void kv_prefetch(const u8* kc, const u8* vc, const int* to
 #endif
     pdl_wait();
 }
+
+// Session 34 (`cuda_bench --ab-hop`): a launch that only waits for the kernel before it and
+// lets the next one start: what a link of the step's dependent chain costs by itself, when it
+// stands in for a kernel (`CudaBackend::set_skip` with a "~" prefix). Writes nothing.
+extern "C" __global__ void pdl_hop() { PDL_ENTRY(); }

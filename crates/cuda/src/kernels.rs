@@ -303,6 +303,7 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     v.push("mv6_q6_k".into());
     v.push("rms_norm1".into());
+    v.push("pdl_hop".into());
     v.push("argmax_mb".into());
     for (_, t) in QTYPES {
         v.push(format!("mvd_{t}"));
