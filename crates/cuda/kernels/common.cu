@@ -58,41 +58,6 @@ __device__ __forceinline__ uint4 ld_early16(const uint4* p) {
     return v;
 }
 
-// Session 34: a link of the one-token chain through a counter instead of the grid's end
-// (`Gpu::links`). link[0]: blocks of the producing kernel that have finished (each block
-// raises it once, after all its threads' writes: a fence by every thread, a block barrier,
-// then one atomic); link[1]: blocks of the consuming kernel that have seen it complete. The
-// consumer is launched by PDL only once every producer block has started, so its blocks can
-// spin without holding a producer block off an SM. The last consumer block to pass sets both
-// back to 0 for the next step. A producer's own wait (griddepcontrol.wait on the kernel before
-// it) precedes its arrival, so a complete count also means every earlier kernel has ended.
-__device__ __forceinline__ void link_arrive(u32* link) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(link, 1u);
-}
-
-__device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Every thread of the block calls it (a block barrier); `expect` producer blocks.
-__device__ __forceinline__ void link_wait(u32* link, u32 expect) {
-    if (threadIdx.x == 0) {
-        // Backing off between polls: without it 500-odd blocks polling one L2 line made the
-        // step 0.02 ms slower (session 34, call 7).
-        while (ld_acquire_u32(link) < expect) __nanosleep(64);
-        u32 total = gridDim.x * gridDim.y * gridDim.z;
-        if (atomicAdd(link + 1, 1u) + 1 == total) {
-            link[0] = 0u;
-            link[1] = 0u;
-        }
-    }
-    __syncthreads();
-}
-
 #define PDL_ENTRY() \
     do { \
         pdl_wait(); \

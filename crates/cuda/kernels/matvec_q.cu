@@ -852,8 +852,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                          float* y1, float* y2, int accumulate, int prefetch, int qfmt,
                          u32* qcnt, i8* qso, float2* dso, const RopeArgs* rp,
                          const float* __restrict__ px, const float* __restrict__ pw, float eps,
-                         int loops, double* ss = nullptr, u32* link = nullptr,
-                         u32 link_n = 0) {
+                         int loops, double* ss = nullptr) {
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
@@ -879,9 +878,7 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
             }
         }
     }
-    // Session 34: the kernel before raises a counter (link_arrive) that this waits on.
-    if (link) link_wait(link, link_n);
-    else pdl_wait();
+    pdl_wait();
     pdl_launch();
     if (PREP) {
         __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
@@ -914,9 +911,9 @@ __device__ void mvr_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
     extern "C" __global__ void __launch_bounds__(256) pre##_rope_##name( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
         const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, const float* px, \
-        const float* pw, float eps, int loops, u32* link, u32 link_n) { \
+        const float* pw, float eps, int loops) { \
         mvr_impl<T, false, PREP>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, yq, yq, 0, prefetch, \
-                                 0, 0, 0, 0, &rp, px, pw, eps, loops, nullptr, link, link_n); \
+                                 0, 0, 0, 0, &rp, px, pw, eps, loops); \
     } \
     extern "C" __global__ void __launch_bounds__(256) pre##_swiglu_##name( \
         const u8* wg, const u8* wu, int rows, int cols, const i8* aq, const float2* ad, \
@@ -961,8 +958,7 @@ template <int TQ, int TV>
 __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                                const i8* __restrict__ aq, const float2* __restrict__ ad,
-                               float* yq, int prefetch, const RopeArgs* rp, int loops,
-                               u32* link, u32 link_n) {
+                               float* yq, int prefetch, const RopeArgs* rp, int loops) {
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rbq = (long long)(cols / Q<TQ>::BE) * Q<TQ>::BB;
@@ -983,9 +979,7 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
             if (a < b) prefetch_l2(ws[s] + (long long)(a - bounds[s]) * rb, (long long)(b - a) * rb);
         }
     }
-    // Session 34: the kernel before raises a counter (link_arrive) that this waits on.
-    if (link) link_wait(link, link_n);
-    else pdl_wait();
+    pdl_wait();
     pdl_launch();
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
@@ -1007,10 +1001,8 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
 #define DEF_MVR_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256) mvr_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
-        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops, \
-        u32* link, u32 link_n) { \
-        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops, \
-                               link, link_n); \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops) { \
+        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
     }
 #define FOR_EACH_QKV_PAIR(X) X(q4_k, T_Q4_K, q6_k, T_Q6_K) X(q5_k, T_Q5_K, q6_k, T_Q6_K)
 FOR_EACH_QKV_PAIR(DEF_MVR_ROPE2)
@@ -1696,10 +1688,8 @@ DEF_MVPQ_S(4)
 #define DEF_MVR4_ROPE2(a, TA, b, TB) \
     extern "C" __global__ void __launch_bounds__(256, 4) mvr4_rope2_##a##_##b( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, \
-        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops, \
-        u32* link, u32 link_n) { \
-        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops, \
-                               link, link_n); \
+        const i8* aq, const float2* ad, float* yq, int prefetch, RopeArgs rp, int loops) { \
+        mvr_rope2_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, aq, ad, yq, prefetch, &rp, loops); \
     }
 FOR_EACH_QKV_PAIR(DEF_MVR4_ROPE2)
 // Session 20: V read from its Q6_KA copy with Q6_KU's decoding (Q6_K's bits); session 32: from

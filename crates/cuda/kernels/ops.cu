@@ -19,7 +19,7 @@
 // product runs after this kernel has finished, and the set's last reader before it).
 extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, int n, float eps,
                                     float* out, u16* out_h, int fmt, i8* qs, float2* ds,
-                                    const double* ss, double* ssz, u32* link) {
+                                    const double* ss, double* ssz) {
     // v9: the block's first chunk of the norm weight (a constant) is loaded before the wait, so
     // its round trip overlaps the kernel before.
     int c1 = blockIdx.y * blockDim.x + threadIdx.x;
@@ -65,8 +65,6 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
             quant_act_elem(o, valid, c, fmt, qs ? qs + i * n : qs, ds ? ds + i * (n / 32) : ds,
                            out_h ? out_h + i * n : out_h, shf, shi);
     }
-    // Session 34: the next kernel waits on this count instead of this grid's end.
-    if (link) link_arrive(link);
 }
 
 // Q/K/V bias, RoPE on Q and K, and the new K/V rows written to the paged f16 cache.

@@ -154,9 +154,6 @@ struct Scratch {
     /// Zeroed per-(token, KV head) counters of the split attention that merges its own slices
     /// (the kernel leaves them zeroed).
     acnt: DevBuf,
-    /// Session 34: a zeroed counter pair per layer for the attention norm's link to the Q/K/V
-    /// launch ([`Gpu::links`]; the consumer leaves them zeroed).
-    links: DevBuf,
     /// Session 16: two sets of [`kernels::RMS_SLOTS`] f64 partial sums of squares of the
     /// one-token residual row: [`SS_ATTN`] filled by the down projection for the next attention
     /// norm, [`SS_FFN`] by the output projection for the FFN norm; each norm zeroes the other.
@@ -708,7 +705,6 @@ impl CudaBackend {
             ad2: gpu.alloc(kernels::act_bytes(1, widest).1)?,
             qcnt: gpu.alloc_zeroed(n * widest.div_ceil(256) * 4)?,
             acnt: gpu.alloc_zeroed(n * cfg.n_head_kv * 4)?,
-            links: gpu.alloc_zeroed(cfg.n_layer.max(1) * 8)?,
             ss: gpu.alloc_zeroed(2 * kernels::RMS_SLOTS * 8)?,
             q: gpu.alloc(n * qd * f4)?,
             k: gpu.alloc(n * kvd * f4)?,
@@ -1413,13 +1409,6 @@ impl CudaBackend {
     /// steps use the choice.
     pub fn set_mvpq(&mut self, on: bool) {
         self.gpu.mvpq.set(on);
-        self.graphs.clear();
-    }
-
-    /// Session 34's counter link from the attention norm to the Q/K/V launch ([`Gpu::links`]);
-    /// drops captured graphs.
-    pub fn set_links(&mut self, on: bool) {
-        self.gpu.links.set(on);
         self.graphs.clear();
     }
 
@@ -2408,22 +2397,6 @@ impl CudaBackend {
             let mut o_from_f32 = false;
             let ss_in = std::mem::take(&mut ss_full);
             let mut ss_clear = 0u64;
-            // Session 34: the Q/K/V launch waits on the norm's counter instead of its grid's
-            // end: one-token steps whose norm is launched here and whose Q/K/V launch is an
-            // `mvr` rope kernel (the only consumers: an armed count must be consumed).
-            let link = n == 1
-                && gpu.links.get()
-                && matvec_path
-                && tr.is_none()
-                && !prep_qkv
-                && rope_ok
-                && !gpu.mvpq.get()
-                && qf.is_some()
-                && gpu.skip.borrow().is_empty();
-            gpu.link_ready.set(None);
-            if link {
-                gpu.link_arm.set(s.links.at(li * 8));
-            }
             if !prep_qkv {
                 let raw = !int_path && mmk_for(gpu, &l.wq, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, raw, s.xn.ptr(), &mut qc);
@@ -2445,8 +2418,6 @@ impl CudaBackend {
                 if took {
                     ss_clear = zero;
                 }
-                // A norm launched by another kernel than rms_norm raises no count.
-                gpu.link_arm.set(0);
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
             let fused_rope = rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
@@ -2459,13 +2430,6 @@ impl CudaBackend {
                         .all(|m| kernels::act_format(m.ty) == qf)
             });
             let qkv_width = qd + 2 * kvd;
-            // Session 34: a count the norm raised must be consumed by the Q/K/V launch (the
-            // link's arming condition implies the fused launch; this keeps it so).
-            let unconsumed =
-                || CudaError::Arg("Q/K/V launch: the norm's link count went unread".into());
-            if !fused_rope && gpu.link_ready.get().is_some() {
-                return Err(unconsumed());
-            }
             if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
@@ -2565,9 +2529,6 @@ impl CudaBackend {
                         CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
                         o => o,
                     })?;
-                }
-                if gpu.link_ready.take().is_some() {
-                    return Err(unconsumed());
                 }
             } else if let Some(wb) = qkv_w {
                 // v10: one GEMM; rows of the output hold Q, K, V side by side.

@@ -367,16 +367,6 @@ pub struct Gpu {
     /// the PDL wait, mvps's half-unit lanes; the `mvr` kernels' bits): off unless
     /// `CROSSOVER_CUDA_MVPQ=1` (docs/perf/cuda.md session 33).
     pub mvpq: std::cell::Cell<bool>,
-    /// Session 34: the one-token Q/K/V launch waits on a counter that the attention norm's
-    /// blocks raise (`link_arrive` / `link_wait`, common.cu) instead of on the norm's grid
-    /// end: off unless `CROSSOVER_CUDA_LINKS=1`.
-    pub links: std::cell::Cell<bool>,
-    /// The counter pair the next `rms_norm` launch raises ([`Gpu::links`]; 0: none), taken by
-    /// that launch.
-    pub(crate) link_arm: std::cell::Cell<u64>,
-    /// The counter pair and producer block count the next Q/K/V launch waits on, set by the
-    /// armed norm's launch, taken by that Q/K/V launch.
-    pub(crate) link_ready: std::cell::Cell<Option<(u64, u32)>>,
     /// One-token block-per-row products (the down projection) ask L2 for their row before
     /// their wait (`mvqp_*`, v10; with PDL only): on unless `CROSSOVER_CUDA_MVQ_PF=0` (on the
     /// H200 down 8.87 -> 8.22 us, the step ~0.01 ms faster, docs/perf/cuda.md v10).
@@ -618,11 +608,6 @@ impl Gpu {
             mvh: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVH").as_deref() == Ok("1")),
             mvp: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVP", 1)),
             mvps: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPS").as_deref() != Ok("0")),
-            links: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_LINKS").as_deref() == Ok("1"),
-            ),
-            link_arm: std::cell::Cell::new(0),
-            link_ready: std::cell::Cell::new(None),
             mvpq: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPQ").as_deref() == Ok("1")),
             mvr_lb4: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVR4").as_deref() != Ok("0"),

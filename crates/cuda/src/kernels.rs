@@ -973,19 +973,12 @@ impl Gpu {
             .div_ceil(n_rows.max(1))
             .clamp(1, n.div_ceil(256));
         let fq = fmt | ((perm as i32) << 9);
-        // Session 34: an armed launch raises the counter the next Q/K/V launch waits on.
-        let link = self.link_arm.take();
-        let r = self.launch_id(
+        self.launch_id(
             op(K_RMS_NORM),
             (u32_of(n_rows, "rows")?, u32_of(chunks, "chunks")?, 1),
             (256, 1, 1),
-            kargs![x, rows, w, nn, eps, out, out_h, fq, qs, ds, ss, ssz, link],
-        );
-        if link != 0 && r.is_ok() {
-            self.link_ready
-                .set(Some((link, u32_of(n_rows * chunks, "blocks")?)));
-        }
-        r
+            kargs![x, rows, w, nn, eps, out, out_h, fq, qs, ds, ss, ssz],
+        )
     }
 
     /// Quantize `rows` rows of `n` f32 activations (`x`) into int8 values `qs` and scales `ds`
@@ -2421,12 +2414,11 @@ impl Gpu {
             let id = self.kernel_id(&format!("{lb}_rope2_{a}_{b}"))?;
             let nw = self.mvr_block(&act, false);
             let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
-            let (lk, ln) = self.link_ready.take().unwrap_or((0, 0));
             return self.launch_id(
                 id,
                 (u32_of(blocks, "rows")?, 1, 1),
                 (32 * nw as u32, 1, 1),
-                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops, lk, ln],
+                kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, loops],
             );
         }
         let id = match act {
@@ -2437,12 +2429,11 @@ impl Gpu {
         };
         let nw = self.mvr_block(&act, false);
         let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nw), &act, nw)?;
-        let (lk, ln) = self.link_ready.take().unwrap_or((0, 0));
         self.launch_id(
             id,
             (u32_of(blocks, "rows")?, 1, 1),
             (32 * nw as u32, 1, 1),
-            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops, lk, ln],
+            kargs![w0, w1, w2, r0, r1, r2, c, qs, ds, yq, pf, rp, px, pw, eps, loops],
         )
     }
 

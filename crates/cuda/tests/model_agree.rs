@@ -1180,20 +1180,6 @@ fn pipelined_qkv_leaves_logits_unchanged() {
     );
 }
 
-/// Session 34: the one-token Q/K/V launch waiting on a counter the attention norm's blocks
-/// raise (`Gpu::links`) instead of on the norm's grid end gives the same bits, one sequence
-/// and three, decode steps from graphs (and every count consumed: a launch that left one
-/// would fail the step).
-#[test]
-fn counter_links_leave_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "counter_links_leave_logits_unchanged",
-        &[20],
-        "the Q/K/V launch waiting on the norm's counter (against its grid end)",
-        |g| &g.links,
-    );
-}
-
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
