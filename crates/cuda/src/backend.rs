@@ -1343,8 +1343,10 @@ impl CudaBackend {
 
     /// Timing ablation (v11, `cuda_bench --ab-skip`): launches of kernels whose names start
     /// with one of `prefixes` are left out of every later step, so the step time shows what
-    /// that kernel class costs inside the real captured step. The results of such steps are
-    /// wrong; an empty list restores normal steps. Drops captured graphs.
+    /// that kernel class costs inside the real captured step; a prefix written `~name`
+    /// launches one empty block (`pdl_hop`) in each such launch's place instead, so the step
+    /// keeps the link of its dependent chain (session 34, `cuda_bench --ab-hop`). The results
+    /// of such steps are wrong; an empty list restores normal steps. Drops captured graphs.
     pub fn set_skip(&mut self, prefixes: &[&str]) {
         *self.gpu.skip.borrow_mut() = prefixes.iter().map(|p| p.to_string()).collect();
         self.graphs.clear();
