@@ -39,11 +39,14 @@ timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---a
   > $OUT/ab.log 2>&1
 grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:---ab-mvpq}"
 # The one-token attention's blocks per SM (splits at 4096: 1 -> 17, 2 -> 33, 3 -> 50, 4 -> 66).
-for B in ${ATTN_SWEEP:-}; do
-  CROSSOVER_CUDA_ATTN_ONE=$B timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick \
-    > /tmp/attn_$B.log 2>&1
-  grep -E "tg128" /tmp/attn_$B.log | sed "s/^/[attn_one=$B] /" | cut -c1-160
-done | tee $OUT/attn_sweep.log; t "attention sweep"
+# Only when ATTN_SWEEP is set (each file under $OUT counts against the 8 that come back).
+if [ -n "${ATTN_SWEEP:-}" ]; then
+  for B in $ATTN_SWEEP; do
+    CROSSOVER_CUDA_ATTN_ONE=$B timeout 60 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick \
+      > /tmp/attn_$B.log 2>&1
+    grep -E "tg128" /tmp/attn_$B.log | sed "s/^/[attn_one=$B] /" | cut -c1-160
+  done | tee $OUT/attn_sweep.log; t "attention sweep"
+fi
 if [ "$LLAMA" = 1 ]; then wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 /tmp/llama_build.log; fi
 timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 4 > $OUT/bench.log 2>&1
 grep -E "pp512|tg128|aggregate" $OUT/bench.log | cut -c1-200; t bench
