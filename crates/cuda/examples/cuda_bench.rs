@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-small] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1193,6 +1193,50 @@ fn main() {
             }
         }
         b.set_skip(&[]);
+    }
+    // --ab-small (session 35): the small kernels of the one-token chain launching their
+    // successor before their own wait (`Gpu::set_pdl_small` masks; AB_SMALL_MASKS=a,b,...
+    // picks them, else quantize_act and the merge with each other bit added, and each alone),
+    // against none. Three rounds alternating in one process. Session 35's first call also
+    // ran the empty link of `--ab-hop` in both orders (`~rms_norm` with and without the
+    // PDL_SMALL_HOP bit).
+    if args.iter().any(|a| a == "--ab-small") {
+        let m0 = b.gpu().pdl_small();
+        use cuda::device::{
+            PDL_SMALL_ATTN as A, PDL_SMALL_MERGE as M, PDL_SMALL_QUANT as Q, PDL_SMALL_RMS as R,
+            PDL_SMALL_RMS_FFN as F,
+        };
+        let modes: Vec<(u32, &[&str])> = match std::env::var("AB_SMALL_MASKS") {
+            Ok(v) => v
+                .split(',')
+                .filter_map(|m| m.trim().parse().ok())
+                .map(|m| (m, &[][..]))
+                .collect(),
+            Err(_) => vec![
+                (0, &[]),
+                (Q | M, &[]),
+                (Q | M | R, &[]),
+                (Q | M | F, &[]),
+                (Q | M | A, &[]),
+                (Q, &[]),
+                (M, &[]),
+            ],
+        };
+        for round in 0..3 {
+            for &(m, set) in &modes {
+                if let Err(e) = b.gpu().set_pdl_small(m) {
+                    println!("a/b small: {e}");
+                    break;
+                }
+                b.set_skip(set);
+                b.reset_graphs();
+                let label = format!("small={m} skip=[{}] (round {round})", set.join(","));
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            }
+        }
+        b.set_skip(&[]);
+        let _ = b.gpu().set_pdl_small(m0);
+        b.reset_graphs();
     }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain

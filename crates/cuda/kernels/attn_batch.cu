@@ -193,8 +193,7 @@ __device__ void attn_batch_impl(const float* q, const u16* kc, const u16* vc, co
     // rows hold it).
     bool own_st = false;
     if (EARLY) {
-        pdl_wait();
-        pdl_launch();
+        PDL_ENTRY_SMALL(PDL_ATTN);
         if (own < p1) {
             own_tile = (own - p0) / FA_BK;
             own_st = WP ? warp == (own - p0) % FA_BK / 16 && lane < CH : tid < CH;

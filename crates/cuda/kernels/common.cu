@@ -64,6 +64,36 @@ __device__ __forceinline__ uint4 ld_early16(const uint4* p) {
         pdl_launch(); \
     } while (0)
 
+// Session 35 (`Gpu::set_pdl_small`): the small kernels of the one-token chain may let their
+// successor launch *before* their own wait, so the product after an RMSNorm, quantize_act or
+// attention merge loads its weights while the product before that small kernel still runs (as
+// it does where no small kernel sits between two products). Safe from deadlock: a small
+// kernel is launched only once every block of the kernel before it has started (those trigger
+// after their wait), so the successor's blocks never stand in the way of a block its chain
+// waits for; and its successor's wait still returns only after the small kernel has finished,
+// which is after the kernel before it. Bit k of the mask: PDL_RMS (rms_norm, rms_norm1; the
+// norms that do not write the permuted layout: the attention's and the output head's),
+// PDL_QUANT (quantize_act), PDL_MERGE (attn_merge_q), PDL_HOP (pdl_hop), PDL_ATTN (the
+// one-token attention attn_one*/attn_onew*), PDL_RMS_FFN (rms_norm writing the ACT_PERM layout:
+// the FFN norm before the pipelined SwiGLU product).
+#define PDL_RMS 1
+#define PDL_QUANT 2
+#define PDL_MERGE 4
+#define PDL_HOP 8
+#define PDL_ATTN 16
+#define PDL_RMS_FFN 32
+__constant__ int pdl_small_c;
+#define PDL_ENTRY_SMALL(bit) \
+    do { \
+        if (pdl_small_c & (bit)) { \
+            pdl_launch(); \
+            pdl_wait(); \
+        } else { \
+            pdl_wait(); \
+            pdl_launch(); \
+        } \
+    } while (0)
+
 // One step of a (value, index) argmax: the larger value wins, the lower index among equals, and
 // a NaN never wins (every comparison with it is false).
 __device__ __forceinline__ void argmax_take(float& best, int& bi, float v, int i) {

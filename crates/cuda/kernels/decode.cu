@@ -13,7 +13,7 @@
 extern "C" __global__ void __launch_bounds__(256) attn_merge_q(
     const float* part, const int* tok_pos, int n_head, int hd, int n_split, int split_len,
     float* out, int fmt, i8* qs, float2* ds) {
-    PDL_ENTRY();
+    PDL_ENTRY_SMALL(PDL_MERGE);
     __shared__ float sc[AMQ_MAXH][AM_MAXS], sls[AMQ_MAXH][AM_MAXS], red[8];
     __shared__ float shf[9];
     __shared__ int shi[8];
@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const
     int c0 = blockIdx.x * 256 + lane * 8;
     // The lane's 8 norm weights (a constant) before the wait.
     float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
-    PDL_ENTRY();
+    PDL_ENTRY_SMALL(PDL_RMS);
     int reps = n / 256;  // rms_scale's i range at 256 threads
     double p[8];
 #pragma unroll

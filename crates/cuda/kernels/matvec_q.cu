@@ -218,7 +218,7 @@ __device__ __forceinline__ void quant_arrive(const float* x, int n, int g, int g
 // decode step's single row spreads over many SMs. qs/ds (int8 values and scales) or xh (the
 // dequantized values as f16, for the GEMM path) may be null.
 extern "C" __global__ void quantize_act(const float* x, int n, int fmt, i8* qs, float2* ds,
-                                        u16* xh) { PDL_ENTRY();
+                                        u16* xh) { PDL_ENTRY_SMALL(PDL_QUANT);
     __shared__ float shf[9];
     __shared__ int shi[8];
     long long r = blockIdx.x;

@@ -24,7 +24,7 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     // its round trip overlaps the kernel before.
     int c1 = blockIdx.y * blockDim.x + threadIdx.x;
     float w1 = c1 < n ? w[c1] : 0.0f;
-    PDL_ENTRY();
+    PDL_ENTRY_SMALL((fmt & ACT_PERM) ? PDL_RMS_FFN : PDL_RMS);
     __shared__ double sh[32];
     __shared__ float shf[9];
     __shared__ int shi[8];
@@ -329,4 +329,4 @@ extern "C" __global__ void kv_prefetch(const u8* kc, const u8* vc, const int* to
 // Session 34 (`cuda_bench --ab-hop`): a launch that only waits for the kernel before it and
 // lets the next one start: what a link of the step's dependent chain costs by itself, when it
 // stands in for a kernel (`CudaBackend::set_skip` with a "~" prefix). Writes nothing.
-extern "C" __global__ void pdl_hop() { PDL_ENTRY(); }
+extern "C" __global__ void pdl_hop() { PDL_ENTRY_SMALL(PDL_HOP); }

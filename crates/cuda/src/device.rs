@@ -151,6 +151,29 @@ impl Drop for Side {
     }
 }
 
+/// [`Gpu::set_pdl_small`]'s bits (common.cu's PDL_RMS ... PDL_RMS_FFN): the RMSNorms that
+/// write the plain layout (the attention's, the output head's), `quantize_act`,
+/// `attn_merge_q`, the empty `pdl_hop` of `set_skip`'s `~` prefix, the one-token attention
+/// (`attn_one*`), and the FFN norm writing the pipelined SwiGLU product's permuted layout.
+pub const PDL_SMALL_RMS: u32 = 1;
+/// See [`PDL_SMALL_RMS`].
+pub const PDL_SMALL_QUANT: u32 = 2;
+/// See [`PDL_SMALL_RMS`].
+pub const PDL_SMALL_MERGE: u32 = 4;
+/// See [`PDL_SMALL_RMS`].
+pub const PDL_SMALL_HOP: u32 = 8;
+/// See [`PDL_SMALL_RMS`].
+pub const PDL_SMALL_ATTN: u32 = 16;
+/// See [`PDL_SMALL_RMS`].
+pub const PDL_SMALL_RMS_FFN: u32 = 32;
+/// Every bit [`Gpu::set_pdl_small`] takes.
+pub const PDL_SMALL_ALL: u32 = 63;
+/// The mask a handle starts with when `CROSSOVER_CUDA_PDL_SMALL` is unset: quantize_act and
+/// the attention merge (session 35 on an H100, `cuda_bench --ab-small`: -0.010 ms per token
+/// at depth 0 and -0.014 at 4096 for quantize_act, -0.023 at 4096 for the merge; the norms
+/// early were 0.035 ms slower, docs/perf/cuda.md "Session 35").
+pub const PDL_SMALL_DEFAULT: u32 = PDL_SMALL_QUANT | PDL_SMALL_MERGE;
+
 /// One GPU ready to run the kernels.
 pub struct Gpu {
     /// Timing events after each launch while a profile is being taken ([`Gpu::profile_start`]).
@@ -202,6 +225,11 @@ pub struct Gpu {
     /// Kernels are launched with programmatic dependent launch (sm_90 and later; every kernel
     /// waits for its predecessor itself, see common.cu): on unless `CROSSOVER_CUDA_PDL=0`.
     pub pdl: std::cell::Cell<bool>,
+    /// Session 35: which small kernels of the one-token chain let their successor launch
+    /// before their own wait (a mask of [`PDL_SMALL_RMS`] ... [`PDL_SMALL_RMS_FFN`];
+    /// common.cu, `PDL_ENTRY_SMALL`); set through
+    /// [`Gpu::set_pdl_small`], at start from `CROSSOVER_CUDA_PDL_SMALL`.
+    pdl_small: std::cell::Cell<u32>,
     /// One-token decode steps fuse RoPE and the KV store into the Q/K/V launch and (with
     /// `fuse_quant`) the activation quantizations into the SwiGLU product and the attention
     /// merge (v6): on unless `CROSSOVER_CUDA_FUSE=0`.
@@ -517,7 +545,7 @@ impl Gpu {
         } else {
             (None, blas_missing.clone())
         };
-        Ok(Gpu {
+        let gpu = Gpu {
             prof: RefCell::new(None),
             skip: RefCell::new(Vec::new()),
             lt,
@@ -644,7 +672,16 @@ impl Gpu {
             attn_wp: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ATTN_WP").as_deref() != Ok("0"),
             ),
-        })
+            pdl_small: std::cell::Cell::new(0),
+        };
+        let small = std::env::var("CROSSOVER_CUDA_PDL_SMALL")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(PDL_SMALL_DEFAULT);
+        if small != 0 && gpu.pdl.get() {
+            gpu.set_pdl_small(small)?;
+        }
+        Ok(gpu)
     }
 
     /// The side stream and its events, or None when any of them cannot be made.
@@ -912,6 +949,39 @@ impl Gpu {
         let mut v = vec![T::default(); n];
         self.read(src, 0, &mut v)?;
         Ok(v)
+    }
+
+    /// Session 35: let the small kernels in `mask` ([`PDL_SMALL_RMS`] ...) launch their
+    /// successor before they wait for their own predecessor (the `pdl_small_c` constant of
+    /// common.cu, read by those kernels at their start, so graphs captured before take the new
+    /// order from their next replay). Waits for the stream first, so no running kernel sees
+    /// the change. The results are the same bits either way: only when the next kernel's
+    /// blocks start changes, not what any kernel reads after its wait.
+    pub fn set_pdl_small(&self, mask: u32) -> Result<(), CudaError> {
+        if mask & !PDL_SMALL_ALL != 0 {
+            return Err(CudaError::Arg(format!(
+                "early-launch mask {mask:#x} has bits past {PDL_SMALL_ALL:#x}"
+            )));
+        }
+        self.sync()?;
+        let mut sym = self
+            ._module
+            .get_global("pdl_small_c", &self.stream)
+            .map_err(drv("the pdl_small_c constant"))?;
+        // SAFETY: the symbol is one int (common.cu); the view is 4 bytes long.
+        let mut v = unsafe { sym.transmute_mut::<i32>(1) }
+            .ok_or_else(|| CudaError::Arg("pdl_small_c is not one int".into()))?;
+        self.stream
+            .memcpy_htod(&[mask as i32], &mut v)
+            .map_err(drv("setting pdl_small_c"))?;
+        self.sync()?;
+        self.pdl_small.set(mask);
+        Ok(())
+    }
+
+    /// The mask [`Gpu::set_pdl_small`] set last.
+    pub fn pdl_small(&self) -> u32 {
+        self.pdl_small.get()
     }
 
     /// Wait for all queued work; reports errors of earlier kernels.

@@ -1180,6 +1180,39 @@ fn pipelined_qkv_leaves_logits_unchanged() {
     );
 }
 
+/// Session 35: the small kernels of the one-token chain (the RMSNorms, quantize_act, the
+/// attention merge) letting their successor launch before their own wait
+/// (`Gpu::set_pdl_small`, every bit) give the same bits as the usual order: the order only
+/// moves when the next kernel's blocks start, not what anything reads after its wait.
+/// Prompts of 20 positions (one attention split) and of 300 (several, merged); decode steps
+/// from graphs, one sequence and three.
+#[test]
+fn small_kernels_launching_early_leave_logits_unchanged() {
+    let test = "small_kernels_launching_early_leave_logits_unchanged";
+    let _one = one_at_a_time();
+    if let Err(e) = cuda::available() {
+        eprintln!("SKIPPED {test}: {e}");
+        return;
+    }
+    let mut r = test_rng();
+    let (p, steps) = (3usize, 10usize);
+    for path in models() {
+        for plen in [20usize, 300] {
+            let shape = (p, steps, plen);
+            let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
+            let orig = gpu.gpu().pdl_small();
+            let what = format!("small kernels launching early (prompts of {plen})");
+            let set = |g: &cuda::Gpu, on: bool| {
+                let mask = if on { cuda::device::PDL_SMALL_ALL } else { 0 };
+                g.set_pdl_small(mask)
+                    .expect("setting the early-launch mask");
+            };
+            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
+            gpu.gpu().set_pdl_small(orig).expect("restoring the mask");
+        }
+    }
+}
+
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
