@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-small] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1195,48 +1195,67 @@ fn main() {
         b.set_skip(&[]);
     }
     // --ab-small (session 35): the small kernels of the one-token chain launching their
-    // successor before their own wait (`Gpu::set_pdl_small` masks; AB_SMALL_MASKS=a,b,...
-    // picks them, else quantize_act and the merge with each other bit added, and each alone),
-    // against none. Three rounds alternating in one process. Session 35's first call also
-    // ran the empty link of `--ab-hop` in both orders (`~rms_norm` with and without the
-    // PDL_SMALL_HOP bit).
+    // successor before their own wait (`Gpu::set_pdl_small` masks), with and without their
+    // warp-per-group forms (`rms1s`, `quant1`), three rounds alternating in one process
+    // (AB_SMALL_MODES picks the modes). Session 35's first call also ran the empty link of
+    // `--ab-hop` in both orders (`~rms_norm` with and without the PDL_SMALL_HOP bit).
     if args.iter().any(|a| a == "--ab-small") {
         let m0 = b.gpu().pdl_small();
+        let (r0, q0) = (b.gpu().rms1s.get(), b.gpu().quant1.get());
         use cuda::device::{
             PDL_SMALL_ATTN as A, PDL_SMALL_MERGE as M, PDL_SMALL_QUANT as Q, PDL_SMALL_RMS as R,
             PDL_SMALL_RMS_FFN as F,
         };
-        let modes: Vec<(u32, &[&str])> = match std::env::var("AB_SMALL_MASKS") {
+        // (mask, the warp-per-group RMSNorm `rms1s`, the warp-per-group quantize_act `quant1`)
+        let modes: Vec<(u32, bool, bool)> = match std::env::var("AB_SMALL_MODES") {
+            // "mask:rms1s:quant1,..." with 0/1 flags, e.g. "0:0:0,6:1:1"
             Ok(v) => v
                 .split(',')
-                .filter_map(|m| m.trim().parse().ok())
-                .map(|m| (m, &[][..]))
+                .filter_map(|m| {
+                    let f: Vec<u32> = m.split(':').filter_map(|x| x.trim().parse().ok()).collect();
+                    (f.len() == 3).then(|| (f[0], f[1] == 1, f[2] == 1))
+                })
                 .collect(),
             Err(_) => vec![
-                (0, &[]),
-                (Q | M, &[]),
-                (Q | M | R, &[]),
-                (Q | M | F, &[]),
-                (Q | M | A, &[]),
-                (Q, &[]),
-                (M, &[]),
+                (0, false, false),
+                (Q | M, false, false),
+                (Q | M, true, true),
+                (Q | M | R, true, true),
+                (Q | M | F, true, true),
+                (Q | M | R | F, true, true),
+                (Q | M | A, true, true),
+                (0, true, true),
             ],
         };
         for round in 0..3 {
-            for &(m, set) in &modes {
+            for &(m, r1, q1) in &modes {
                 if let Err(e) = b.gpu().set_pdl_small(m) {
                     println!("a/b small: {e}");
                     break;
                 }
-                b.set_skip(set);
-                b.reset_graphs();
-                let label = format!("small={m} skip=[{}] (round {round})", set.join(","));
+                b.gpu().quant1.set(q1);
+                b.set_rms1s(r1);
+                let label = format!("small={m} rms1s={r1} quant1={q1} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
             }
         }
-        b.set_skip(&[]);
         let _ = b.gpu().set_pdl_small(m0);
-        b.reset_graphs();
+        b.gpu().quant1.set(q0);
+        b.set_rms1s(r0);
+    }
+    // --ab-rms1s (session 34): the one-token RMSNorms from the slot sums as a warp per group
+    // (`rms_norm1s`) against rms_norm's block per group, five rounds alternating in one
+    // process.
+    if args.iter().any(|a| a == "--ab-rms1s") {
+        let r0 = b.gpu().rms1s.get();
+        for round in 0..5 {
+            for on in [false, true] {
+                b.set_rms1s(on);
+                let label = format!("rms1s={on} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            }
+        }
+        b.set_rms1s(r0);
     }
     // --ab-kvpf (session 30): one-token steps asking L2 for the next layer's cached K and V
     // rows from the main chain (`KvPf`: before the down projection or before gate/up, plain
@@ -1354,6 +1373,8 @@ fn main() {
             "mvr_q",
             "mvr_swiglu",
             "mvp3_",
+            "mvps",
+            "mvpq",
             "mvh_",
             "mvqp_",
             "mvqe_",
@@ -1368,9 +1389,9 @@ fn main() {
             &["quantize_act"],
             &["attn_one"],
             &["attn_merge"],
-            &["mvr4_rope", "mvr_rope"],
+            &["mvr4_rope", "mvr_rope", "mvpq"],
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
-            &["mvr_swiglu", "mvp3_", "mvh_"],
+            &["mvr_swiglu", "mvp3_", "mvps", "mvh_"],
             &["mvqp_", "mvqe_", "mvq_", "mvqc_"],
             &["mvr4_q6_k", "mvr_q6_k"],
             &["argmax"],

@@ -130,6 +130,63 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const
     }
 }
 
+// Session 34: rms_norm's one-row form from the products' slot sums (`ss`, RMS_SLOTS doubles;
+// session 16) as one warp per 256-element group: rms_norm's block of 256 threads per group
+// quantizes with three block barriers (quant_act_elem), this warp with shuffles only
+// (quant8_warp: the same bytes). Each warp sums the slots in rms_norm's order (four per lane,
+// then the butterfly), so the scale, the normalized values (`out`, may be null) and the
+// quantized row are rms_norm's, bit for bit; fmt may carry ACT_PERM (Q8_K). Block 0 zeroes the
+// other slot set `ssz` (may be null) for the next product, as rms_norm's block (0, 0) does.
+// The lane's 8 norm weights (a constant) are loaded before the wait. n: a multiple of 256.
+// grid = n / 256, blockDim.x = 32.
+extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, const float* w, int n,
+                                                            float eps, float* out, int fmt,
+                                                            i8* qs, float2* ds, const double* ss,
+                                                            double* ssz) {
+    int lane = threadIdx.x;
+    int c0 = blockIdx.x * 256 + lane * 8;
+    float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
+    PDL_ENTRY_SMALL((fmt & ACT_PERM) ? PDL_RMS_FFN : PDL_RMS);
+    double p[RMS_SLOTS / 32];
+#pragma unroll
+    for (int k = 0; k < RMS_SLOTS / 32; k++) p[k] = ss[lane + 32 * k];
+    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
+    double v = p[0];
+#pragma unroll
+    for (int k = 1; k < RMS_SLOTS / 32; k++) v += p[k];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    float mean = (float)(v / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    if (ssz && blockIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
+    }
+    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(__fmul_rn(xv[i], scale), wv[i]);
+    if (out) {
+        *(float4*)(out + c0) = make_float4(o[0], o[1], o[2], o[3]);
+        *(float4*)(out + c0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    quant8_warp(o, true, c0, fmt, qs, ds, (u16*)0);
+}
+
+// Session 35: quantize_act of one row as one warp per 256-element group (quant8_warp: the same
+// bytes, shuffles instead of quant_act_elem's three block barriers), so the launch's body is
+// shorter where its successor was launched early (PDL_QUANT) and waits on it alone.
+// n: a multiple of 256. grid = n / 256, blockDim.x = 32.
+extern "C" __global__ void __launch_bounds__(32) quantize_act1(const float* x, int n, int fmt,
+                                                               i8* qs, float2* ds) {
+    PDL_ENTRY_SMALL(PDL_QUANT);
+    int c0 = blockIdx.x * 256 + threadIdx.x * 8;
+    float4 a = *(const float4*)(x + c0), b = *(const float4*)(x + c0 + 4);
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    quant8_warp(v, true, c0, fmt, qs, ds, (u16*)0);
+}
+
 // v11: greedy argmax of each row (the lowest index among equals; NaN never wins) in one launch
 // of gridDim.y blocks per row instead of argmax_rows' single block, whose 1024 threads each
 // walked ~125 logits one dependent round trip after another (47 us for 128,256 logits in the

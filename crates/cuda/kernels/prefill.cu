@@ -11,7 +11,10 @@
 __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, int fmt, i8* qs,
                                             float2* ds, u16* xh) {
     const bool raw = (fmt & ACT_RAW) != 0;
-    fmt &= ~ACT_RAW;
+    // Session 34: ACT_PERM (Q8_K only) stores the values in k_perm's layout, as quant_act_elem
+    // does: a lane's 8 lie in one sub-block, which moves as a whole.
+    const bool perm = (fmt & ACT_PERM) != 0;
+    fmt &= ~(ACT_RAW | ACT_PERM);
     int lane = threadIdx.x & 31;
     int q[8];
     float dq;  // the value one step of q stands for
@@ -74,7 +77,7 @@ __device__ __forceinline__ void quant8_warp(const float* v, bool valid, int c0, 
             w0 |= ((u32)(q[i] & 0xff)) << (8 * i);
             w1 |= ((u32)(q[i + 4] & 0xff)) << (8 * i);
         }
-        *(uint2*)(qs + c0) = make_uint2(w0, w1);
+        *(uint2*)(qs + (perm ? k_perm(c0) : c0)) = make_uint2(w0, w1);
     }
     if (xh) {
         u32 h[4];

@@ -1414,6 +1414,13 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Session 34's one-token RMSNorm from the slot sums as a warp per group ([`Gpu::rms1s`]);
+    /// drops captured graphs.
+    pub fn set_rms1s(&mut self, on: bool) {
+        self.gpu.rms1s.set(on);
+        self.graphs.clear();
+    }
+
     /// Whether one-token RMSNorms take their sums from the products ([`Self::set_rms_ss`]).
     pub fn rms_ss(&self) -> bool {
         self.rms_ss
@@ -2263,6 +2270,17 @@ impl CudaBackend {
         if gpu.warp_quant.get() && wide && e.is_multiple_of(blk) {
             gpu.rms_norm_w(x, w, e, eps, n, out, out_h, quant)
                 .map(|_| false)
+        } else if let Some(q) = quant.filter(|q| {
+            // Session 34: the slot sums and a quantized row only: a warp per group.
+            n == 1
+                && ss.0 != 0
+                && out_h == 0
+                && gpu.rms1s.get()
+                && Gpu::rms1_fits(e)
+                && (!perm || q.0 == kernels::ActFormat::Q8K)
+        }) {
+            gpu.rms_norm1s(x, w, e, eps, out, q, ss.0, ss.1, perm)
+                .map(|_| true)
         } else if n == 1 && (ss.1 != 0 || perm) {
             gpu.rms_norm_ss(x, 0, w, e, eps, 1, out, out_h, quant, ss.0, ss.1, perm)
                 .map(|_| true)

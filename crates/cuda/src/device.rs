@@ -422,6 +422,15 @@ pub struct Gpu {
     /// `CROSSOVER_CUDA_RMS1=1` (on the H200 the step got slower: tg128 1.598 against 1.549 ms
     /// per token at depth 0, docs/perf/cuda.md v11).
     pub rms1: std::cell::Cell<bool>,
+    /// Session 34: a one-token RMSNorm whose sum of squares the product before it left in
+    /// the slots (session 16) runs as one warp per 256-element group (`rms_norm1s`: no block
+    /// barrier, rms_norm's bits): off unless `CROSSOVER_CUDA_RMS1S=1` (neutral in session 34;
+    /// session 35 measures it with the norms launching their successor early).
+    pub rms1s: std::cell::Cell<bool>,
+    /// Session 35: one-row activation quantizations without an f16 operand (the down
+    /// projection's, one token) run as one warp per 256-element group (`quantize_act1`:
+    /// quantize_act's bytes, no block barrier): off unless `CROSSOVER_CUDA_QUANT1=1`.
+    pub quant1: std::cell::Cell<bool>,
     /// The split attention of decode steps takes the forms whose warps each copy their own 16
     /// rows of every tile (`attn_batchw_*`, `attn_onew_*`, session 11: no block barrier in the
     /// tile loop, one block-table lookup per warp and tile, 154-160 registers where the
@@ -661,6 +670,12 @@ impl Gpu {
             ),
             mvqc_per_sm: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVQC_PER_SM", 0)),
             rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
+            rms1s: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_RMS1S").as_deref() == Ok("1"),
+            ),
+            quant1: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() == Ok("1"),
+            ),
             argmax_mb: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
             ),

@@ -304,6 +304,8 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mv6_q6_k".into());
     v.push("rms_norm1".into());
     v.push("pdl_hop".into());
+    v.push("rms_norm1s".into());
+    v.push("quantize_act1".into());
     v.push("argmax_mb".into());
     for (_, t) in QTYPES {
         v.push(format!("mvd_{t}"));
@@ -1028,6 +1030,15 @@ impl Gpu {
             )));
         }
         let (nn, f) = (i32_of(n, "width")?, fmt as i32);
+        if rows == 1 && xh == 0 && self.quant1.get() && Self::rms1_fits(n) {
+            // Session 35: one row as a warp per 256-element group (the same bytes).
+            return self.launch_id(
+                self.kernel_id("quantize_act1")?,
+                (u32_of(n / 256, "groups")?, 1, 1),
+                (32, 1, 1),
+                kargs![x, nn, f, qs, ds],
+            );
+        }
         self.launch_id(
             op(K_QUANTIZE_ACT),
             (u32_of(rows, "rows")?, u32_of(n.div_ceil(256), "chunks")?, 1),
@@ -3269,6 +3280,44 @@ impl Gpu {
             (u32_of(n / 256, "groups")?, 1, 1),
             (32, 1, 1),
             kargs![x, w, nn, eps, out, out_h, fmt, qs, ds],
+        )
+    }
+
+    /// Session 34: [`Gpu::rms_norm_ss`] of one row whose sum of squares is in the slot set `ss`
+    /// (non-zero), quantized (`quant`; Q8_K in the permuted layout with `perm`), as
+    /// one warp per 256-element group (`rms_norm1s`: no block barrier): the same bits. Zeroes the
+    /// slot set `ssz` (may be 0). Only where [`Gpu::rms1_fits`] `n`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm1s(
+        &self,
+        x: u64,
+        w: u64,
+        n: usize,
+        eps: f32,
+        out: u64,
+        quant: (ActFormat, u64, u64),
+        ss: u64,
+        ssz: u64,
+        perm: bool,
+    ) -> Result<(), CudaError> {
+        if !Self::rms1_fits(n) || ss == 0 {
+            return Err(CudaError::Arg(format!(
+                "rms_norm1s: {n} columns (a multiple of 256, at most 4096), slot sums at {ss:#x}"
+            )));
+        }
+        let (f, qs, ds) = quant;
+        if perm && f != ActFormat::Q8K {
+            return Err(CudaError::Arg(format!(
+                "rms_norm1s: permuted {f:?} activations (Q8_K only)"
+            )));
+        }
+        let fq = f as i32 | ((perm as i32) << 9);
+        let nn = i32_of(n, "width")?;
+        self.launch_id(
+            self.kernel_id("rms_norm1s")?,
+            (u32_of(n / 256, "groups")?, 1, 1),
+            (32, 1, 1),
+            kargs![x, w, nn, eps, out, fq, qs, ds, ss, ssz],
         )
     }
 

@@ -302,6 +302,27 @@ fn quantize_act_is_bit_identical_to_cpu() {
                 }
             }
         }
+        // Session 35: one row at a time as a warp per group (`quantize_act1`, `Gpu::quant1`)
+        // writes the bytes checked above.
+        let q1_0 = g.quant1.get();
+        g.quant1.set(true);
+        let (qb1, db1) = act_bufs(&g, rows, cols);
+        for row in 0..rows {
+            g.quantize_act(
+                xb.ptr() + (row * cols * 4) as u64,
+                1,
+                cols,
+                fmt,
+                qb1.ptr() + (row * cols) as u64,
+                db1.ptr() + (row * cols / 32 * 8) as u64,
+            )
+            .unwrap();
+        }
+        g.quant1.set(q1_0);
+        let q1: Vec<i8> = g.download(&qb1, rows * cols).unwrap();
+        let d1: Vec<u32> = g.download(&db1, rows * cols / 16).unwrap();
+        assert_eq!(q1, q, "{fmt:?}: quantize_act1's int8 values");
+        assert_eq!(d1, d, "{fmt:?}: quantize_act1's scales and sums");
     }
 }
 
@@ -3991,6 +4012,76 @@ fn rms_norm_from_product_partial_sums_equals_the_row_sum() {
             assert_eq!(p.1, s.1, "{what} {quant:?}: f16 operand");
             assert_eq!(p.2, s.2, "{what} {quant:?}: int8 values");
             assert_eq!(p.3, s.3, "{what} {quant:?}: scales");
+            // Session 34: the warp-per-group form (`rms_norm1s`, no f16 operand) gives the
+            // block form's normalized row and quantization, also in the permuted layout.
+            let Some(f) = quant.filter(|_| Gpu::rms1_fits(e)) else {
+                continue;
+            };
+            let perms: &[bool] = if f == ActFormat::Q8K {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &perm in perms {
+                let mut got = Vec::new();
+                for warp in [false, true] {
+                    let out = poisoned(&g, e);
+                    let (oq, od) = act_bufs(&g, 1, e);
+                    let z = g.upload(&vec![7.5f64; slots]).unwrap();
+                    let qa = (f, oq.ptr(), od.ptr());
+                    if warp {
+                        g.rms_norm1s(
+                            xb.ptr(),
+                            nw.ptr(),
+                            e,
+                            1e-5,
+                            out.ptr(),
+                            qa,
+                            ss.ptr(),
+                            z.ptr(),
+                            perm,
+                        )
+                        .unwrap();
+                    } else {
+                        g.rms_norm_ss(
+                            xb.ptr(),
+                            0,
+                            nw.ptr(),
+                            e,
+                            1e-5,
+                            1,
+                            out.ptr(),
+                            0,
+                            Some(qa),
+                            ss.ptr(),
+                            z.ptr(),
+                            perm,
+                        )
+                        .unwrap();
+                    }
+                    let zs: Vec<f64> = g.download(&z, slots).unwrap();
+                    assert!(
+                        zs.iter().all(|&v| v == 0.0),
+                        "{what} {f:?} perm={perm} warp={warp}: slot set not zeroed"
+                    );
+                    let (qn, dn) = act_bytes(1, e);
+                    let o: Vec<u32> = g.download(&out, e).unwrap();
+                    let qd: Vec<i8> = g.download(&oq, qn).unwrap();
+                    let dd: Vec<u32> = g.download(&od, dn / 4).unwrap();
+                    got.push((o, qd, dd));
+                }
+                let (b, w) = (&got[0], &got[1]);
+                assert_eq!(b.0, p.0, "{what} {f:?} perm={perm}: block form's row");
+                assert_eq!(
+                    w.0, b.0,
+                    "{what} {f:?} perm={perm}: warp form's normalized row"
+                );
+                assert_eq!(
+                    w.1, b.1,
+                    "{what} {f:?} perm={perm}: warp form's int8 values"
+                );
+                assert_eq!(w.2, b.2, "{what} {f:?} perm={perm}: warp form's scales");
+            }
         }
         let after: Vec<f64> = g.download(&ss, 2 * slots).unwrap();
         assert!(

@@ -1213,6 +1213,32 @@ fn small_kernels_launching_early_leave_logits_unchanged() {
     }
 }
 
+/// Session 34: the one-token RMSNorms from the slot sums as a warp per 256-element group
+/// (`Gpu::rms1s`, `rms_norm1s`) give the bits of rms_norm's block per group, one sequence
+/// and three, decode steps from graphs.
+#[test]
+fn warp_rms_norm_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "warp_rms_norm_leaves_logits_unchanged",
+        &[20],
+        "the RMSNorms a warp per group (against a block per group)",
+        |g| &g.rms1s,
+    );
+}
+
+/// Session 35: the one-token activation quantization as a warp per group (`Gpu::quant1`,
+/// `quantize_act1`) gives quantize_act's bits, one sequence and three, decode steps from
+/// graphs.
+#[test]
+fn warp_quantize_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "warp_quantize_leaves_logits_unchanged",
+        &[20],
+        "the activation quantization a warp per group (against quantize_act)",
+        |g| &g.quant1,
+    );
+}
+
 /// Session 30: the down projection with each thread's units decoded before the wait
 /// (`Gpu::mvqe`) gives the bits of `mvqp`, one sequence and three, decode steps from graphs.
 #[test]
