@@ -168,11 +168,12 @@ pub const PDL_SMALL_ATTN: u32 = 16;
 pub const PDL_SMALL_RMS_FFN: u32 = 32;
 /// Every bit [`Gpu::set_pdl_small`] takes.
 pub const PDL_SMALL_ALL: u32 = 63;
-/// The mask a handle starts with when `CROSSOVER_CUDA_PDL_SMALL` is unset: quantize_act and
-/// the attention merge (session 35 on an H100, `cuda_bench --ab-small`: -0.010 ms per token
-/// at depth 0 and -0.014 at 4096 for quantize_act, -0.023 at 4096 for the merge; the norms
-/// early were 0.035 ms slower, docs/perf/cuda.md "Session 35").
-pub const PDL_SMALL_DEFAULT: u32 = PDL_SMALL_QUANT | PDL_SMALL_MERGE;
+/// The mask a handle starts with when `CROSSOVER_CUDA_PDL_SMALL` is unset: quantize_act, the
+/// attention merge and the attention's RMSNorm (session 35 on an H100, `cuda_bench
+/// --ab-small`, with the warp-per-group forms [`Gpu::rms1s`] and [`Gpu::quant1`]: -0.015 ms
+/// per token at depth 0 and -0.044 at 4096 against none; the FFN norm too gained 0.004 ms at
+/// depth 0 but lost 0.018 at 4096; docs/perf/cuda.md "Session 35").
+pub const PDL_SMALL_DEFAULT: u32 = PDL_SMALL_QUANT | PDL_SMALL_MERGE | PDL_SMALL_RMS;
 
 /// One GPU ready to run the kernels.
 pub struct Gpu {
@@ -424,12 +425,13 @@ pub struct Gpu {
     pub rms1: std::cell::Cell<bool>,
     /// Session 34: a one-token RMSNorm whose sum of squares the product before it left in
     /// the slots (session 16) runs as one warp per 256-element group (`rms_norm1s`: no block
-    /// barrier, rms_norm's bits): off unless `CROSSOVER_CUDA_RMS1S=1` (neutral in session 34;
-    /// session 35 measures it with the norms launching their successor early).
+    /// barrier, rms_norm's bits): on unless `CROSSOVER_CUDA_RMS1S=0` (neutral in session 34
+    /// while every norm waited first; its shorter body pays where the attention norm launches
+    /// its successor early, session 35).
     pub rms1s: std::cell::Cell<bool>,
     /// Session 35: one-row activation quantizations without an f16 operand (the down
     /// projection's, one token) run as one warp per 256-element group (`quantize_act1`:
-    /// quantize_act's bytes, no block barrier): off unless `CROSSOVER_CUDA_QUANT1=1`.
+    /// quantize_act's bytes, no block barrier): on unless `CROSSOVER_CUDA_QUANT1=0`.
     pub quant1: std::cell::Cell<bool>,
     /// The split attention of decode steps takes the forms whose warps each copy their own 16
     /// rows of every tile (`attn_batchw_*`, `attn_onew_*`, session 11: no block barrier in the
@@ -671,10 +673,10 @@ impl Gpu {
             mvqc_per_sm: std::cell::Cell::new(env_usize("CROSSOVER_CUDA_MVQC_PER_SM", 0)),
             rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
             rms1s: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_RMS1S").as_deref() == Ok("1"),
+                std::env::var("CROSSOVER_CUDA_RMS1S").as_deref() != Ok("0"),
             ),
             quant1: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() == Ok("1"),
+                std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() != Ok("0"),
             ),
             argmax_mb: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_ARGMAX_MB").as_deref() != Ok("0"),
