@@ -1071,14 +1071,20 @@ fn assert_forms_agree(path: &std::path::Path, runs: [&[Vec<f32>]; 3], rows: usiz
 
 /// The body of the switch tests below: for every model and prompt length in `plens`, the same
 /// prompts and tokens with the `Gpu` switch `cell` on, off and on again (one sequence, then 3
-/// together, 10 decode steps from graphs) must agree as two runs of one form do; the switch is
-/// left as it was. Skips (with `test`'s name) where no GPU is found.
+/// together, 10 decode steps from graphs) must agree as two runs of one form do. Skips (with
+/// `test`'s name) where no GPU is found.
 fn gpu_switch_keeps_bits(
     test: &str,
     plens: &[usize],
     what: &str,
     cell: fn(&cuda::Gpu) -> &std::cell::Cell<bool>,
 ) {
+    gpu_toggle_keeps_bits(test, plens, what, |g, on| cell(g).set(on));
+}
+
+/// [`gpu_switch_keeps_bits`] for a switch that `set` turns on and off (each prompt length
+/// loads its own backend, so nothing needs restoring).
+fn gpu_toggle_keeps_bits(test: &str, plens: &[usize], what: &str, set: impl Fn(&cuda::Gpu, bool)) {
     let _one = one_at_a_time();
     if let Err(e) = cuda::available() {
         eprintln!("SKIPPED {test}: {e}");
@@ -1090,11 +1096,8 @@ fn gpu_switch_keeps_bits(
         for &plen in plens {
             let shape = (p, steps, plen);
             let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-            let orig = cell(gpu.gpu()).get();
             let what = format!("{what} (prompts of {plen})");
-            let set = |g: &cuda::Gpu, on: bool| cell(g).set(on);
-            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
-            cell(gpu.gpu()).set(orig);
+            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, &set);
         }
     }
 }
@@ -1188,29 +1191,16 @@ fn pipelined_qkv_leaves_logits_unchanged() {
 /// from graphs, one sequence and three.
 #[test]
 fn small_kernels_launching_early_leave_logits_unchanged() {
-    let test = "small_kernels_launching_early_leave_logits_unchanged";
-    let _one = one_at_a_time();
-    if let Err(e) = cuda::available() {
-        eprintln!("SKIPPED {test}: {e}");
-        return;
-    }
-    let mut r = test_rng();
-    let (p, steps) = (3usize, 10usize);
-    for path in models() {
-        for plen in [20usize, 300] {
-            let shape = (p, steps, plen);
-            let (mut gpu, prompts, toks) = decode_setup(&path, p, shape, &mut r);
-            let orig = gpu.gpu().pdl_small();
-            let what = format!("small kernels launching early (prompts of {plen})");
-            let set = |g: &cuda::Gpu, on: bool| {
-                let mask = if on { cuda::device::PDL_SMALL_ALL } else { 0 };
-                g.set_pdl_small(mask)
-                    .expect("setting the early-launch mask");
-            };
-            switch_keeps_bits(&mut gpu, &path, (&prompts, &toks), shape, &what, set);
-            gpu.gpu().set_pdl_small(orig).expect("restoring the mask");
-        }
-    }
+    gpu_toggle_keeps_bits(
+        "small_kernels_launching_early_leave_logits_unchanged",
+        &[20, 300],
+        "small kernels launching early",
+        |g, on| {
+            let mask = if on { cuda::device::PDL_SMALL_ALL } else { 0 };
+            g.set_pdl_small(mask)
+                .expect("setting the early-launch mask");
+        },
+    );
 }
 
 /// Session 34: the one-token RMSNorms from the slot sums as a warp per 256-element group
