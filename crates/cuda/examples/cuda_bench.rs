@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1153,6 +1153,25 @@ fn main() {
         }
         b.set_mvp(m0);
         b.set_mvps(s0);
+    }
+    // --ab-mvpd (session 36): the one-token Q4_K down projection as a warp per row with its
+    // weights in registers before the wait (`mvpd<S>_q4_k`) against `mvqe`, five rounds
+    // alternating in one process, with each one's per-class product times once.
+    if args.iter().any(|a| a == "--ab-mvpd") {
+        let d0 = b.gpu().mvpd.get();
+        for round in 0..5 {
+            for on in [false, true] {
+                b.gpu().mvpd.set(on);
+                b.reset_graphs();
+                let label = format!("mvpd={on} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+                if round == 0 {
+                    ab_kernels(&mut b, &label, &[]);
+                }
+            }
+        }
+        b.gpu().mvpd.set(d0);
+        b.reset_graphs();
     }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair
     // with its weights in registers before the wait (`mvpq3`) against the mvr kernels, five

@@ -1660,6 +1660,69 @@ __device__ __forceinline__ void mvpq_impl(const u8* __restrict__ w0, const u8* _
     if (lane == 0) qkv_pair_out(row, r0, r1, y0, y1, yq, rp);
 }
 
+// Session 36 (`mvpd<S>_q4_k`): the one-token down projection on Q4_K rows of S
+// four-super-block steps (cols = 1024 S) as a warp per row in mvps's form: each lane's weights
+// and decoded headers in registers before the PDL wait (mvps_pair's loads, on one row), so a
+// block of 4 warps holds 4 rows' bytes where `mvqe` decodes 2 units a thread of one row per
+// block of 128 threads. Lane l takes units l + 32 k (mvps's lane roles: sub-block l % 8 of
+// super-block l / 8 + 4 k), each with the unit code's value, and adds unit k into acc[k % 4] in
+// k order: the value mvqe's thread l + 32 (k % 4) holds at 128 threads (its units t, t + 128).
+// Then each acc's warp sum (mvqe's butterfly) and their sum in warp order from zero (mvqe's
+// thread 0), so mvqe's bits wherever mvqe runs 128 threads (4 <= S <= 8: 128 to 256 units).
+// The activation is Q8_K in the plain layout (quantize_act's).
+template <int S>
+__device__ __forceinline__ void mvpd_impl(const u8* __restrict__ w, int rows,
+                                          const i8* __restrict__ aq,
+                                          const float2* __restrict__ ad, float* y,
+                                          int accumulate, double* ss) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp;
+    if (row >= rows) return;  // the whole warp: it shares one row
+    constexpr long long RB = 4LL * S * 144;
+    int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
+    int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
+    const u8* b = w + (long long)row * RB + slot * 144;
+    uint4 q[S], hd[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        q[k] = ld_early16((const uint4*)(b + k * 576 + qoff));
+        hd[k] = ld_early16((const uint4*)(b + k * 576));
+    }
+    K4Pre e[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) e[k] = k4_pre(hd[k], j);
+    pdl_wait();
+    pdl_launch();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        int s = 4 * k + slot;
+        const i8* a = aq + 256 * s + 64 * c + 16 * h;
+        int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 32);
+        float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
+        acc[k & 3] += mvps_sub(q[k], e[k], alo, ahi, dd, h);
+    }
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) t += warp_sum(acc[i]);
+    if (lane != 0) return;
+    float v = accumulate ? y[row] + t : t;
+    y[row] = v;
+    if (ss) ss_add(ss, row, v);
+}
+
+#define DEF_MVPD(S) \
+    extern "C" __global__ void __launch_bounds__(128) mvpd##S##_q4_k( \
+        const u8* __restrict__ w, int rows, const i8* __restrict__ aq, \
+        const float2* __restrict__ ad, float* y, int accumulate, double* ss) { \
+        mvpd_impl<S>(w, rows, aq, ad, y, accumulate, ss); \
+    }
+DEF_MVPD(4)
+DEF_MVPD(5)
+DEF_MVPD(6)
+DEF_MVPD(7)
+DEF_MVPD(8)
+
 #define DEF_MVPQ(S, v, TV) \
     extern "C" __global__ void __launch_bounds__(128) mvpq##S##_q4_k_##v( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, const i8* aq, \

@@ -405,6 +405,11 @@ pub struct Gpu {
     /// thread): on unless `CROSSOVER_CUDA_MVQE=0` (on an H100 the step 0.015 ms faster at depth
     /// 0, docs/perf/cuda.md "Session 30").
     pub mvqe: std::cell::Cell<bool>,
+    /// Session 36: the one-token Q4_K down projection (rows of 4 to 8 four-super-block steps,
+    /// where `mvqe` runs 128 threads) as a warp per row with each lane's weights and decoded
+    /// headers in registers before the PDL wait (`mvpd<S>_q4_k`, mvps's loads; `mvqe`'s
+    /// bits): on with `CROSSOVER_CUDA_MVPD=1`.
+    pub mvpd: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -660,6 +665,7 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
+            mvpd: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPD").as_deref() == Ok("1")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),

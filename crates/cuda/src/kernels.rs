@@ -195,6 +195,10 @@ const K_KV_PREFETCH: usize = 17;
 /// Units of 32 weights each thread of an `mvqe_*` block decodes before its wait (`MVQE_U` in
 /// matvec_q.cu).
 pub const MVQE_UNITS: usize = 2;
+/// Row widths, in four-super-block steps of 1024 columns, the warp-per-row Q4_K down
+/// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]): the rows `mvqe` runs at
+/// 128 threads.
+pub const MVPD_STEPS: std::ops::RangeInclusive<usize> = 4..=8;
 /// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
@@ -329,6 +333,9 @@ pub fn all_kernel_names() -> Vec<String> {
     v.extend(PROBES.iter().map(|s| s.to_string()));
     v.push("mvh_swiglu_q4_k".into());
     v.push("mvp3_swiglu_q4_k".into());
+    for st in MVPD_STEPS {
+        v.push(format!("mvpd{st}_q4_k"));
+    }
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
         for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
@@ -1158,9 +1165,23 @@ impl Gpu {
         if nt == 1 && self.pdl.get() && self.mvq_pf.get() {
             let t = QTYPES[qtype_index(ty)?].1;
             let th = self.mvqp_block(cols);
+            let form = self.mvqp_form(cols, th);
+            if let Some(st) = self.mvpd_steps(ty, cols) {
+                // Session 36: a warp per row, its weights in registers before the wait
+                // (mvqe's bits).
+                const NW: usize = 4;
+                return self
+                    .launch_id(
+                        self.kernel_id(&format!("mvpd{st}_q4_k"))?,
+                        (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
+                        (32 * NW as u32, 1, 1),
+                        kargs![w, rr, qs, ds, y, a, ss],
+                    )
+                    .map(|_| ss != 0);
+            }
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`); session
             // 30: or with its units decoded before the wait (`mvqe_*`, the same bits).
-            let name = format!("{}_{t}", self.mvqp_form(cols, th));
+            let name = format!("{form}_{t}");
             return self
                 .launch_id(
                     self.kernel_id(&name)?,
@@ -1190,6 +1211,25 @@ impl Gpu {
         } else {
             "mvqp"
         }
+    }
+
+    /// The steps S of the `mvpd<S>_q4_k` kernel that takes a one-token block-per-row product
+    /// of `ty` rows `cols` wide (session 36, [`Gpu::mvpd`]): Q4_K rows of S whole
+    /// four-super-block steps where `mvqe` runs 128 threads, whose bits it gives; None: the
+    /// block-per-row kernel.
+    pub fn mvpd_steps(&self, ty: GgmlType, cols: usize) -> Option<usize> {
+        let st = cols / 1024;
+        let th = self.mvqp_block(cols);
+        let form = self.mvqp_form(cols, th);
+        (self.mvpd.get()
+            && self.pdl.get()
+            && self.mvq_pf.get()
+            && ty == GgmlType::Q4K
+            && form == "mvqe"
+            && th == 128
+            && cols.is_multiple_of(1024)
+            && MVPD_STEPS.contains(&st))
+        .then_some(st)
     }
 
     /// Threads per block of an `mvqp_*` launch on rows `cols` wide ([`Gpu::mvqp_threads`]).

@@ -1171,6 +1171,19 @@ fn cursor_free_swiglu_leaves_logits_unchanged() {
     );
 }
 
+/// Session 36: the one-token Q4_K down projection as a warp per row with its weights in
+/// registers before the wait (`Gpu::mvpd`, `mvpd<S>_q4_k`) gives `mvqe`'s bits, one sequence
+/// and three, decode steps from graphs.
+#[test]
+fn warp_row_down_leaves_logits_unchanged() {
+    gpu_switch_keeps_bits(
+        "warp_row_down_leaves_logits_unchanged",
+        &[20],
+        "the down projection a warp per row (against mvqe)",
+        |g| &g.mvpd,
+    );
+}
+
 /// Session 33: the pipelined one-token Q/K/V launch (`Gpu::mvpq`, `mvpq<S>_q4_k_<v>`) gives
 /// the `mvr` launch's bits, one sequence and three, decode steps from graphs.
 #[test]
