@@ -22,6 +22,26 @@ __device__ __forceinline__ void ss_add(double* ss, int row, float v) {
     atomicAdd(ss + (row & (RMS_SLOTS - 1)), (double)v * (double)v);
 }
 
+// The next RMSNorm's side of the slots, for one warp: ss_load issues the lane's RMS_SLOTS / 32
+// loads (apart, so the caller's other loads go out with them); ss_scale sums them in lane
+// order, then by a butterfly over the warp (every lane gets the whole sum, in one fixed order),
+// and returns cpu::ops::rms_norm's scale: the mean rounded to f32, 1 / sqrt(mean + eps)
+// correctly rounded.
+__device__ __forceinline__ void ss_load(const double* ss, double* p) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < RMS_SLOTS / 32; k++) p[k] = ss[lane + 32 * k];
+}
+__device__ __forceinline__ float ss_scale(const double* p, int n, float eps) {
+    double v = p[0];
+#pragma unroll
+    for (int k = 1; k < RMS_SLOTS / 32; k++) v += p[k];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    float mean = (float)(v / (double)n);
+    return 1.0f / sqrtf(mean + eps);
+}
+
 // Programmatic dependent launch (sm_90): with the launch attribute set (device.rs), a kernel may
 // be started while the one before it in the stream is still running. Every kernel therefore
 // waits for its predecessor's completion (and memory) before touching anything, then lets its

@@ -74,6 +74,32 @@ extern "C" __global__ void __launch_bounds__(256) attn_merge_q(
 // captured step (quantize_act: 2.7 / ~1.0). n: a multiple of 256, at most RMS1_MAX.
 // grid = n / 256, blockDim.x = 32.
 #define RMS1_MAX 4096
+
+// The one-row RMSNorms' tail (rms_norm1, rms_norm1s): the lane's 8 elements at c0 (x in xa, xb,
+// the norm weights in wa, wb) times the row's scale, then the weight (cpu::ops::rms_norm's two
+// products), to `out` (may be null), quantized in `fmt` (with f16(d q) to out_h, may be null)
+// or, with fmt 0, converted to f16 into out_h (may be null). Called by every lane of the warp.
+__device__ __forceinline__ void rms1_tail(float4 xa, float4 xb, float4 wa, float4 wb, int c0,
+                                          float scale, float* out, u16* out_h, int fmt, i8* qs,
+                                          float2* ds) {
+    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(__fmul_rn(xv[i], scale), wv[i]);
+    if (out) {
+        *(float4*)(out + c0) = make_float4(o[0], o[1], o[2], o[3]);
+        *(float4*)(out + c0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    if (fmt) {
+        quant8_warp(o, true, c0, fmt, qs, ds, out_h);
+    } else if (out_h) {
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = (u32)f2h(o[2 * i]) | ((u32)f2h(o[2 * i + 1]) << 16);
+        *(uint4*)(out_h + c0) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+}
 extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const float* w, int n,
                                                            float eps, float* out, u16* out_h,
                                                            int fmt, i8* qs, float2* ds) {
@@ -111,30 +137,14 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const
     float mean = (float)(s / (double)n);
     float scale = 1.0f / sqrtf(mean + eps);
     float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
-    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-    float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-    float o[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(__fmul_rn(xv[i], scale), wv[i]);
-    if (out) {
-        *(float4*)(out + c0) = make_float4(o[0], o[1], o[2], o[3]);
-        *(float4*)(out + c0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
-    }
-    if (fmt) {
-        quant8_warp(o, true, c0, fmt, qs, ds, out_h);
-    } else if (out_h) {
-        u32 h[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) h[i] = (u32)f2h(o[2 * i]) | ((u32)f2h(o[2 * i + 1]) << 16);
-        *(uint4*)(out_h + c0) = make_uint4(h[0], h[1], h[2], h[3]);
-    }
+    rms1_tail(xa, xb, wa, wb, c0, scale, out, out_h, fmt, qs, ds);
 }
 
 // Session 34: rms_norm's one-row form from the products' slot sums (`ss`, RMS_SLOTS doubles;
 // session 16) as one warp per 256-element group: rms_norm's block of 256 threads per group
 // quantizes with three block barriers (quant_act_elem), this warp with shuffles only
-// (quant8_warp: the same bytes). Each warp sums the slots in rms_norm's order (four per lane,
-// then the butterfly), so the scale, the normalized values (`out`, may be null) and the
+// (quant8_warp: the same bytes). Each warp sums the slots as rms_norm does (ss_load and
+// ss_scale, the same code), so the scale, the normalized values (`out`, may be null) and the
 // quantized row are rms_norm's, bit for bit; fmt may carry ACT_PERM (Q8_K). Block 0 zeroes the
 // other slot set `ssz` (may be null) for the next product, as rms_norm's block (0, 0) does.
 // The lane's 8 norm weights (a constant) are loaded before the wait. n: a multiple of 256.
@@ -148,30 +158,14 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, cons
     float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
     PDL_ENTRY_SMALL((fmt & ACT_PERM) ? PDL_RMS_FFN : PDL_RMS);
     double p[RMS_SLOTS / 32];
-#pragma unroll
-    for (int k = 0; k < RMS_SLOTS / 32; k++) p[k] = ss[lane + 32 * k];
+    ss_load(ss, p);
     float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
-    double v = p[0];
-#pragma unroll
-    for (int k = 1; k < RMS_SLOTS / 32; k++) v += p[k];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    float mean = (float)(v / (double)n);
-    float scale = 1.0f / sqrtf(mean + eps);
+    float scale = ss_scale(p, n, eps);
     if (ssz && blockIdx.x == 0) {
 #pragma unroll
         for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
     }
-    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-    float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-    float o[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(__fmul_rn(xv[i], scale), wv[i]);
-    if (out) {
-        *(float4*)(out + c0) = make_float4(o[0], o[1], o[2], o[3]);
-        *(float4*)(out + c0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
-    }
-    quant8_warp(o, true, c0, fmt, qs, ds, (u16*)0);
+    rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
 }
 
 // Session 35: quantize_act of one row as one warp per 256-element group (quant8_warp: the same

@@ -35,18 +35,10 @@ extern "C" __global__ void rms_norm(const float* x, const int* rows, const float
     // The block's first element, loaded with the slots (one round trip for both).
     float x1 = 0.0f;
     if (ss) {
-        int lane = threadIdx.x & 31;
         double p[RMS_SLOTS / 32];
-#pragma unroll
-        for (int k = 0; k < RMS_SLOTS / 32; k++) p[k] = ss[lane + 32 * k];
+        ss_load(ss, p);
         if (c1 < n) x1 = xr[c1];
-        double v = p[0];
-#pragma unroll
-        for (int k = 1; k < RMS_SLOTS / 32; k++) v += p[k];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        float mean = (float)(v / (double)n);
-        scale = 1.0f / sqrtf(mean + eps);
+        scale = ss_scale(p, n, eps);
     } else {
         scale = rms_scale(xr, n, eps, sh);
     }
