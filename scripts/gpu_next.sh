@@ -36,7 +36,7 @@ wait $SYN; t "models (rc $?)"
 CROSSOVER_CUDA_MODELS=/tmp/l3b.gguf timeout 150 .gpu/model_agree ${MTESTS:-pipelined_qkv cursor_free} \
   --nocapture --test-threads 1 > $OUT/model_agree.log 2>&1
 grep -E "rows|largest|test result|panicked" $OUT/model_agree.log | cut -c1-200; t model_agree
-timeout 150 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvpq} \
+timeout ${AB_S:-150} .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --par 0 --quick ${AB:---ab-mvpq} \
   > $OUT/ab.log 2>&1
 grep -E "a/b|pp512|tg128" $OUT/ab.log | grep -v "kernel output\|kernel o \|kernel q" | cut -c1-160; t "ab ${AB:---ab-mvpq}"
 # The one-token attention's blocks per SM (splits at 4096: 1 -> 17, 2 -> 33, 3 -> 50, 4 -> 66).

@@ -1154,16 +1154,19 @@ fn main() {
         b.set_mvp(m0);
         b.set_mvps(s0);
     }
-    // --ab-mvpd (session 36): the one-token Q4_K down projection as a warp per row with its
-    // weights in registers before the wait (`mvpd<S>_q4_k`) against `mvqe`, five rounds
-    // alternating in one process, with each one's per-class product times once.
+    // --ab-mvpd (session 36): the one-token down projection as a warp per row, Q4_K with its
+    // weights in registers before the wait (`mvpd<S>_q4_k`) and the other K-quants (the Q6_K
+    // copies) with their units decoded before it (`mvqw_*`), against `mvqe`: (mvpd, mvqw) off
+    // and on, three rounds alternating in one process, with each one's per-class product
+    // times once.
     if args.iter().any(|a| a == "--ab-mvpd") {
-        let d0 = b.gpu().mvpd.get();
-        for round in 0..5 {
-            for on in [false, true] {
-                b.gpu().mvpd.set(on);
+        let (d0, w0) = (b.gpu().mvpd.get(), b.gpu().mvqw.get());
+        for round in 0..3 {
+            for (pd, qw) in [(false, false), (true, false), (true, true), (false, true)] {
+                b.gpu().mvpd.set(pd);
+                b.gpu().mvqw.set(qw);
                 b.reset_graphs();
-                let label = format!("mvpd={on} (round {round})");
+                let label = format!("mvpd={pd} mvqw={qw} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
                 if round == 0 {
                     ab_kernels(&mut b, &label, &[]);
@@ -1171,6 +1174,7 @@ fn main() {
             }
         }
         b.gpu().mvpd.set(d0);
+        b.gpu().mvqw.set(w0);
         b.reset_graphs();
     }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair

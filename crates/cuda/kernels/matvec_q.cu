@@ -1827,6 +1827,53 @@ __device__ __forceinline__ void mvqe_impl(const u8* w, int rows, int cols, const
         if (ss) ss_add(ss, row, v);
     }
 }
+// Session 36 (`mvqw_*`): mvqe's product as a warp per row: lane l decodes units l + 32 k
+// (k < MVQW_U) before the PDL wait and adds unit k into acc[k % 4] in k order, the value mvqe's
+// thread l + 32 (k % 4) holds at 128 threads (its units t, t + 128); then each acc's warp sum
+// and their sum in warp order from zero (mvqe's thread 0), so mvqe's bits wherever mvqe runs
+// 128 threads (rows of 97 to 256 units). A block of 4 warps holds 4 rows' decoded units where
+// mvqe's block of 128 threads holds one row's.
+#define MVQW_U 8
+template <int T>
+__device__ __forceinline__ void mvqw_impl(const u8* w, int rows, int cols, const i8* aq,
+                                          const float2* ad, float* y, int accumulate,
+                                          double* ss) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp;
+    if (row >= rows) return;  // the whole warp: it shares one row
+    int units = cols / 32;
+    constexpr int UPB = Q<T>::BE / 32;
+    long long rb = (long long)(cols / Q<T>::BE) * Q<T>::BB;
+    const u8* wr = w + (long long)row * rb;
+    int q[MVQW_U][8];
+    typename QI<T>::P p[MVQW_U];
+#pragma unroll
+    for (int k = 0; k < MVQW_U; k++) {
+        int u = lane + 32 * k;
+        if (u < units) QI<T>::unit(wr + (long long)(u / UPB) * Q<T>::BB, u % UPB, q[k], p[k]);
+    }
+    pdl_wait();
+    pdl_launch();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < MVQW_U; k++) {
+        int u = lane + 32 * k;
+        if (u < units) acc[k & 3] += unit_dot<T>(q[k], p[k], aq + 32 * u, ad + u);
+    }
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) t += warp_sum(acc[i]);
+    if (lane != 0) return;
+    float v = accumulate ? y[row] + t : t;
+    y[row] = v;
+    if (ss) ss_add(ss, row, v);
+}
+#define DEF_MVQW(name, T) \
+    extern "C" __global__ void __launch_bounds__(128) mvqw_##name( \
+        const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
+        int accumulate, double* ss) { \
+        mvqw_impl<T>(w, rows, cols, aq, ad, y, accumulate, ss); \
+    }
 #define DEF_MVQE(name, T) \
     extern "C" __global__ void __launch_bounds__(128) mvqe_##name( \
         const u8* w, int rows, int cols, const i8* aq, const float2* ad, float* y, \
@@ -1851,3 +1898,10 @@ DEF_MVQE(q6_ka4, T_Q6_KA4)
 DEF_MVR4(q6_ku4, T_Q6_KU4)
 DEF_MVQP(q6_ku4, T_Q6_KU4)
 DEF_MVQE(q6_ku4, T_Q6_KU4)
+DEF_MVQW(q4_k, T_Q4_K)
+DEF_MVQW(q5_k, T_Q5_K)
+DEF_MVQW(q6_k, T_Q6_K)
+DEF_MVQW(q6_ka, T_Q6_KA)
+DEF_MVQW(q6_ku, T_Q6_KU)
+DEF_MVQW(q6_ka4, T_Q6_KA4)
+DEF_MVQW(q6_ku4, T_Q6_KU4)

@@ -410,6 +410,11 @@ pub struct Gpu {
     /// headers in registers before the PDL wait (`mvpd<S>_q4_k`, mvps's loads; `mvqe`'s
     /// bits): on with `CROSSOVER_CUDA_MVPD=1`.
     pub mvpd: std::cell::Cell<bool>,
+    /// Session 36: the other one-token block-per-row products that `mvqe` runs at 128
+    /// threads (rows of 97 to 256 units: the down projection's Q6_K copies among them) as a
+    /// warp per row with its units decoded before the PDL wait (`mvqw_*`: `mvqe`'s bits,
+    /// K-quants only; `mvpd` first where it takes the row): on with `CROSSOVER_CUDA_MVQW=1`.
+    pub mvqw: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
     /// [`Gpu::mvqc_cluster`] blocks (`mvqc_*`, sm_90 with PDL; the same bits as
@@ -666,6 +671,7 @@ impl Gpu {
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
             mvpd: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPD").as_deref() == Ok("1")),
+            mvqw: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQW").as_deref() == Ok("1")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
             ),

@@ -199,6 +199,9 @@ pub const MVQE_UNITS: usize = 2;
 /// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]): the rows `mvqe` runs at
 /// 128 threads.
 pub const MVPD_STEPS: std::ops::RangeInclusive<usize> = 4..=8;
+/// Kernel name parts of the warp-per-row `mvqw_*` products (session 36, [`Gpu::mvqw`]): the
+/// K-quants `mvqe` runs on, and the aligned Q6_K copies.
+pub const MVQW_TYPES: [&str; 7] = ["q4_k", "q5_k", "q6_k", "q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
 /// Most splits [`Gpu::attn_merge`] merges (`AM_MAXS` in attn_batch.cu).
 pub const ATTN_MERGE_MAX_SPLIT: usize = 1024;
 /// Head sizes the tensor-core prefill attention ([`Gpu::attn_prefill`]) is built for.
@@ -335,6 +338,9 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvp3_swiglu_q4_k".into());
     for st in MVPD_STEPS {
         v.push(format!("mvpd{st}_q4_k"));
+    }
+    for t in MVQW_TYPES {
+        v.push(format!("mvqw_{t}"));
     }
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
@@ -1181,14 +1187,8 @@ impl Gpu {
             }
             // v10: the same kernel asking L2 for its row before its wait (`mvqp_*`); session
             // 30: or with its units decoded before the wait (`mvqe_*`, the same bits).
-            let name = format!("{form}_{t}");
             return self
-                .launch_id(
-                    self.kernel_id(&name)?,
-                    (u32_of(rows, "rows")?, 1, 1),
-                    (th, 1, 1),
-                    kargs![w, rr, c, qs, ds, y, a, ss],
-                )
+                .mvqe_launch(t, form, th, w, rows, cols, (qs, ds), y, accumulate, ss)
                 .map(|_| ss != 0);
         }
         let k = mvq_id(ty, false, nt)?;
@@ -1596,11 +1596,6 @@ impl Gpu {
                 )
                 .map(|_| ss != 0);
         }
-        let (rr, c, a) = (
-            i32_of(rows, "rows")?,
-            i32_of(cols, "cols")?,
-            accumulate as i32,
-        );
         let t = if self.q6u_wide.get() {
             t
         } else {
@@ -1608,13 +1603,60 @@ impl Gpu {
         };
         let th = self.mvqp_block(cols);
         let form = self.mvqp_form(cols, th);
+        self.mvqe_launch(t, form, th, w, rows, cols, (qs, ds), y, accumulate, ss)
+            .map(|_| ss != 0)
+    }
+
+    /// A one-token block-per-row product (`form`: `mvqp` or `mvqe`, at `th` threads) of type
+    /// name `t`, or the warp-per-row `mvqw_<t>` where [`Gpu::mvqw_takes`] (mvqe's bits).
+    #[allow(clippy::too_many_arguments)]
+    fn mvqe_launch(
+        &self,
+        t: &str,
+        form: &str,
+        th: u32,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        (qs, ds): (u64, u64),
+        y: u64,
+        accumulate: bool,
+        ss: u64,
+    ) -> Result<(), CudaError> {
+        let (rr, c, a) = (
+            i32_of(rows, "rows")?,
+            i32_of(cols, "cols")?,
+            accumulate as i32,
+        );
+        if self.mvqw_takes(t, cols) {
+            const NW: usize = 4;
+            return self.launch_id(
+                self.kernel_id(&format!("mvqw_{t}"))?,
+                (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
+                (32 * NW as u32, 1, 1),
+                kargs![w, rr, c, qs, ds, y, a, ss],
+            );
+        }
         self.launch_id(
             self.kernel_id(&format!("{form}_{t}"))?,
             (u32_of(rows, "rows")?, 1, 1),
             (th, 1, 1),
             kargs![w, rr, c, qs, ds, y, a, ss],
         )
-        .map(|_| ss != 0)
+    }
+
+    /// Whether a one-token block-per-row product of type name `t` (a [`MVQW_TYPES`] entry)
+    /// on rows `cols` wide runs as the warp-per-row `mvqw_<t>` (session 36, [`Gpu::mvqw`]):
+    /// where `mvqe` would run it at 128 threads, whose bits it gives.
+    pub fn mvqw_takes(&self, t: &str, cols: usize) -> bool {
+        let th = self.mvqp_block(cols);
+        self.mvqw.get()
+            && self.pdl.get()
+            && self.mvq_pf.get()
+            && MVQW_TYPES.contains(&t)
+            && th == 128
+            && self.mvqp_form(cols, th) == "mvqe"
+            && cols / 32 <= 256
     }
 
     /// One token's `y (+)= W x` with one warp per row (`mvd_*`, v10: the down projection's

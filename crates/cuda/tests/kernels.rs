@@ -4909,8 +4909,10 @@ fn early_decoded_block_products_equal_mvqp() {
     // block-per-row kernels.
     let (e0, mvr0, pd0) = (g.mvqe.get(), g.mvr.get(), g.mvpd.get());
     g.mvr.set(false);
-    // Session 36's warp-per-row Q4_K form would take some of these rows: off, so mvqe runs.
+    // Session 36's warp-per-row forms would take some of these rows: off, so mvqe runs.
+    let qw0 = g.mvqw.get();
     g.mvpd.set(false);
+    g.mvqw.set(false);
     let (q6u0, q6w0) = (g.q6u.get(), g.q6u_wide.get());
     // Session 32: the 32-element block types too (their activation in blocks of 32).
     let types = [
@@ -5024,12 +5026,15 @@ fn early_decoded_block_products_equal_mvqp() {
     g.mvqe.set(e0);
     g.mvr.set(mvr0);
     g.mvpd.set(pd0);
+    g.mvqw.set(qw0);
 }
 
-/// Session 36: the one-token Q4_K down projection as a warp per row with each lane's weights
-/// in registers before the PDL wait (`mvpd<S>_q4_k`, `Gpu::mvpd`) gives `mvqe_q4_k`'s bits on
-/// fresh random rows of every width it is built for (4 to 8 four-super-block steps; row counts
-/// that leave a block part full), plain, accumulating and adding the squares of the outputs.
+/// Session 36: the one-token down projection as a warp per row, Q4_K with each lane's weights
+/// in registers before the PDL wait (`mvpd<S>_q4_k`, `Gpu::mvpd`) and every K-quant `mvqe`
+/// runs, the aligned Q6_K copies with both decodings among them, with each lane's units decoded
+/// before it (`mvqw_*`, `Gpu::mvqw`), give `mvqe`'s bits on fresh random rows of every width
+/// they take (4 to 8 four-super-block steps; row counts that leave a block part full), plain,
+/// accumulating and adding the squares of the outputs.
 #[test]
 fn warp_row_down_products_equal_mvqe() {
     let Some(g) = gpu_or_skip("mvpd") else {
@@ -5046,96 +5051,143 @@ fn warp_row_down_products_equal_mvqe() {
         g.mvr.get(),
         g.mvqe.get(),
         g.mvpd.get(),
+        g.mvqw.get(),
         g.warp_rows.get(),
         g.mvq_pf.get(),
+        g.q6_half.get(),
+        (g.q6u.get(), g.q6u_wide.get()),
     );
     g.mvsm.set(false);
     g.mvr.set(false);
     g.warp_rows.set(false);
+    g.q6_half.set(false);
     g.mvq_pf.set(true);
     g.mvqe.set(true);
-    let ty = GgmlType::Q4K;
-    for &(rows, cols) in &[
-        (300usize, 8192usize),
-        (77, 4096),
-        (45, 5120),
-        (9, 6144),
-        (130, 7168),
-    ] {
-        let what = format!("Q4_K {rows}x{cols}");
-        let xb = g.upload(&randn(&mut r, cols, 1.0)).unwrap();
-        let (qb, db) = act_bufs(&g, 1, cols);
-        g.quantize_act(
-            xb.ptr(),
-            1,
-            cols,
-            act_format(ty).unwrap(),
-            qb.ptr(),
-            db.ptr(),
-        )
-        .unwrap();
-        let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
-        let w = g.upload(&q).unwrap();
-        let y0 = randn(&mut r, rows, 1.0);
-        for acc in [false, true] {
-            let run = |warp: bool| -> (Vec<f32>, Vec<f64>) {
-                g.mvpd.set(warp);
-                assert_eq!(
-                    g.mvpd_steps(ty, cols).is_some(),
-                    warp,
-                    "{what}: the warp-per-row kernel taken only when on"
-                );
-                let y = if acc {
-                    g.upload(&y0).unwrap()
-                } else {
-                    poisoned(&g, rows)
-                };
-                let ss = g.upload(&vec![0f64; slots]).unwrap();
-                let wrote = g
-                    .matvec_q_ss(
-                        ty,
-                        w.ptr(),
-                        rows,
-                        cols,
-                        qb.ptr(),
-                        db.ptr(),
-                        1,
-                        y.ptr(),
-                        acc,
-                        ss.ptr(),
-                    )
-                    .unwrap();
-                assert!(wrote, "{what}: the sums of squares were added");
-                (
-                    g.download(&y, rows).unwrap(),
-                    g.download(&ss, slots).unwrap(),
-                )
-            };
-            let case = format!("{what} accumulate={acc}");
-            let (ye, se) = run(false);
-            let (yw, sw) = run(true);
-            assert!(ye.iter().all(|v| v.is_finite()), "{case}: mvqe not finite");
-            if let Some(i) = ye
-                .iter()
-                .zip(&yw)
-                .position(|(a, b)| a.to_bits() != b.to_bits())
-            {
-                panic!("{case}: row {i}: mvpd {} mvqe {}", yw[i], ye[i]);
+    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for &(rows, cols) in &[
+            (300usize, 8192usize),
+            (77, 4096),
+            (45, 5120),
+            (9, 6144),
+            (130, 7168),
+        ] {
+            let what = format!("{ty:?} {rows}x{cols}");
+            let xb = g.upload(&randn(&mut r, cols, 1.0)).unwrap();
+            let (qb, db) = act_bufs(&g, 1, cols);
+            g.quantize_act(
+                xb.ptr(),
+                1,
+                cols,
+                act_format(ty).unwrap(),
+                qb.ptr(),
+                db.ptr(),
+            )
+            .unwrap();
+            let (q, _) = quantized(ty, &randn(&mut r, rows * cols, 0.5));
+            let w = g.upload(&q).unwrap();
+            let pad = (ty == GgmlType::Q6K).then(|| g.pad_q6k(w.ptr(), rows, cols).unwrap());
+            let y0 = randn(&mut r, rows, 1.0);
+            for acc in [false, true] {
+                for (aligned, q6u) in [(false, false), (true, false), (true, true)] {
+                    if aligned && pad.is_none() {
+                        continue;
+                    }
+                    g.q6u.set(q6u);
+                    g.q6u_wide.set(q6u);
+                    let name = if aligned {
+                        g.q6a_name(cols, q6u).to_string()
+                    } else {
+                        let q = cuda::kernels::QTYPES.iter().find(|q| q.0 == ty);
+                        q.expect("a quantized type").1.to_string()
+                    };
+                    let run = |pd: bool, qw: bool| -> (Vec<f32>, Vec<f64>) {
+                        g.mvpd.set(pd);
+                        g.mvqw.set(qw);
+                        let y = if acc {
+                            g.upload(&y0).unwrap()
+                        } else {
+                            poisoned(&g, rows)
+                        };
+                        let ss = g.upload(&vec![0f64; slots]).unwrap();
+                        let (qs, ds) = (qb.ptr(), db.ptr());
+                        let wrote = match (&pad, aligned) {
+                            (Some(p), true) => g.matvec_q6ka_ss(
+                                ty,
+                                p.ptr(),
+                                rows,
+                                cols,
+                                qs,
+                                ds,
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                            _ => g.matvec_q_ss(
+                                ty,
+                                w.ptr(),
+                                rows,
+                                cols,
+                                qs,
+                                ds,
+                                1,
+                                y.ptr(),
+                                acc,
+                                ss.ptr(),
+                            ),
+                        }
+                        .unwrap();
+                        assert!(wrote, "{what}: the sums of squares were added");
+                        (
+                            g.download(&y, rows).unwrap(),
+                            g.download(&ss, slots).unwrap(),
+                        )
+                    };
+                    let (ye, se) = run(false, false);
+                    assert!(ye.iter().all(|v| v.is_finite()), "{what}: mvqe not finite");
+                    let mut modes = vec![("mvqw", false, true)];
+                    if ty == GgmlType::Q4K {
+                        modes.push(("mvpd", true, false));
+                    }
+                    for (form, pd, qw) in modes {
+                        let case = format!("{what} {form} {name} accumulate={acc}");
+                        g.mvpd.set(pd);
+                        g.mvqw.set(qw);
+                        let taken = if pd {
+                            g.mvpd_steps(ty, cols).is_some()
+                        } else {
+                            g.mvqw_takes(&name, cols)
+                        };
+                        assert!(taken, "{case}: the warp-per-row kernel is taken");
+                        let (yw, sw) = run(pd, qw);
+                        if let Some(i) = ye
+                            .iter()
+                            .zip(&yw)
+                            .position(|(a, b)| a.to_bits() != b.to_bits())
+                        {
+                            panic!("{case}: row {i}: {form} {} mvqe {}", yw[i], ye[i]);
+                        }
+                        // The slots take f64 atomics in arrival order: equal up to that.
+                        let sum = |s: &[f64]| s.iter().sum::<f64>();
+                        let (a, b) = (sum(&se), sum(&sw));
+                        let want: f64 = ye.iter().map(|&v| v as f64 * v as f64).sum();
+                        assert!(
+                            (a - b).abs() <= 1e-12 * a.abs() && (a - want).abs() <= 1e-9 * want,
+                            "{case}: sums of squares {b} ({form}) {a} (mvqe), rows {want}"
+                        );
+                    }
+                }
             }
-            // The slots take f64 atomics in arrival order: equal up to that.
-            let sum = |s: &[f64]| s.iter().sum::<f64>();
-            let (a, b) = (sum(&se), sum(&sw));
-            let want: f64 = ye.iter().map(|&v| v as f64 * v as f64).sum();
-            assert!(
-                (a - b).abs() <= 1e-12 * a.abs() && (a - want).abs() <= 1e-9 * want,
-                "{case}: sums of squares {b} (mvpd) {a} (mvqe), rows {want}"
-            );
         }
     }
     g.mvsm.set(saved.0);
     g.mvr.set(saved.1);
     g.mvqe.set(saved.2);
     g.mvpd.set(saved.3);
-    g.warp_rows.set(saved.4);
-    g.mvq_pf.set(saved.5);
+    g.mvqw.set(saved.4);
+    g.warp_rows.set(saved.5);
+    g.mvq_pf.set(saved.6);
+    g.q6_half.set(saved.7);
+    g.q6u.set(saved.8 .0);
+    g.q6u_wide.set(saved.8 .1);
 }

@@ -1171,16 +1171,19 @@ fn cursor_free_swiglu_leaves_logits_unchanged() {
     );
 }
 
-/// Session 36: the one-token Q4_K down projection as a warp per row with its weights in
-/// registers before the wait (`Gpu::mvpd`, `mvpd<S>_q4_k`) gives `mvqe`'s bits, one sequence
+/// Session 36: the one-token down projection as a warp per row (`Gpu::mvpd`: Q4_K,
+/// `mvpd<S>_q4_k`; `Gpu::mvqw`: the Q6_K copies, `mvqw_*`) gives `mvqe`'s bits, one sequence
 /// and three, decode steps from graphs.
 #[test]
 fn warp_row_down_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
+    gpu_toggle_keeps_bits(
         "warp_row_down_leaves_logits_unchanged",
         &[20],
         "the down projection a warp per row (against mvqe)",
-        |g| &g.mvpd,
+        |g, on| {
+            g.mvpd.set(on);
+            g.mvqw.set(on);
+        },
     );
 }
 
