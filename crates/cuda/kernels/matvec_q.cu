@@ -1670,6 +1670,21 @@ __device__ __forceinline__ void mvpq_impl(const u8* __restrict__ w0, const u8* _
 // Then each acc's warp sum (mvqe's butterfly) and their sum in warp order from zero (mvqe's
 // thread 0), so mvqe's bits wherever mvqe runs 128 threads (4 <= S <= 8: 128 to 256 units).
 // The activation is Q8_K in the plain layout (quantize_act's).
+// The end of a warp-per-row product in mvqe's order (mvpd, mvqw): acc[w] holds what mvqe's
+// thread l + 32 w holds; each one's warp sum (mvqe's butterfly), their sum from zero in warp
+// order (mvqe's thread 0), then lane 0 writes row `row` (adding into it with `accumulate`) and
+// its square into the RMS slots (ss, may be null). Called by every lane.
+__device__ __forceinline__ void warp_row_out(const float* acc, int row, float* y, int accumulate,
+                                             double* ss) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) t += warp_sum(acc[i]);
+    if ((threadIdx.x & 31) != 0) return;
+    float v = accumulate ? y[row] + t : t;
+    y[row] = v;
+    if (ss) ss_add(ss, row, v);
+}
+
 template <int S>
 __device__ __forceinline__ void mvpd_impl(const u8* __restrict__ w, int rows,
                                           const i8* __restrict__ aq,
@@ -1702,13 +1717,7 @@ __device__ __forceinline__ void mvpd_impl(const u8* __restrict__ w, int rows,
         float4 dd = *(const float4*)(ad + 8 * s + 2 * c);
         acc[k & 3] += mvps_sub(q[k], e[k], alo, ahi, dd, h);
     }
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) t += warp_sum(acc[i]);
-    if (lane != 0) return;
-    float v = accumulate ? y[row] + t : t;
-    y[row] = v;
-    if (ss) ss_add(ss, row, v);
+    warp_row_out(acc, row, y, accumulate, ss);
 }
 
 #define DEF_MVPD(S) \
@@ -1860,13 +1869,7 @@ __device__ __forceinline__ void mvqw_impl(const u8* w, int rows, int cols, const
         int u = lane + 32 * k;
         if (u < units) acc[k & 3] += unit_dot<T>(q[k], p[k], aq + 32 * u, ad + u);
     }
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) t += warp_sum(acc[i]);
-    if (lane != 0) return;
-    float v = accumulate ? y[row] + t : t;
-    y[row] = v;
-    if (ss) ss_add(ss, row, v);
+    warp_row_out(acc, row, y, accumulate, ss);
 }
 #define DEF_MVQW(name, T) \
     extern "C" __global__ void __launch_bounds__(128) mvqw_##name( \
