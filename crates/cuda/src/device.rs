@@ -408,12 +408,16 @@ pub struct Gpu {
     /// Session 36: the one-token Q4_K down projection (rows of 4 to 8 four-super-block steps,
     /// where `mvqe` runs 128 threads) as a warp per row with each lane's weights and decoded
     /// headers in registers before the PDL wait (`mvpd<S>_q4_k`, mvps's loads; `mvqe`'s
-    /// bits): on with `CROSSOVER_CUDA_MVPD=1`.
+    /// bits): on unless `CROSSOVER_CUDA_MVPD=0` (on an H100 the step 0.016-0.020 ms faster at
+    /// depth 0 and 0.024-0.042 at 4096 in six alternating rounds over two calls,
+    /// docs/perf/cuda.md "Session 36").
     pub mvpd: std::cell::Cell<bool>,
     /// Session 36: the other one-token block-per-row products that `mvqe` runs at 128
     /// threads (rows of 97 to 256 units: the down projection's Q6_K copies among them) as a
     /// warp per row with its units decoded before the PDL wait (`mvqw_*`: `mvqe`'s bits,
-    /// K-quants only; `mvpd` first where it takes the row): on with `CROSSOVER_CUDA_MVQW=1`.
+    /// K-quants only; `mvpd` first where it takes the row): on with `CROSSOVER_CUDA_MVQW=1`
+    /// (slower: 113-120 registers; with `mvpd` on, the step +0.04-0.05 ms at depth 0 on an
+    /// H100, docs/perf/cuda.md "Session 36").
     pub mvqw: std::cell::Cell<bool>,
     /// Session 21: one-token products on rows wider than the `mvr` kernels take (the down
     /// projection) quantize their own f32 activation on thread block clusters of
@@ -670,7 +674,7 @@ impl Gpu {
                 std::env::var("CROSSOVER_CUDA_MVQ_PF").as_deref() != Ok("0"),
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
-            mvpd: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPD").as_deref() == Ok("1")),
+            mvpd: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPD").as_deref() != Ok("0")),
             mvqw: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQW").as_deref() == Ok("1")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),
