@@ -1732,6 +1732,156 @@ DEF_MVPD(6)
 DEF_MVPD(7)
 DEF_MVPD(8)
 
+// Session 37: one warp's share of a Q6_KU4 slot (Q6G<4>: 4 Q6_K blocks, 32 units) split by
+// bytes, so each byte is loaded once and decoded once. The 8 lanes i of block `blk` (lane / 8)
+// split its bytes: lane i = 4h + 2k1 + p loads ql bytes [16 i, 16 i + 16) (elements 16p ..
+// 16p + 15 of units 4h + k1, low nibbles, and 4h + k1 + 2, high nibbles) and half k1 of the 16
+// qh bytes those elements need (32h + 16p + 8k1; the other half comes from lane i ^ 2), plus the
+// scale pair of unit i (the lane's own, mvqe's and mvr's lane role: unit l + 32 k of a row is
+// lane l's) and the block's d: 7 words where a decoded unit takes 11. q6s_load reads them
+// (plain loads, which stay before a later PDL wait); q6s_value forms the lane's two integer
+// half sums (exact, so in any order), gathers unit i's two halves by shuffles and returns
+// QI<T_Q6_KU4>::combine's value for it: unit_dot's bits. Called by every lane.
+struct Q6Slice {
+    uint4 ql;
+    uint2 qh;
+    u32 pre;  // the unit's scale pair | the block's f16 d << 16
+};
+
+__device__ __forceinline__ Q6Slice q6s_load(const u8* slot) {
+    using G = Q6G<4>;
+    int lane = threadIdx.x & 31, blk = lane >> 3, i = lane & 7;
+    int h = i >> 2, k1 = (i >> 1) & 1, p = i & 1;
+    Q6Slice q;
+    q.ql = ld_early16((const uint4*)(slot + G::ql(blk) + 16 * i));
+    q.qh = ld_early8((const uint2*)(slot + G::qh(blk) + 32 * h + 16 * p + 8 * k1));
+    q.pre = ld_early2((const u16*)(slot + G::sc(blk) + 2 * i)) |
+            (ld_early2((const u16*)(slot + G::d(blk))) << 16);
+    return q;
+}
+
+// The value of unit 32 k + lane of a row whose slot k the warp's lanes hold in `q`.
+__device__ __forceinline__ float q6s_value(const Q6Slice& q, int k, const i8* __restrict__ aq,
+                                           const float2* __restrict__ ad) {
+    int lane = threadIdx.x & 31, blk = lane >> 3, i = lane & 7;
+    int h = i >> 2, k1 = (i >> 1) & 1, p = i & 1;
+    u32 ox = __shfl_xor_sync(0xffffffffu, q.qh.x, 2);
+    u32 oy = __shfl_xor_sync(0xffffffffu, q.qh.y, 2);
+    u32 hw[4] = {k1 ? ox : q.qh.x, k1 ? oy : q.qh.y, k1 ? q.qh.x : ox, k1 ? q.qh.y : oy};
+    u32 lw[4] = {q.ql.x, q.ql.y, q.ql.z, q.ql.w};
+    int ua = 32 * k + 8 * blk + 4 * h + k1;  // this lane's low-nibble unit; ua + 2 the other
+    int4 aa = *(const int4*)(aq + 32 * ua + 16 * p);
+    int4 ab = *(const int4*)(aq + 32 * (ua + 2) + 16 * p);
+    int av[4] = {aa.x, aa.y, aa.z, aa.w}, bv[4] = {ab.x, ab.y, ab.z, ab.w};
+    int sa = 0, sb = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        u32 qa = (lw[t] & 0x0f0f0f0fu) | (((hw[t] >> (2 * k1)) & 0x03030303u) << 4);
+        u32 qb = ((lw[t] >> 4) & 0x0f0f0f0fu) | (((hw[t] >> (2 * k1 + 4)) & 0x03030303u) << 4);
+        sa = dp4a((int)qa, av[t], sa);
+        sb = dp4a((int)qb, bv[t], sb);
+    }
+    // The lanes holding halves 0 and 1 of unit i = 4h' + k': 4h' + 2(k' & 1) + p.
+    int base = (lane & ~7) | (i & 4) | ((i & 1) << 1);
+    bool hi_unit = (i & 2) != 0;
+    int a0 = __shfl_sync(0xffffffffu, sa, base), b0 = __shfl_sync(0xffffffffu, sb, base);
+    int a1 = __shfl_sync(0xffffffffu, sa, base | 1), b1 = __shfl_sync(0xffffffffu, sb, base | 1);
+    QI<T_Q6_K>::P pp;
+    pp.d = h2f((u16)(q.pre >> 16));
+    pp.s0 = (int)(i8)(q.pre & 0xff);
+    pp.s1 = (int)(i8)((q.pre >> 8) & 0xff);
+    return QI<T_Q6_KU4>::combine(pp, hi_unit ? b0 : a0, hi_unit ? b1 : a1, ad[32 * k + lane]);
+}
+
+// Session 37 (`mvpd<S>_q6_ku4`): the one-token down projection on the Q6_KU4 copies (cols =
+// 1024 S) as a warp per row whose slots' bytes sit in registers (q6s_load) before the PDL wait,
+// 56 words a lane at S = 8 where mvqw's decoded units took 113-120 registers. Lane l adds unit
+// l + 32 k into acc[k % 4] in k order, then warp_row_out: mvqe's bits wherever mvqe runs 128
+// threads (4 <= S <= 8).
+template <int S>
+__device__ __forceinline__ void mvpd6_impl(const u8* __restrict__ w, int rows,
+                                           const i8* __restrict__ aq,
+                                           const float2* __restrict__ ad, float* y,
+                                           int accumulate, double* ss) {
+    int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp;
+    if (row >= rows) return;  // the whole warp: it shares one row
+    const u8* b = w + (long long)row * S * Q6G<4>::BB;
+    Q6Slice q[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) q[k] = q6s_load(b + k * Q6G<4>::BB);
+    pdl_wait();
+    pdl_launch();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < S; k++) acc[k & 3] += q6s_value(q[k], k, aq, ad);
+    warp_row_out(acc, row, y, accumulate, ss);
+}
+
+// Session 37 (`mvph<S>_q6_ku4`): the one-token output head (or any plain product the mvr
+// kernels take) on the Q6_KU4 copy (cols = 1024 S) as warps striding over rows, each holding
+// the next row's slots in registers (q6s_load) while it computes the current one, the first
+// row's loaded before the PDL wait: one row of loads in flight per warp with no L2 prefetch
+// and each byte loaded once. Lane l adds unit l + 32 k in k order into one sum, then a warp
+// sum (mvr_dot's order), so mvr4_q6_ku4's bits; lane 0 writes the row (adding into it with
+// `accumulate`) and its square into the RMS slots (ss, may be null).
+template <int S>
+__device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
+                                          const i8* __restrict__ aq,
+                                          const float2* __restrict__ ad, float* y,
+                                          int accumulate, double* ss) {
+    int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp, stride = gridDim.x * nw;
+    if (row >= rows) return;  // the whole warp: it shares its rows
+    constexpr long long RB = (long long)S * Q6G<4>::BB;
+    Q6Slice nx[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) nx[k] = q6s_load(w + row * RB + k * Q6G<4>::BB);
+    pdl_wait();
+    pdl_launch();
+    for (; row < rows; row += stride) {
+        Q6Slice q[S];
+#pragma unroll
+        for (int k = 0; k < S; k++) q[k] = nx[k];
+        long long nr = row + stride;
+        if (nr < rows) {
+#pragma unroll
+            for (int k = 0; k < S; k++) nx[k] = q6s_load(w + nr * RB + k * Q6G<4>::BB);
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S; k++) acc += q6s_value(q[k], k, aq, ad);
+        acc = warp_sum(acc);
+        if ((threadIdx.x & 31) == 0) {
+            float v = accumulate ? y[row] + acc : acc;
+            y[row] = v;
+            if (ss) ss_add(ss, row, v);
+        }
+    }
+}
+
+#define DEF_MVPH(S) \
+    extern "C" __global__ void __launch_bounds__(128) mvph##S##_q6_ku4( \
+        const u8* __restrict__ w, int rows, const i8* __restrict__ aq, \
+        const float2* __restrict__ ad, float* y, int accumulate, double* ss) { \
+        mvph_impl<S>(w, rows, aq, ad, y, accumulate, ss); \
+    }
+DEF_MVPH(2)
+DEF_MVPH(3)
+DEF_MVPH(4)
+
+#define DEF_MVPD6(S) \
+    extern "C" __global__ void __launch_bounds__(128, 6) mvpd##S##_q6_ku4( \
+        const u8* __restrict__ w, int rows, const i8* __restrict__ aq, \
+        const float2* __restrict__ ad, float* y, int accumulate, double* ss) { \
+        mvpd6_impl<S>(w, rows, aq, ad, y, accumulate, ss); \
+    }
+DEF_MVPD6(4)
+DEF_MVPD6(5)
+DEF_MVPD6(6)
+DEF_MVPD6(7)
+DEF_MVPD6(8)
+
 #define DEF_MVPQ(S, v, TV) \
     extern "C" __global__ void __launch_bounds__(128) mvpq##S##_q4_k_##v( \
         const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, const i8* aq, \
