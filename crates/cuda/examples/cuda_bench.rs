@@ -1183,7 +1183,7 @@ fn main() {
     // per-class product times once.
     // --ab-mvph (session 37): the same for the output head on the Q6_KU4 copy as warps
     // striding over rows (`mvph<S>_q6_ku4`) against `mvr4_q6_ku4`.
-    for (flag, name) in [("--ab-mvpd6", "mvpd6"), ("--ab-mvph", "mvph")] {
+    for (flag, name) in [("--ab-mvph", "mvph"), ("--ab-mvpd6", "mvpd6")] {
         if !args.iter().any(|a| a == flag) {
             continue;
         }

@@ -1821,10 +1821,12 @@ __device__ __forceinline__ void mvpd6_impl(const u8* __restrict__ w, int rows,
 // Session 37 (`mvph<S>_q6_ku4`): the one-token output head (or any plain product the mvr
 // kernels take) on the Q6_KU4 copy (cols = 1024 S) as warps striding over rows, each holding
 // the next row's slots in registers (q6s_load) while it computes the current one, the first
-// row's loaded before the PDL wait: one row of loads in flight per warp with no L2 prefetch
-// and each byte loaded once. Lane l adds unit l + 32 k in k order into one sum, then a warp
+// row's loaded before the PDL wait, and the row MVPH_AHEAD strides on asked of L2 (one row of
+// register loads per warp was too little in flight: +12.7 us on an H100, docs/perf/cuda.md
+// "Session 37"); each byte loaded once. Lane l adds unit l + 32 k in k order into one sum, then a warp
 // sum (mvr_dot's order), so mvr4_q6_ku4's bits; lane 0 writes the row (adding into it with
 // `accumulate`) and its square into the RMS slots (ss, may be null).
+#define MVPH_AHEAD 3
 template <int S>
 __device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
                                           const i8* __restrict__ aq,
@@ -1837,6 +1839,17 @@ __device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
     Q6Slice nx[S];
 #pragma unroll
     for (int k = 0; k < S; k++) nx[k] = q6s_load(w + row * RB + k * Q6G<4>::BB);
+    // The row MVPH_AHEAD strides on asked of L2 (lane l its line l), so more than the next
+    // row's bytes are on their way.
+    auto ask = [&](long long r) {
+        if (MVPH_AHEAD > 1 && r < rows) {
+            unsigned long long a = (unsigned long long)(w + r * RB);
+            unsigned long long line = (a & ~127ull) + 128ull * (threadIdx.x & 31);
+            if (line < a + RB) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        }
+    };
+#pragma unroll
+    for (int k = 2; k < MVPH_AHEAD; k++) ask(row + (long long)k * stride);
     pdl_wait();
     pdl_launch();
     for (; row < rows; row += stride) {
@@ -1848,6 +1861,7 @@ __device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
 #pragma unroll
             for (int k = 0; k < S; k++) nx[k] = q6s_load(w + nr * RB + k * Q6G<4>::BB);
         }
+        ask(row + (long long)MVPH_AHEAD * stride);
         float acc = 0.0f;
 #pragma unroll
         for (int k = 0; k < S; k++) acc += q6s_value(q[k], k, aq, ad);
@@ -1860,8 +1874,10 @@ __device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
     }
 }
 
+// Capped at 64 registers for S <= 3 (8 blocks of 4 warps per SM; 96 uncapped with the L2
+// prefetch), 80 at S = 4.
 #define DEF_MVPH(S) \
-    extern "C" __global__ void __launch_bounds__(128) mvph##S##_q6_ku4( \
+    extern "C" __global__ void __launch_bounds__(128, (S) <= 3 ? 8 : 6) mvph##S##_q6_ku4( \
         const u8* __restrict__ w, int rows, const i8* __restrict__ aq, \
         const float2* __restrict__ ad, float* y, int accumulate, double* ss) { \
         mvph_impl<S>(w, rows, aq, ad, y, accumulate, ss); \

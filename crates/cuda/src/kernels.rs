@@ -1240,16 +1240,17 @@ impl Gpu {
     }
 
     /// The steps S of the `mvpd<S>_q6_ku4` kernel that takes a one-token block-per-row
-    /// product of type name `t` on rows `cols` wide (session 37, [`Gpu::mvpd6`]): Q6_KU4 rows
-    /// of S whole slots where `mvqe` runs 128 threads, whose bits it gives; None: another
-    /// kernel.
+    /// product of type name `t` on rows `cols` wide (session 37, [`Gpu::mvpd6`]): rows of S
+    /// whole slots of the four-block aligned Q6_K copy (`q6_ka4` or `q6_ku4`: the same integer
+    /// sums, so the same bits) where `mvqe` runs 128 threads, whose bits it gives; None:
+    /// another kernel.
     pub fn mvpd6_steps(&self, t: &str, cols: usize) -> Option<usize> {
         let st = cols / 1024;
         let th = self.mvqp_block(cols);
         (self.mvpd6.get()
             && self.pdl.get()
             && self.mvq_pf.get()
-            && t == "q6_ku4"
+            && (t == "q6_ku4" || t == "q6_ka4")
             && th == 128
             && self.mvqp_form(cols, th) == "mvqe"
             && cols.is_multiple_of(1024)

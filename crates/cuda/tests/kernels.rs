@@ -5151,7 +5151,7 @@ fn warp_row_down_products_equal_mvqe() {
                     if ty == GgmlType::Q4K {
                         modes.push(("mvpd", true, false));
                     }
-                    if name == "q6_ku4" {
+                    if name == "q6_ku4" || name == "q6_ka4" {
                         modes.push(("mvpd6", true, false));
                     }
                     for (form, pd, qw) in modes {
