@@ -1183,16 +1183,16 @@ fn main() {
     // per-class product times once.
     // --ab-mvph (session 37): the same for the output head on the Q6_KU4 copy as warps
     // striding over rows (`mvph<S>_q6_ku4`) against `mvr4_q6_ku4`.
-    for (flag, name) in [("--ab-mvph", "mvph"), ("--ab-mvpd6", "mvpd6")] {
+    type Switch = fn(&cuda::Gpu) -> &std::cell::Cell<bool>;
+    let switches: [(&str, &str, Switch); 2] = [
+        ("--ab-mvph", "mvph", |g| &g.mvph),
+        ("--ab-mvpd6", "mvpd6", |g| &g.mvpd6),
+    ];
+    for (flag, name, cell) in switches {
         if !args.iter().any(|a| a == flag) {
             continue;
         }
-        let cell = if name == "mvpd6" {
-            &b.gpu().mvpd6
-        } else {
-            &b.gpu().mvph
-        };
-        let d0 = cell.get();
+        let d0 = cell(b.gpu()).get();
         for round in 0..4 {
             let order = if round % 2 == 0 {
                 [false, true]
@@ -1200,12 +1200,7 @@ fn main() {
                 [true, false]
             };
             for on in order {
-                let cell = if name == "mvpd6" {
-                    &b.gpu().mvpd6
-                } else {
-                    &b.gpu().mvph
-                };
-                cell.set(on);
+                cell(b.gpu()).set(on);
                 b.reset_graphs();
                 let label = format!("{name}={on} (round {round})");
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
@@ -1214,12 +1209,7 @@ fn main() {
                 }
             }
         }
-        let cell = if name == "mvpd6" {
-            &b.gpu().mvpd6
-        } else {
-            &b.gpu().mvph
-        };
-        cell.set(d0);
+        cell(b.gpu()).set(d0);
         b.reset_graphs();
     }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair

@@ -5029,6 +5029,30 @@ fn early_decoded_block_products_equal_mvqp() {
     g.mvqw.set(qw0);
 }
 
+/// The rows `got` of kernel `form` equal the rows `want` of kernel `base` bit for bit, and the
+/// RMS slots each launch added into (`sg`, `sw`) sum to the rows' squares: equal up to the
+/// order in which the f64 atomics arrived.
+fn rows_and_squares_equal(
+    case: &str,
+    (form, got, sg): (&str, &[f32], &[f64]),
+    (base, want, sw): (&str, &[f32], &[f64]),
+) {
+    if let Some(i) = want
+        .iter()
+        .zip(got)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        panic!("{case}: row {i}: {form} {} {base} {}", got[i], want[i]);
+    }
+    let sum = |s: &[f64]| s.iter().sum::<f64>();
+    let (a, b) = (sum(sw), sum(sg));
+    let rows: f64 = want.iter().map(|&v| v as f64 * v as f64).sum();
+    assert!(
+        (a - b).abs() <= 1e-12 * a.abs() && (a - rows).abs() <= 1e-9 * rows,
+        "{case}: sums of squares {b} ({form}) {a} ({base}), rows {rows}"
+    );
+}
+
 /// Session 36: the one-token down projection as a warp per row, Q4_K with each lane's weights
 /// in registers before the PDL wait (`mvpd<S>_q4_k`, `Gpu::mvpd`) and every K-quant `mvqe`
 /// runs, the aligned Q6_K copies with both decodings among them, with each lane's units decoded
@@ -5168,21 +5192,7 @@ fn warp_row_down_products_equal_mvqe() {
                         };
                         assert!(taken, "{case}: the warp-per-row kernel is taken");
                         let (yw, sw) = run(pd, qw);
-                        if let Some(i) = ye
-                            .iter()
-                            .zip(&yw)
-                            .position(|(a, b)| a.to_bits() != b.to_bits())
-                        {
-                            panic!("{case}: row {i}: {form} {} mvqe {}", yw[i], ye[i]);
-                        }
-                        // The slots take f64 atomics in arrival order: equal up to that.
-                        let sum = |s: &[f64]| s.iter().sum::<f64>();
-                        let (a, b) = (sum(&se), sum(&sw));
-                        let want: f64 = ye.iter().map(|&v| v as f64 * v as f64).sum();
-                        assert!(
-                            (a - b).abs() <= 1e-12 * a.abs() && (a - want).abs() <= 1e-9 * want,
-                            "{case}: sums of squares {b} ({form}) {a} (mvqe), rows {want}"
-                        );
+                        rows_and_squares_equal(&case, (form, &yw, &sw), ("mvqe", &ye, &se));
                     }
                 }
             }
@@ -5290,20 +5300,7 @@ fn striding_head_products_equal_mvr4() {
             assert!(ye.iter().all(|v| v.is_finite()), "{what}: mvr4 not finite");
             let (yh, sh) = run(true);
             let case = format!("{what} accumulate={acc}");
-            if let Some(i) = ye
-                .iter()
-                .zip(&yh)
-                .position(|(a, b)| a.to_bits() != b.to_bits())
-            {
-                panic!("{case}: row {i}: mvph {} mvr4 {}", yh[i], ye[i]);
-            }
-            let sum = |s: &[f64]| s.iter().sum::<f64>();
-            let (a, b) = (sum(&se), sum(&sh));
-            let want: f64 = ye.iter().map(|&v| v as f64 * v as f64).sum();
-            assert!(
-                (a - b).abs() <= 1e-12 * a.abs() && (a - want).abs() <= 1e-9 * want,
-                "{case}: sums of squares {b} (mvph) {a} (mvr4), rows {want}"
-            );
+            rows_and_squares_equal(&case, ("mvph", &yh, &sh), ("mvr4", &ye, &se));
         }
     }
     g.mvsm.set(saved.0);
