@@ -1840,9 +1840,10 @@ __device__ __forceinline__ void mvph_impl(const u8* __restrict__ w, int rows,
 #pragma unroll
     for (int k = 0; k < S; k++) nx[k] = q6s_load(w + row * RB + k * Q6G<4>::BB);
     // The row MVPH_AHEAD strides on asked of L2 (lane l its line l), so more than the next
-    // row's bytes are on their way.
+    // row's bytes are on their way. One prefetch a lane, not warp_prefetch_l2's loop: with
+    // that loop mvph3 spilled 56 bytes at 64 registers (scripts/cuda_regs.py).
     auto ask = [&](long long r) {
-        if (MVPH_AHEAD > 1 && r < rows) {
+        if (r < rows) {
             unsigned long long a = (unsigned long long)(w + r * RB);
             unsigned long long line = (a & ~127ull) + 128ull * (threadIdx.x & 31);
             if (line < a + RB) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));

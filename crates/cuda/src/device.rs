@@ -423,10 +423,9 @@ pub struct Gpu {
     /// Session 37: the one-token output head on the Q6_KU4 copy (rows of 2 to 4 slots, where
     /// the `mvr4` kernels take it) as warps striding over rows, each holding the next row's
     /// share of the raw bytes in registers while it computes the current one, the first
-    /// row's before the PDL wait (`mvph<S>_q6_ku4`; `mvr4_q6_ku4`'s
-    /// bits; the row three strides on asked of L2): on with `CROSSOVER_CUDA_MVPH=1` (without
-    /// that prefetch slower on an H100: the head 111 -> 124 us, docs/perf/cuda.md
-    /// "Session 37").
+    /// row's before the PDL wait, the row three strides on asked of L2 (`mvph<S>_q6_ku4`;
+    /// `mvr4_q6_ku4`'s bits): on with `CROSSOVER_CUDA_MVPH=1` (without that prefetch slower
+    /// on an H100: the head 111 -> 124 us, docs/perf/cuda.md "Session 37").
     pub mvph: std::cell::Cell<bool>,
     /// Session 36: the other one-token block-per-row products that `mvqe` runs at 128
     /// threads (rows of 97 to 256 units: the down projection's Q6_K copies among them) as a
