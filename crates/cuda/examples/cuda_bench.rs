@@ -1437,10 +1437,13 @@ fn main() {
             "mvqp_",
             "mvqe_",
             "mvqc_",
+            "mvpd",
+            "mvph",
             "mvsm",
         ];
         // Session 21: the staged output projection (mvsm*), the cluster down (mvqc_) and the
-        // greedy pick (argmax) have classes of their own.
+        // greedy pick (argmax) have classes of their own; session 38 adds the warp-per-row down
+        // (mvpd*) to the down class and the striding head (mvph*) to the head's.
         let sets: &[&[&str]] = &[
             &[],
             &["rms_norm"],
@@ -1450,8 +1453,8 @@ fn main() {
             &["mvr4_rope", "mvr_rope", "mvpq"],
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
             &["mvr_swiglu", "mvp3_", "mvps", "mvh_"],
-            &["mvqp_", "mvqe_", "mvq_", "mvqc_"],
-            &["mvr4_q6_k", "mvr_q6_k"],
+            &["mvqp_", "mvqe_", "mvq_", "mvqc_", "mvpd"],
+            &["mvr4_q6_k", "mvr_q6_k", "mvph"],
             &["argmax"],
             &[],
             small,
