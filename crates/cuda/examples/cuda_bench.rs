@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-mvpd6] [--ab-mvph] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1177,41 +1177,6 @@ fn main() {
         b.gpu().mvqw.set(w0);
         b.reset_graphs();
     }
-    // --ab-mvpd6 (session 37): the one-token down projection on the Q6_KU4 copies as a warp
-    // per row with its raw bytes in registers before the wait (`mvpd<S>_q6_ku4`) against
-    // `mvqe`, four rounds alternating off/on then on/off in one process, with each one's
-    // per-class product times once.
-    // --ab-mvph (session 37): the same for the output head on the Q6_KU4 copy as warps
-    // striding over rows (`mvph<S>_q6_ku4`) against `mvr4_q6_ku4`.
-    type Switch = fn(&cuda::Gpu) -> &std::cell::Cell<bool>;
-    let switches: [(&str, &str, Switch); 2] = [
-        ("--ab-mvph", "mvph", |g| &g.mvph),
-        ("--ab-mvpd6", "mvpd6", |g| &g.mvpd6),
-    ];
-    for (flag, name, cell) in switches {
-        if !args.iter().any(|a| a == flag) {
-            continue;
-        }
-        let d0 = cell(b.gpu()).get();
-        for round in 0..4 {
-            let order = if round % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
-            };
-            for on in order {
-                cell(b.gpu()).set(on);
-                b.reset_graphs();
-                let label = format!("{name}={on} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-                if round < 2 {
-                    ab_kernels(&mut b, &label, &[]);
-                }
-            }
-        }
-        cell(b.gpu()).set(d0);
-        b.reset_graphs();
-    }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair
     // with its weights in registers before the wait (`mvpq3`) against the mvr kernels, five
     // rounds alternating in one process, with each one's per-class product times once.
@@ -1438,12 +1403,11 @@ fn main() {
             "mvqe_",
             "mvqc_",
             "mvpd",
-            "mvph",
             "mvsm",
         ];
         // Session 21: the staged output projection (mvsm*), the cluster down (mvqc_) and the
         // greedy pick (argmax) have classes of their own; session 38 adds the warp-per-row down
-        // (mvpd*) to the down class and the striding head (mvph*) to the head's.
+        // (mvpd*, session 36) to the down class.
         let sets: &[&[&str]] = &[
             &[],
             &["rms_norm"],
@@ -1454,7 +1418,7 @@ fn main() {
             &["mvr4_q4_k", "mvr_q4_k", "mvsm"],
             &["mvr_swiglu", "mvp3_", "mvps", "mvh_"],
             &["mvqp_", "mvqe_", "mvq_", "mvqc_", "mvpd"],
-            &["mvr4_q6_k", "mvr_q6_k", "mvph"],
+            &["mvr4_q6_k", "mvr_q6_k"],
             &["argmax"],
             &[],
             small,

@@ -78,18 +78,6 @@ __device__ __forceinline__ uint4 ld_early16(const uint4* p) {
     return v;
 }
 
-// ld_early16's 8-byte and 2-byte forms (session 37, `mvpd<S>_q6_ku4`).
-__device__ __forceinline__ uint2 ld_early8(const uint2* p) {
-    uint2 v;
-    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ u32 ld_early2(const u16* p) {
-    unsigned short v;
-    asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return (u32)v;
-}
-
 #define PDL_ENTRY() \
     do { \
         pdl_wait(); \

@@ -412,21 +412,6 @@ pub struct Gpu {
     /// depth 0 and 0.024-0.042 at 4096 in six alternating rounds over two calls,
     /// docs/perf/cuda.md "Session 36").
     pub mvpd: std::cell::Cell<bool>,
-    /// Session 37: the one-token down projection on the Q6_KU4 copies (rows of 4 to 8
-    /// slots, where `mvqe` runs 128 threads) as a warp per row with each lane's share of the
-    /// raw bytes in registers before the PDL wait, the 8 lanes of a block splitting its bytes
-    /// and exchanging integer half sums by shuffles (`mvpd<S>_q6_ku4`, on either copy's
-    /// name, `q6_ka4` or `q6_ku4`; `mvqe`'s bits): on with `CROSSOVER_CUDA_MVPD6=1` (on an
-    /// H100 -0.010 ms per token at depth 0 in 3 of 4 rounds, at the edge of noise,
-    /// docs/perf/cuda.md "Session 37").
-    pub mvpd6: std::cell::Cell<bool>,
-    /// Session 37: the one-token output head on the Q6_KU4 copy (rows of 2 to 4 slots, where
-    /// the `mvr4` kernels take it) as warps striding over rows, each holding the next row's
-    /// share of the raw bytes in registers while it computes the current one, the first
-    /// row's before the PDL wait, the row three strides on asked of L2 (`mvph<S>_q6_ku4`;
-    /// `mvr4_q6_ku4`'s bits): on with `CROSSOVER_CUDA_MVPH=1` (without that prefetch slower
-    /// on an H100: the head 111 -> 124 us, docs/perf/cuda.md "Session 37").
-    pub mvph: std::cell::Cell<bool>,
     /// Session 36: the other one-token block-per-row products that `mvqe` runs at 128
     /// threads (rows of 97 to 256 units: the down projection's Q6_K copies among them) as a
     /// warp per row with its units decoded before the PDL wait (`mvqw_*`: `mvqe`'s bits,
@@ -690,10 +675,6 @@ impl Gpu {
             ),
             mvqe: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQE").as_deref() != Ok("0")),
             mvpd: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPD").as_deref() != Ok("0")),
-            mvpd6: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVPD6").as_deref() == Ok("1"),
-            ),
-            mvph: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVPH").as_deref() == Ok("1")),
             mvqw: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVQW").as_deref() == Ok("1")),
             down_cl: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_DOWN_CL").as_deref() == Ok("1"),

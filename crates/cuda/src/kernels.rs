@@ -196,12 +196,9 @@ const K_KV_PREFETCH: usize = 17;
 /// matvec_q.cu).
 pub const MVQE_UNITS: usize = 2;
 /// Row widths, in four-super-block steps of 1024 columns, the warp-per-row Q4_K down
-/// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]), and its Q6_KU4 form
-/// `mvpd<S>_q6_ku4` (session 37, [`Gpu::mvpd6`]): the rows `mvqe` runs at 128 threads.
+/// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]): the rows `mvqe` runs at
+/// 128 threads.
 pub const MVPD_STEPS: std::ops::RangeInclusive<usize> = 4..=8;
-/// Row widths, in slots of 1024 columns, the striding Q6_KU4 head product `mvph<S>_q6_ku4` is
-/// built for (session 37, [`Gpu::mvph`]).
-pub const MVPH_STEPS: std::ops::RangeInclusive<usize> = 2..=4;
 /// Kernel name parts of the warp-per-row `mvqw_*` products (session 36, [`Gpu::mvqw`]): the
 /// K-quants `mvqe` runs on, and the aligned Q6_K copies.
 pub const MVQW_TYPES: [&str; 7] = ["q4_k", "q5_k", "q6_k", "q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
@@ -341,10 +338,6 @@ pub fn all_kernel_names() -> Vec<String> {
     v.push("mvp3_swiglu_q4_k".into());
     for st in MVPD_STEPS {
         v.push(format!("mvpd{st}_q4_k"));
-        v.push(format!("mvpd{st}_q6_ku4"));
-    }
-    for st in MVPH_STEPS {
-        v.push(format!("mvph{st}_q6_ku4"));
     }
     for t in MVQW_TYPES {
         v.push(format!("mvqw_{t}"));
@@ -1239,41 +1232,6 @@ impl Gpu {
         .then_some(st)
     }
 
-    /// The steps S of the `mvpd<S>_q6_ku4` kernel that takes a one-token block-per-row
-    /// product of type name `t` on rows `cols` wide (session 37, [`Gpu::mvpd6`]): rows of S
-    /// whole slots of the four-block aligned Q6_K copy (`q6_ka4` or `q6_ku4`: the same integer
-    /// sums, so the same bits) where `mvqe` runs 128 threads, whose bits it gives; None:
-    /// another kernel.
-    pub fn mvpd6_steps(&self, t: &str, cols: usize) -> Option<usize> {
-        let st = cols / 1024;
-        let th = self.mvqp_block(cols);
-        (self.mvpd6.get()
-            && self.pdl.get()
-            && self.mvq_pf.get()
-            && (t == "q6_ku4" || t == "q6_ka4")
-            && th == 128
-            && self.mvqp_form(cols, th) == "mvqe"
-            && cols.is_multiple_of(1024)
-            && MVPD_STEPS.contains(&st))
-        .then_some(st)
-    }
-
-    /// The steps S of the `mvph<S>_q6_ku4` kernel that takes a one-token product of type name
-    /// `t` (the aligned Q6_K copy's) on rows `cols` wide (session 37, [`Gpu::mvph`]): Q6_KU4
-    /// rows of S whole slots that the `mvr4` kernels take, whose bits it gives; None: another
-    /// kernel.
-    pub fn mvph_steps(&self, t: &str, cols: usize) -> Option<usize> {
-        let st = cols / 1024;
-        (self.mvph.get()
-            && self.pdl.get()
-            && self.mvr_lb4.get()
-            && t == "q6_ku4"
-            && self.mvr_fits(cols)
-            && cols.is_multiple_of(1024)
-            && MVPH_STEPS.contains(&st))
-        .then_some(st)
-    }
-
     /// Threads per block of an `mvqp_*` launch on rows `cols` wide ([`Gpu::mvqp_threads`]).
     fn mvqp_block(&self, cols: usize) -> u32 {
         match self.mvqp_threads.get() {
@@ -1623,22 +1581,6 @@ impl Gpu {
                 .mvsm_launch(t, w, rows, cols, rb, ppb, (qs, ds), y, accumulate, ss)
                 .map(|_| ss != 0);
         }
-        if let Some(st) = self.mvph_steps(t, cols) {
-            // Session 37: warps striding over rows, the next row's bytes in registers
-            // (mvr4's bits).
-            const NW: usize = 4;
-            let id = self.kernel_id(&format!("mvph{st}_q6_ku4"))?;
-            let blocks = rows.div_ceil(NW).min(self.resident_blocks(id, NW)?).max(1);
-            let (rr, a) = (i32_of(rows, "rows")?, accumulate as i32);
-            return self
-                .launch_id(
-                    id,
-                    (u32_of(blocks, "rows")?, 1, 1),
-                    (32 * NW as u32, 1, 1),
-                    kargs![w, rr, qs, ds, y, a, ss],
-                )
-                .map(|_| ss != 0);
-        }
         if self.mvr_fits(cols) {
             let act = ActIn::Quantized { qs, ds };
             let segs = [(w, rows, y)];
@@ -1666,8 +1608,7 @@ impl Gpu {
     }
 
     /// A one-token block-per-row product (`form`: `mvqp` or `mvqe`, at `th` threads) of type
-    /// name `t`, or a warp-per-row kernel with mvqe's bits: `mvpd<S>_q6_ku4` where
-    /// [`Gpu::mvpd6_steps`] gives S, else `mvqw_<t>` where [`Gpu::mvqw_takes`].
+    /// name `t`, or the warp-per-row `mvqw_<t>` where [`Gpu::mvqw_takes`] (mvqe's bits).
     #[allow(clippy::too_many_arguments)]
     fn mvqe_launch(
         &self,
@@ -1687,17 +1628,6 @@ impl Gpu {
             i32_of(cols, "cols")?,
             accumulate as i32,
         );
-        if let Some(st) = self.mvpd6_steps(t, cols) {
-            // Session 37: a warp per row, its share of the raw bytes in registers before the
-            // wait (mvqe's bits).
-            const NW: usize = 4;
-            return self.launch_id(
-                self.kernel_id(&format!("mvpd{st}_q6_ku4"))?,
-                (u32_of(rows.div_ceil(NW), "rows")?, 1, 1),
-                (32 * NW as u32, 1, 1),
-                kargs![w, rr, qs, ds, y, a, ss],
-            );
-        }
         if self.mvqw_takes(t, cols) {
             const NW: usize = 4;
             return self.launch_id(

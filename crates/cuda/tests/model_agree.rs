@@ -1172,9 +1172,8 @@ fn cursor_free_swiglu_leaves_logits_unchanged() {
 }
 
 /// Session 36: the one-token down projection as a warp per row (`Gpu::mvpd`: Q4_K,
-/// `mvpd<S>_q4_k`; `Gpu::mvqw`: the Q6_K copies, `mvqw_*`; session 37, `Gpu::mvpd6`: the
-/// Q6_KU4 copies, `mvpd<S>_q6_ku4`) gives `mvqe`'s bits, one sequence and three, decode steps
-/// from graphs.
+/// `mvpd<S>_q4_k`; `Gpu::mvqw`: the Q6_K copies, `mvqw_*`) gives `mvqe`'s bits, one sequence
+/// and three, decode steps from graphs.
 #[test]
 fn warp_row_down_leaves_logits_unchanged() {
     gpu_toggle_keeps_bits(
@@ -1183,22 +1182,8 @@ fn warp_row_down_leaves_logits_unchanged() {
         "the down projection a warp per row (against mvqe)",
         |g, on| {
             g.mvpd.set(on);
-            g.mvpd6.set(on);
             g.mvqw.set(on);
         },
-    );
-}
-
-/// Session 37: the one-token output head on the Q6_KU4 copy as warps striding over rows
-/// (`Gpu::mvph`, `mvph<S>_q6_ku4`) gives `mvr4_q6_ku4`'s bits, one sequence and three, decode
-/// steps from graphs.
-#[test]
-fn striding_head_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "striding_head_leaves_logits_unchanged",
-        &[20],
-        "the output head striding over rows (against mvr4)",
-        |g| &g.mvph,
     );
 }
 
