@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-mvpsn] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1175,6 +1175,27 @@ fn main() {
         }
         b.gpu().mvpd.set(d0);
         b.gpu().mvqw.set(w0);
+        b.reset_graphs();
+    }
+    // --ab-mvpsn (session 38): the FFN RMSNorm inside the SwiGLU product (`mvpsn<S>`, one
+    // launch) against `rms_norm1s` then `mvps<S>`, four rounds alternating off/on then on/off
+    // in one process.
+    if args.iter().any(|a| a == "--ab-mvpsn") {
+        let n0 = b.gpu().mvpsn.get();
+        for round in 0..4 {
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for on in order {
+                b.gpu().mvpsn.set(on);
+                b.reset_graphs();
+                let label = format!("mvpsn={on} (round {round})");
+                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+            }
+        }
+        b.gpu().mvpsn.set(n0);
         b.reset_graphs();
     }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair

@@ -168,6 +168,76 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, cons
     rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
 }
 
+// Session 38 (`mvpsn<S>_swiglu_q4_k`, `Gpu::mvpsn`): the FFN RMSNorm inside the SwiGLU product,
+// so one launch and one link of the chain fewer per layer. The grid is one block of MVPSN_WARPS
+// warps per multiprocessor (24, up to 80 registers: at 28, `mvps<S>`'s warps per SM, the cap of
+// 72 registers made mvpsn3 spill 72 bytes). Each warp loads its first
+// gate/up row pair and headers before the PDL wait (mvps_pair); after it, every block forms the
+// whole normalized row once, quantized to Q8_K in the permuted layout in shared memory, a warp
+// per 256-element group with rms_norm1s's operations (ss_load, ss_scale, rms1_tail: the same
+// bytes); block 0 also writes the f32 row `out` (may be null) and zeroes the next slot set `ssz`
+// (may be null), as rms_norm1s does. Then each warp takes row pairs row, row + stride, ... with
+// mvps_pair's arithmetic (its later waits return at once), so the outputs are rms_norm1s then
+// `mvps<S>`'s bits. cols = 1024 S (at most 4096, so every group has a warp).
+#define MVPSN_WARPS 24
+template <int S>
+__device__ __forceinline__ void mvpsn_impl(const u8* __restrict__ wg, const u8* __restrict__ wu,
+                                           int rows, const float* x, const float* w, float eps,
+                                           const double* ss, double* ssz, float* out, float* y) {
+    constexpr int COLS = 1024 * S;
+    constexpr long long RB = 4LL * S * 144;
+    __shared__ __align__(16) i8 sq[COLS];
+    __shared__ __align__(16) float2 sd[COLS / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    auto prep = [&]() {
+        if (warp < COLS / 256) {
+            int c0 = warp * 256 + lane * 8;
+            double p[RMS_SLOTS / 32];
+            ss_load(ss, p);
+            float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
+            float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
+            float scale = ss_scale(p, COLS, eps);
+            if (ssz && blockIdx.x == 0 && warp == 0) {
+#pragma unroll
+                for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
+            }
+            rms1_tail(xa, xb, wa, wb, c0, scale, blockIdx.x == 0 ? out : (float*)0, (u16*)0,
+                      ACT_Q8_K | ACT_PERM, sq, sd);
+        }
+        __syncthreads();
+    };
+    int row = blockIdx.x * nw + warp, stride = gridDim.x * nw;
+    if (row >= rows) {
+        // No row for this warp, but its block's activation still needs it.
+        pdl_wait();
+        pdl_launch();
+        prep();
+        return;
+    }
+    float accg, accu;
+    mvps_pair<S, true>(wg + (long long)row * RB, wu + (long long)row * RB, sq, sd, &accg, &accu,
+                       prep);
+    float g = warp_sum(accg), u = warp_sum(accu);
+    if (lane == 0) y[row] = ggml_swiglu(g, u);
+    for (row += stride; row < rows; row += stride) {
+        mvps_pair<S, true>(wg + (long long)row * RB, wu + (long long)row * RB, sq, sd, &accg,
+                           &accu);
+        g = warp_sum(accg);
+        u = warp_sum(accu);
+        if (lane == 0) y[row] = ggml_swiglu(g, u);
+    }
+}
+#define DEF_MVPSN(S) \
+    extern "C" __global__ void __launch_bounds__(32 * MVPSN_WARPS, 1) mvpsn##S##_swiglu_q4_k( \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, const float* x, \
+        const float* w, float eps, const double* ss, double* ssz, float* out, float* y) { \
+        mvpsn_impl<S>(wg, wu, rows, x, w, eps, ss, ssz, out, y); \
+    }
+DEF_MVPSN(1)
+DEF_MVPSN(2)
+DEF_MVPSN(3)
+DEF_MVPSN(4)
+
 // Session 35: quantize_act of one row as one warp per 256-element group (quant8_warp: the same
 // bytes, shuffles instead of quant_act_elem's three block barriers), so the launch's body is
 // shorter where its successor was launched early (PDL_QUANT) and waits on it alone.

@@ -1567,11 +1567,15 @@ __device__ __forceinline__ float mvps_sub(const uint4& w, K4Pre hp, int4 alo, in
 // rows in *acc0, *acc1 (the caller's warp sums finish them). PERM: the activation in the
 // permuted layout (ACT_PERM: lane (c, h) reads elements 32c + 16h and 128 + 32c + 16h of each
 // super-block's permuted bytes), else the plain one (64c + 16h and 64c + 32 + 16h): the same
-// values either way.
-template <int S, bool PERM>
+// values either way. `prep` runs after the wait, before the activation is read (session 38:
+// `mvpsn`'s block forms the activation there; by default nothing).
+struct NoPrep {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int S, bool PERM, class Prep = NoPrep>
 __device__ __forceinline__ void mvps_pair(const u8* p0, const u8* p1, const i8* __restrict__ aq,
                                           const float2* __restrict__ ad, float* acc0,
-                                          float* acc1) {
+                                          float* acc1, Prep prep = Prep()) {
     int lane = threadIdx.x & 31;
     int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
     int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
@@ -1593,6 +1597,7 @@ __device__ __forceinline__ void mvps_pair(const u8* p0, const u8* p1, const i8* 
     }
     pdl_wait();
     pdl_launch();
+    prep();
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int k = 0; k < S; k++) {

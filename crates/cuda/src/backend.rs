@@ -2931,7 +2931,23 @@ impl CudaBackend {
                     ..Acts::default()
                 });
             let mut perm_used = false;
-            if !prep_ffn {
+            // Session 38: the norm inside the SwiGLU product (one launch), where the norm
+            // would be rms_norm1s on the slot sums in the permuted layout and the product mvps.
+            let norm_in_glu = perm_ffn
+                && !fq
+                && ss_in != 0
+                && n == 1
+                && gpu.rms1s.get()
+                && !gpu.rms1.get()
+                && Gpu::rms1_fits(e)
+                && l.gate.cols == e
+                && gf == Some(kernels::ActFormat::Q8K)
+                && gpu.mvp_fits(l.gate.ty, l.gate.cols)
+                && gpu.mvpsn_fits(l.gate.ty, l.gate.cols);
+            if norm_in_glu {
+                qc = Acts::default();
+            }
+            if !prep_ffn && !norm_in_glu {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, raw, s.xn.ptr(), &mut qc);
                 let zero = ss_set(SS_ATTN);
@@ -3020,7 +3036,21 @@ impl CudaBackend {
                 qc = Acts::default();
                 continue;
             }
-            if perm_used {
+            if norm_in_glu {
+                let zero = ss_set(SS_ATTN);
+                gpu.matvec_q_swiglu_norm(
+                    l.gate.q.ptr(),
+                    l.up.q.ptr(),
+                    ff,
+                    l.gate.cols,
+                    (s.x.ptr(), l.ffn_norm.ptr(), cfg.rms_norm_eps),
+                    (ss_in, zero),
+                    s.xn.ptr(),
+                    s.g.ptr(),
+                )?;
+                ss_clear = zero;
+                qc = Acts::default();
+            } else if perm_used {
                 // Session 29: the half-unit product without the fused quantization (pipelined
                 // where switched on); the down projection below quantizes its row as usual.
                 if gpu.mvp_fits(l.gate.ty, l.gate.cols) {

@@ -443,6 +443,13 @@ pub struct Gpu {
     /// while every norm waited first; its shorter body pays where the attention norm launches
     /// its successor early, session 35).
     pub rms1s: std::cell::Cell<bool>,
+    /// Session 38: the one-token FFN RMSNorm (`rms_norm1s` on the slot sums, the permuted
+    /// Q8_K row) and the SwiGLU product after it (`mvps<S>`) as one launch,
+    /// `mvpsn<S>_swiglu_q4_k`: one block per SM forms the activation once in shared memory,
+    /// then its warps take the row pairs (the same bits, one launch and link fewer per layer):
+    /// off unless `CROSSOVER_CUDA_MVPSN=1` (built, not yet measured; docs/perf/cuda.md
+    /// "Session 38").
+    pub mvpsn: std::cell::Cell<bool>,
     /// Session 35: one-row activation quantizations without an f16 operand (the down
     /// projection's, one token) run as one warp per 256-element group (`quantize_act1`:
     /// quantize_act's bytes, no block barrier): on unless `CROSSOVER_CUDA_QUANT1=0`.
@@ -690,6 +697,9 @@ impl Gpu {
             rms1: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_RMS1").as_deref() == Ok("1")),
             rms1s: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_RMS1S").as_deref() != Ok("0"),
+            ),
+            mvpsn: std::cell::Cell::new(
+                std::env::var("CROSSOVER_CUDA_MVPSN").as_deref() == Ok("1"),
             ),
             quant1: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() != Ok("0"),

@@ -199,6 +199,10 @@ pub const MVQE_UNITS: usize = 2;
 /// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]): the rows `mvqe` runs at
 /// 128 threads.
 pub const MVPD_STEPS: std::ops::RangeInclusive<usize> = 4..=8;
+/// Warps per block of `mvpsn<S>_swiglu_q4_k` (decode.cu's `MVPSN_WARPS`; session 38, one
+/// block per SM: 24 x 32 threads at up to 80 registers each; at 28 warps, capped at 72,
+/// `mvpsn3` spilled 72 bytes).
+pub const MVPSN_WARPS: u32 = 24;
 /// Kernel name parts of the warp-per-row `mvqw_*` products (session 36, [`Gpu::mvqw`]): the
 /// K-quants `mvqe` runs on, and the aligned Q6_K copies.
 pub const MVQW_TYPES: [&str; 7] = ["q4_k", "q5_k", "q6_k", "q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
@@ -344,6 +348,7 @@ pub fn all_kernel_names() -> Vec<String> {
     }
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
+        v.push(format!("mvpsn{st}_swiglu_q4_k"));
         for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
             v.push(format!("mvpq{st}_q4_k_{vt}"));
         }
@@ -2702,6 +2707,61 @@ impl Gpu {
             (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
             (32 * NW as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, rw],
+        )
+    }
+
+    /// Whether [`Gpu::matvec_q_swiglu_norm`] takes a one-token SwiGLU product of type `ty` on
+    /// rows `cols` wide: [`Gpu::mvpsn`] on, where `mvps<S>` would run (Q4_K, one row per warp,
+    /// rows of 1024 to 4096 columns in whole four-super-block steps).
+    pub fn mvpsn_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mvpsn.get()
+            && self.mvps.get()
+            && self.mvp.get() == 1
+            && ty == GgmlType::Q4K
+            && cols.is_multiple_of(1024)
+            && (1024..=4096).contains(&cols)
+    }
+
+    /// One token's FFN RMSNorm and SwiGLU product in one launch (session 38,
+    /// `mvpsn<S>_swiglu_q4_k`): `y = silu(Wg x') * (Wu x')` for Q4_K `wg`, `wu` (`rows` x
+    /// `cols`), where `x'` is the row `x` normalized with the sum of squares the products
+    /// before left in the slots `ss` and the weight `w`, then quantized to Q8_K in the
+    /// permuted layout, exactly as [`Gpu::rms_norm1s`] with `perm` would (so the bits of that
+    /// launch then [`Gpu::matvec_q_swiglu_pipe`]); `out` (0: none) gets the f32 normalized
+    /// row, `ssz` (0: none) the zeroed next slot set. One block per SM forms `x'` once in
+    /// shared memory; its warps take the row pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_q_swiglu_norm(
+        &self,
+        wg: u64,
+        wu: u64,
+        rows: usize,
+        cols: usize,
+        (x, w, eps): (u64, u64, f32),
+        (ss, ssz): (u64, u64),
+        out: u64,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        if !cols.is_multiple_of(1024) || !(1024..=4096).contains(&cols) || ss == 0 {
+            return Err(CudaError::Arg(format!(
+                "SwiGLU product with its RMSNorm: {cols} columns (1024 to 4096, a multiple of \
+                 1024), slot sums at {ss:#x}"
+            )));
+        }
+        let id = self.kernel_id(&format!("mvpsn{}_swiglu_q4_k", cols / 1024))?;
+        let threads = 32 * MVPSN_WARPS;
+        let per_sm = self.blocks_per_sm(id, threads)?;
+        if per_sm == 0 {
+            return Err(CudaError::Arg(format!(
+                "SwiGLU product with its RMSNorm: a block of {threads} threads does not fit"
+            )));
+        }
+        let r = i32_of(rows, "rows")?;
+        self.launch_id(
+            id,
+            (u32_of(per_sm * self.sms as usize, "blocks")?, 1, 1),
+            (threads, 1, 1),
+            kargs![wg, wu, r, x, w, eps, ss, ssz, out, y],
         )
     }
 

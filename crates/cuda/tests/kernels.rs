@@ -5191,3 +5191,129 @@ fn warp_row_down_products_equal_mvqe() {
     g.q6u.set(saved.8 .0);
     g.q6u_wide.set(saved.8 .1);
 }
+
+/// Session 38: the FFN RMSNorm inside the SwiGLU product (`mvpsn<S>_swiglu_q4_k`,
+/// `Gpu::matvec_q_swiglu_norm`: one block per SM forms the normalized, quantized row in shared
+/// memory) gives the bits of the two launches it replaces, `rms_norm1s` on the slot sums in the
+/// permuted Q8_K layout then `mvps<S>`, on fresh random rows of every width it takes and row
+/// counts below and above one row per warp of the grid; it writes the same f32 row, zeroes the
+/// next slot set and leaves the rows past `rows` unwritten. The reference products are checked
+/// against the CPU in `swiglu_*` above.
+#[test]
+fn norm_inside_swiglu_equals_rms_norm1s_then_mvps() {
+    let Some(g) = gpu_or_skip("mvpsn") else {
+        return;
+    };
+    let mut r = rng("mvpsn");
+    let slots = cuda::kernels::RMS_SLOTS;
+    let saved = (g.mvp.get(), g.mvps.get(), g.mvpsn.get());
+    g.mvp.set(1);
+    g.mvps.set(true);
+    for &(rows, cols) in &[
+        (4_001usize, 3072usize),
+        (77, 1024),
+        (1_200, 2048),
+        (300, 4096),
+    ] {
+        let what = format!("Q4_K {rows}x{cols}");
+        let x = randn(&mut r, cols, 2.0);
+        let nw: Vec<f32> = randn(&mut r, cols, 1.0).iter().map(|v| 1.0 + v).collect();
+        // The slot sums as the products before would leave them: the squares by slot.
+        let mut sums = vec![0f64; slots];
+        for (i, &v) in x.iter().enumerate() {
+            sums[i % slots] += v as f64 * v as f64;
+        }
+        let (xb, wb, sb) = (
+            g.upload(&x).unwrap(),
+            g.upload(&nw).unwrap(),
+            g.upload(&sums).unwrap(),
+        );
+        let (qg, _) = quantized(GgmlType::Q4K, &randn(&mut r, rows * cols, 0.5));
+        let (qu, _) = quantized(GgmlType::Q4K, &randn(&mut r, rows * cols, 0.5));
+        let (wg, wu) = (g.upload(&qg).unwrap(), g.upload(&qu).unwrap());
+        // The two launches.
+        g.mvpsn.set(false);
+        let out0 = poisoned(&g, cols);
+        let (qa, da) = act_bufs(&g, 1, cols);
+        let z0 = g.upload(&vec![7.5f64; slots]).unwrap();
+        g.rms_norm1s(
+            xb.ptr(),
+            wb.ptr(),
+            cols,
+            1e-5,
+            out0.ptr(),
+            (ActFormat::Q8K, qa.ptr(), da.ptr()),
+            sb.ptr(),
+            z0.ptr(),
+            true,
+        )
+        .unwrap();
+        let y0 = poisoned(&g, rows + 8);
+        g.matvec_q_swiglu_pipe(wg.ptr(), wu.ptr(), rows, cols, qa.ptr(), da.ptr(), y0.ptr())
+            .unwrap();
+        // The one launch.
+        g.mvpsn.set(true);
+        assert!(g.mvpsn_fits(GgmlType::Q4K, cols), "{what}: mvpsn takes it");
+        let out1 = poisoned(&g, cols);
+        let z1 = g.upload(&vec![7.5f64; slots]).unwrap();
+        let y1 = poisoned(&g, rows + 8);
+        g.matvec_q_swiglu_norm(
+            wg.ptr(),
+            wu.ptr(),
+            rows,
+            cols,
+            (xb.ptr(), wb.ptr(), 1e-5),
+            (sb.ptr(), z1.ptr()),
+            out1.ptr(),
+            y1.ptr(),
+        )
+        .unwrap();
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            g.download(&y0, rows + 8).unwrap(),
+            g.download(&y1, rows + 8).unwrap(),
+        );
+        assert!(
+            a[..rows].iter().all(|v| v.is_finite()),
+            "{what}: mvps not finite"
+        );
+        for i in 0..rows {
+            assert_eq!(
+                a[i].to_bits(),
+                b[i].to_bits(),
+                "{what}: row {i}: rms_norm1s + mvps {} mvpsn {}",
+                a[i],
+                b[i]
+            );
+        }
+        assert!(
+            b[rows..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past its rows"
+        );
+        let (o0, o1): (Vec<u32>, Vec<u32>) = (
+            g.download(&out0, cols).unwrap(),
+            g.download(&out1, cols).unwrap(),
+        );
+        assert_eq!(o0, o1, "{what}: the normalized f32 row");
+        let z: Vec<f64> = g.download(&z1, slots).unwrap();
+        assert!(
+            z.iter().all(|&v| v == 0.0),
+            "{what}: next slot set not zeroed"
+        );
+        // Without slot sums it refuses.
+        assert!(g
+            .matvec_q_swiglu_norm(
+                wg.ptr(),
+                wu.ptr(),
+                rows,
+                cols,
+                (xb.ptr(), wb.ptr(), 1e-5),
+                (0, z1.ptr()),
+                out1.ptr(),
+                y1.ptr(),
+            )
+            .is_err());
+    }
+    g.mvp.set(saved.0);
+    g.mvps.set(saved.1);
+    g.mvpsn.set(saved.2);
+}
