@@ -149,6 +149,24 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const
 // other slot set `ssz` (may be null) for the next product, as rms_norm's block (0, 0) does.
 // The lane's 8 norm weights (a constant) are loaded before the wait. n: a multiple of 256.
 // grid = n / 256, blockDim.x = 32.
+// One warp's 256-element group at c0 (lane l: elements c0 + 8 l .. + 7 of the row; wa, wb: its
+// norm weights) from the slot sums `ss`: the scale, `out` (may be null) and the quantized
+// values (rms1_tail); zeroes the slot set `ssz` when not null. rms_norm1s's body, also the
+// preparation inside `mvpsn` (session 38), so both form the same bytes.
+__device__ __forceinline__ void rms1s_group(const float* x, float4 wa, float4 wb, int n,
+                                            float eps, const double* ss, double* ssz, int c0,
+                                            float* out, int fmt, i8* qs, float2* ds) {
+    int lane = threadIdx.x & 31;
+    double p[RMS_SLOTS / 32];
+    ss_load(ss, p);
+    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
+    float scale = ss_scale(p, n, eps);
+    if (ssz) {
+#pragma unroll
+        for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
+    }
+    rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
+}
 extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, const float* w, int n,
                                                             float eps, float* out, int fmt,
                                                             i8* qs, float2* ds, const double* ss,
@@ -157,15 +175,7 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, cons
     int c0 = blockIdx.x * 256 + lane * 8;
     float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
     PDL_ENTRY_SMALL((fmt & ACT_PERM) ? PDL_RMS_FFN : PDL_RMS);
-    double p[RMS_SLOTS / 32];
-    ss_load(ss, p);
-    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
-    float scale = ss_scale(p, n, eps);
-    if (ssz && blockIdx.x == 0) {
-#pragma unroll
-        for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
-    }
-    rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
+    rms1s_group(x, wa, wb, n, eps, ss, blockIdx.x == 0 ? ssz : (double*)0, c0, out, fmt, qs, ds);
 }
 
 // Session 38 (`mvpsn<S>_swiglu_q4_k`, `Gpu::mvpsn`): the FFN RMSNorm inside the SwiGLU product,
@@ -174,9 +184,9 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, cons
 // 72 registers made mvpsn3 spill 72 bytes). Each warp loads its first
 // gate/up row pair and headers before the PDL wait (mvps_pair); after it, every block forms the
 // whole normalized row once, quantized to Q8_K in the permuted layout in shared memory, a warp
-// per 256-element group with rms_norm1s's operations (ss_load, ss_scale, rms1_tail: the same
-// bytes); block 0 also writes the f32 row `out` (may be null) and zeroes the next slot set `ssz`
-// (may be null), as rms_norm1s does. Then each warp takes row pairs row, row + stride, ... with
+// per 256-element group with rms_norm1s's body (rms1s_group: the same bytes); block 0 also
+// writes the f32 row `out` (may be null) and zeroes the next slot set `ssz` (may be null), as
+// rms_norm1s does. Then each warp takes row pairs row, row + stride, ... with
 // mvps_pair's arithmetic (its later waits return at once), so the outputs are rms_norm1s then
 // `mvps<S>`'s bits. cols = 1024 S (at most 4096, so every group has a warp).
 #define MVPSN_WARPS 24
@@ -192,17 +202,10 @@ __device__ __forceinline__ void mvpsn_impl(const u8* __restrict__ wg, const u8* 
     auto prep = [&]() {
         if (warp < COLS / 256) {
             int c0 = warp * 256 + lane * 8;
-            double p[RMS_SLOTS / 32];
-            ss_load(ss, p);
-            float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
             float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
-            float scale = ss_scale(p, COLS, eps);
-            if (ssz && blockIdx.x == 0 && warp == 0) {
-#pragma unroll
-                for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
-            }
-            rms1_tail(xa, xb, wa, wb, c0, scale, blockIdx.x == 0 ? out : (float*)0, (u16*)0,
-                      ACT_Q8_K | ACT_PERM, sq, sd);
+            bool first = blockIdx.x == 0;
+            rms1s_group(x, wa, wb, COLS, eps, ss, first && warp == 0 ? ssz : (double*)0, c0,
+                        first ? out : (float*)0, ACT_Q8_K | ACT_PERM, sq, sd);
         }
         __syncthreads();
     };
