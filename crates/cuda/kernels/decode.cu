@@ -241,6 +241,54 @@ DEF_MVPSN(2)
 DEF_MVPSN(3)
 DEF_MVPSN(4)
 
+// Session 39 (`mvr4n_rope2_<a>_<b>`, `Gpu::mvrn`): the attention RMSNorm inside the one-token
+// Q/K/V launch (mvr4_rope2's grid and rows), so one launch and one link of the chain fewer per
+// layer. After the PDL wait every block forms the normalized row, quantized in the products'
+// format (Q8_K for the K-quants, not permuted), in shared memory: its warps take the
+// 256-element groups in turn with rms_norm1s's body (rms1s_group, the same bytes); block 0
+// also writes the f32 row `out` (may be null) and zeroes the next slot set `ssz` (may be null)
+// as rms_norm1s does. Then the warps take their row pairs as mvr4_rope2 does, so the outputs
+// are rms_norm1s then mvr4_rope2's (or, with V of Q's type, mvr_rope's) bits. Unlike v7's
+// mvrp, which summed the squares of the row in every block, the scale comes from the slot sums
+// the down projection left. cols: a multiple of 256, at most MVR_PREP_MAX.
+template <int TQ, int TV>
+__device__ __forceinline__ void mvrn_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                          const u8* __restrict__ w2, int r0, int r1, int r2,
+                                          int cols, float* yq, int prefetch, const RopeArgs* rp,
+                                          int loops, const float* x, const float* w, float eps,
+                                          const double* ss, double* ssz, float* out) {
+    __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
+    __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
+    constexpr int fmt = Q<TQ>::BE == 256 ? ACT_Q8_K : ACT_Q8_32;
+    auto prep = [&](const i8*& aq, const float2*& ad) {
+        int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        bool first = blockIdx.x == 0;
+        for (int g = threadIdx.x >> 5; g * 256 < cols; g += nw) {
+            int c0 = g * 256 + lane * 8;
+            float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
+            rms1s_group(x, wa, wb, cols, eps, ss, first && g == 0 ? ssz : (double*)0, c0,
+                        first ? out : (float*)0, fmt, sq, sd);
+        }
+        __syncthreads();
+        aq = sq;
+        ad = sd;
+    };
+    mvr_rope2_impl<TQ, TV>(w0, w1, w2, r0, r1, r2, cols, (const i8*)0, (const float2*)0, yq,
+                           prefetch, rp, loops, prep);
+}
+#define DEF_MVRN(a, TA, b, TB) \
+    extern "C" __global__ void __launch_bounds__(256, 4) mvr4n_rope2_##a##_##b( \
+        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, float* yq, \
+        int prefetch, RopeArgs rp, int loops, const float* x, const float* w, float eps, \
+        const double* ss, double* ssz, float* out) { \
+        mvrn_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, yq, prefetch, &rp, loops, x, w, eps, ss, \
+                          ssz, out); \
+    }
+DEF_MVRN(q4_k, T_Q4_K, q4_k, T_Q4_K)
+DEF_MVRN(q4_k, T_Q4_K, q6_k, T_Q6_K)
+DEF_MVRN(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
+DEF_MVRN(q4_k, T_Q4_K, q6_ku4, T_Q6_KU4)
+
 // Session 35: quantize_act of one row as one warp per 256-element group (quant8_warp: the same
 // bytes, shuffles instead of quant_act_elem's three block barriers), so the launch's body is
 // shorter where its successor was launched early (PDL_QUANT) and waits on it alone.

@@ -954,11 +954,17 @@ FOR_EACH_QTYPE(DEF_MVRP)
 // join the launch instead of taking a second one that waits for the first. One row pair per
 // warp (r0 and r1 even, so no pair spans two matrices); each warp runs mvr_rows of its rows'
 // type, so every output takes the operations of the single-type launches: the same bits.
-template <int TQ, int TV>
+// Session 39: `prep(aq, ad)` runs after the PDL wait and may point the activation elsewhere
+// (mvr4n_rope2_*, decode.cu: the attention RMSNorm formed in shared memory by every block).
+struct NoActPrep {
+    __device__ __forceinline__ void operator()(const i8*&, const float2*&) const {}
+};
+template <int TQ, int TV, class Prep = NoActPrep>
 __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                                const i8* __restrict__ aq, const float2* __restrict__ ad,
-                               float* yq, int prefetch, const RopeArgs* rp, int loops) {
+                               float* yq, int prefetch, const RopeArgs* rp, int loops,
+                               Prep prep = Prep()) {
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rbq = (long long)(cols / Q<TQ>::BE) * Q<TQ>::BB;
@@ -981,6 +987,13 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
     }
     pdl_wait();
     pdl_launch();
+    {
+        const i8* pa = aq;
+        const float2* pd = ad;
+        prep(pa, pd);
+        aq = pa;
+        ad = pd;
+    }
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
         if (row >= total) return;

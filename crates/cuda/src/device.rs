@@ -450,6 +450,12 @@ pub struct Gpu {
     /// off unless `CROSSOVER_CUDA_MVPSN=1` (built, not yet measured; docs/perf/cuda.md
     /// "Session 38").
     pub mvpsn: std::cell::Cell<bool>,
+    /// Session 39: the one-token attention RMSNorm (`rms_norm1s` on the slot sums, the Q8_K
+    /// row) inside the Q/K/V launch after it (`mvr4n_rope2_q4_k_<v>`, Q/K of Q4_K): every block
+    /// forms the activation in shared memory after the PDL wait, then takes its row pairs as
+    /// `mvr4_rope2` does (the same bits, one launch and link fewer per layer): off unless
+    /// `CROSSOVER_CUDA_MVRN=1` (docs/perf/cuda.md "Session 39").
+    pub mvrn: std::cell::Cell<bool>,
     /// Session 35: one-row activation quantizations without an f16 operand (the down
     /// projection's, one token) run as one warp per 256-element group (`quantize_act1`:
     /// quantize_act's bytes, no block barrier): on unless `CROSSOVER_CUDA_QUANT1=0`.
@@ -701,6 +707,7 @@ impl Gpu {
             mvpsn: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_MVPSN").as_deref() == Ok("1"),
             ),
+            mvrn: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVRN").as_deref() == Ok("1")),
             quant1: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() != Ok("0"),
             ),

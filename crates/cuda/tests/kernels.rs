@@ -5317,3 +5317,223 @@ fn norm_inside_swiglu_equals_rms_norm1s_then_mvps() {
     g.mvps.set(saved.1);
     g.mvpsn.set(saved.2);
 }
+
+/// Session 39: the attention RMSNorm inside the one-token Q/K/V launch
+/// (`mvr4n_rope2_q4_k_<v>`, `Gpu::matvec_q_qkv_rope_norm`: every block forms the normalized,
+/// quantized row in shared memory after the PDL wait) gives the bits of the two launches it
+/// replaces, `rms_norm1s` on the slot sums (Q8_K, not permuted) then the `mvr` Q/K/V launch:
+/// rotated Q, the K and V cache rows at the token's slot, and no other slot written; V of Q4_K,
+/// of Q6_K and of its aligned copy; the 3B model's shape and a small one with partial rotation;
+/// it also writes the same f32 row and zeroes the next slot set. The reference launches are
+/// checked against rope_store and the CPU in `qkv_rope_fused_*` and `pipelined_qkv_*` above.
+#[test]
+fn norm_inside_qkv_equals_rms_norm1s_then_mvr_launch() {
+    let Some(g) = gpu_or_skip("mvrn") else {
+        return;
+    };
+    let mut r = rng("mvrn");
+    let slots = cuda::kernels::RMS_SLOTS;
+    let saved = (g.mvpq.get(), g.mvrn.get(), g.q6_half.get());
+    g.mvpq.set(false);
+    g.q6_half.set(false);
+    let factors: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 * 0.37).collect();
+    let fb = g.upload(&factors).unwrap();
+    for (cols, nh, nkv, hd, ri) in [
+        (3072usize, 24usize, 8usize, 128usize, 0usize),
+        (1024, 4, 2, 64, 1),
+    ] {
+        let rope = if ri == 0 {
+            cuda::kernels::RopeParams::new(hd, 500000.0, 1.0, 0)
+        } else {
+            cuda::kernels::RopeParams::new(hd / 2, 10000.0, 0.25, fb.ptr())
+        };
+        let (rq, rk) = (nh * hd, nkv * hd);
+        for (vty, vcopy) in [
+            (GgmlType::Q4K, false),
+            (GgmlType::Q6K, false),
+            (GgmlType::Q6K, true),
+        ] {
+            let what = format!("{cols} columns, {nh}/{nkv} heads of {hd}, V {vty} copy={vcopy}");
+            let mut mk =
+                |ty: GgmlType, rows: usize| quantized(ty, &randn(&mut r, rows * cols, 0.5)).0;
+            let (hq, hk, hv) = (mk(GgmlType::Q4K, rq), mk(GgmlType::Q4K, rk), mk(vty, rk));
+            let (wq, wk, wv) = (
+                g.upload(&hq).unwrap(),
+                g.upload(&hk).unwrap(),
+                g.upload(&hv).unwrap(),
+            );
+            let vpad = vcopy.then(|| g.pad_q6k(wv.ptr(), rk, cols).unwrap());
+            let vptr = vpad.as_ref().map_or(wv.ptr(), |p| p.ptr());
+            let x = randn(&mut r, cols, 2.0);
+            let nw: Vec<f32> = randn(&mut r, cols, 1.0).iter().map(|v| 1.0 + v).collect();
+            let mut sums = vec![0f64; slots];
+            for (i, &v) in x.iter().enumerate() {
+                sums[i % slots] += v as f64 * v as f64;
+            }
+            let (xb, wb, sb) = (
+                g.upload(&x).unwrap(),
+                g.upload(&nw).unwrap(),
+                g.upload(&sums).unwrap(),
+            );
+            let pos = vec![r.gen_range(0..4000i32)];
+            let slot = vec![r.gen_range(0..8i32)];
+            let (pb, slb) = (g.upload(&pos).unwrap(), g.upload(&slot).unwrap());
+            // Returns Q, the K and V caches, the f32 row and the slot set to be zeroed.
+            type Outs = (Vec<u32>, Vec<u16>, Vec<u16>, Vec<u32>, Vec<f64>);
+            let run = |inside: bool| -> Outs {
+                g.mvrn.set(inside);
+                let q = poisoned(&g, rq + 8);
+                let (kc, vc) = (
+                    g.upload(&vec![0x7e00u16; 8 * rk]).unwrap(),
+                    g.upload(&vec![0x7e00u16; 8 * rk]).unwrap(),
+                );
+                let out = poisoned(&g, cols);
+                let z = g.upload(&vec![7.5f64; slots]).unwrap();
+                let w = [wq.ptr(), wk.ptr(), vptr];
+                let (p, sl, k, v) = (pb.ptr(), slb.ptr(), kc.ptr(), vc.ptr());
+                if inside {
+                    assert!(
+                        g.mvrn_form(GgmlType::Q4K, vty, vcopy, cols).is_some(),
+                        "{what}: mvrn takes it"
+                    );
+                    g.matvec_q_qkv_rope_norm(
+                        (vty, vcopy),
+                        w,
+                        [rq, rk, rk],
+                        cols,
+                        (xb.ptr(), wb.ptr(), 1e-5),
+                        (sb.ptr(), z.ptr()),
+                        out.ptr(),
+                        q.ptr(),
+                        &rope,
+                        (p, sl),
+                        (hd, rk),
+                        (k, v),
+                    )
+                    .unwrap();
+                } else {
+                    let (qa, da) = act_bufs(&g, 1, cols);
+                    g.rms_norm1s(
+                        xb.ptr(),
+                        wb.ptr(),
+                        cols,
+                        1e-5,
+                        out.ptr(),
+                        (ActFormat::Q8K, qa.ptr(), da.ptr()),
+                        sb.ptr(),
+                        z.ptr(),
+                        false,
+                    )
+                    .unwrap();
+                    let (qs, ds, y) = (qa.ptr(), da.ptr(), q.ptr());
+                    if vty == GgmlType::Q4K {
+                        g.matvec_q_qkv_rope(
+                            vty,
+                            w,
+                            [rq, rk, rk],
+                            cols,
+                            qs,
+                            ds,
+                            y,
+                            &rope,
+                            p,
+                            sl,
+                            hd,
+                            rk,
+                            k,
+                            v,
+                        )
+                    } else {
+                        g.matvec_q_qkv_rope_mixed(
+                            GgmlType::Q4K,
+                            vty,
+                            vcopy,
+                            w,
+                            [rq, rk, rk],
+                            cols,
+                            qs,
+                            ds,
+                            y,
+                            &rope,
+                            p,
+                            sl,
+                            hd,
+                            rk,
+                            k,
+                            v,
+                        )
+                    }
+                    .unwrap();
+                }
+                (
+                    g.download(&q, rq + 8).unwrap(),
+                    g.download(&kc, 8 * rk).unwrap(),
+                    g.download(&vc, 8 * rk).unwrap(),
+                    g.download(&out, cols).unwrap(),
+                    g.download(&z, slots).unwrap(),
+                )
+            };
+            let (q0, k0, v0, o0, _) = run(false);
+            let (q1, k1, v1, o1, z1) = run(true);
+            assert!(
+                q0[..rq].iter().all(|&b| f32::from_bits(b).is_finite()),
+                "{what}: reference Q not finite"
+            );
+            for i in 0..rq {
+                assert_eq!(
+                    q1[i],
+                    q0[i],
+                    "{what}: Q row {i}: two launches {} one {}",
+                    f32::from_bits(q0[i]),
+                    f32::from_bits(q1[i])
+                );
+            }
+            assert!(
+                q1[rq..].iter().all(|&b| f32::from_bits(b).is_nan()),
+                "{what}: wrote past Q"
+            );
+            assert_eq!(k1, k0, "{what}: K cache");
+            assert_eq!(v1, v0, "{what}: V cache");
+            let at = slot[0] as usize * rk;
+            let untouched = |c: &[u16]| {
+                c.iter()
+                    .enumerate()
+                    .all(|(i, &b)| (at..at + rk).contains(&i) || b == 0x7e00)
+            };
+            assert!(
+                untouched(&k1) && untouched(&v1),
+                "{what}: other slots written"
+            );
+            assert_eq!(o1, o0, "{what}: the normalized f32 row");
+            assert!(
+                z1.iter().all(|&v| v == 0.0),
+                "{what}: next slot set not zeroed"
+            );
+        }
+    }
+    // Without slot sums, or for a V it has no kernel for, it refuses.
+    g.mvrn.set(true);
+    let rope = cuda::kernels::RopeParams::new(64, 10000.0, 1.0, 0);
+    let bad = |tv: GgmlType, ss: u64| {
+        g.matvec_q_qkv_rope_norm(
+            (tv, false),
+            [0, 0, 0],
+            [256, 128, 128],
+            1024,
+            (0, 0, 1e-5),
+            (ss, 0),
+            0,
+            0,
+            &rope,
+            (0, 0),
+            (64, 128),
+            (0, 0),
+        )
+        .is_err()
+    };
+    assert!(bad(GgmlType::Q4K, 0), "no slot sums");
+    assert!(bad(GgmlType::Q8_0, 8), "V of Q8_0");
+    g.mvpq.set(saved.0);
+    g.mvrn.set(saved.1);
+    g.q6_half.set(saved.2);
+}
