@@ -1212,7 +1212,24 @@ fn main() {
                 b.gpu().mvrn.set(qkv);
                 b.reset_graphs();
                 let label = format!("mvpsn={glu} mvrn={qkv} (round {round})");
+                if round == 0 {
+                    // Which norm and product kernels the run launched (its prompt and the
+                    // captured step): the forms are taken.
+                    *b.gpu().launch_log.borrow_mut() = Some(Default::default());
+                }
                 ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+                if let Some(log) = b.gpu().launch_log.borrow_mut().take() {
+                    let names: Vec<String> = log
+                        .iter()
+                        .filter(|(k, _)| {
+                            ["rms_norm", "mvps", "mvr4", "mvr_rope"]
+                                .iter()
+                                .any(|p| k.starts_with(p))
+                        })
+                        .map(|(k, n)| format!("{k} x{n}"))
+                        .collect();
+                    println!("a/b {label}: launches {}", names.join(", "));
+                }
             }
         }
         b.gpu().mvpsn.set(saved.0);

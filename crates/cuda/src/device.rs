@@ -185,6 +185,9 @@ pub struct Gpu {
     /// step's results are then wrong). Empty unless set through
     /// [`crate::CudaBackend::set_skip`].
     pub(crate) skip: RefCell<Vec<String>>,
+    /// Session 39: when set, every launch (eager or captured) adds one to its kernel's count
+    /// here (`cuda_bench --ab-norms`: which kernels a step takes).
+    pub launch_log: RefCell<Option<std::collections::BTreeMap<String, u64>>>,
     /// Resident blocks per SM of each kernel at the block size asked last
     /// ([`Gpu::blocks_per_sm`]; 0 = not asked yet).
     occupancy: RefCell<Vec<(u32, usize)>>,
@@ -586,6 +589,7 @@ impl Gpu {
         let gpu = Gpu {
             prof: RefCell::new(None),
             skip: RefCell::new(Vec::new()),
+            launch_log: RefCell::new(None),
             lt,
             lt_missing,
             lt_on: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_LT").as_deref() != Ok("0")),
@@ -1207,6 +1211,9 @@ impl Gpu {
         };
         if skip {
             return Ok(());
+        }
+        if let Some(log) = self.launch_log.borrow_mut().as_mut() {
+            *log.entry(name.to_string()).or_insert(0) += 1;
         }
         if hop {
             let id = self.kernel_id("pdl_hop")?;
