@@ -53,8 +53,11 @@ if [ -n "${ATTN_SWEEP:-}" ]; then
   done | tee $OUT/attn_sweep.log; t "attention sweep"
 fi
 if [ "$LLAMA" = 1 ]; then wait $BUILD; t "llama.cpp build done (rc $?)"; tail -2 /tmp/llama_build.log; fi
-timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 4 > $OUT/bench.log 2>&1
-grep -E "pp512|tg128|aggregate" $OUT/bench.log | cut -c1-200; t bench
+# BENCH=0 leaves the standing figures out (a call short of device time).
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout 90 .gpu/cuda_bench /tmp/l3b.gguf --depth 4096 --quick --par 4 > $OUT/bench.log 2>&1
+  grep -E "pp512|tg128|aggregate" $OUT/bench.log | cut -c1-200; t bench
+fi
 if [ "$LLAMA" = 1 ]; then
   timeout 150 /tmp/llama/build/bin/llama-bench -m /tmp/l3b.gguf -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
     -d 0,4096 -o md > $OUT/llama_bench.log 2>&1
