@@ -83,6 +83,18 @@ struct RopeArgs {
     vc: u64,
 }
 
+/// A Q/K/V launch's row counts and width as the kernels take them.
+fn qkv_ints(rows: [usize; 3], cols: usize) -> Result<([i32; 3], i32), CudaError> {
+    Ok((
+        [
+            i32_of(rows[0], "rows")?,
+            i32_of(rows[1], "rows")?,
+            i32_of(rows[2], "rows")?,
+        ],
+        i32_of(cols, "cols")?,
+    ))
+}
+
 /// [`RopeArgs`] for Q/K/V rows `rows` (heads of `hd`, K and V rows `kv_row` wide in the cache),
 /// checked.
 #[allow(clippy::too_many_arguments)]
@@ -2480,12 +2492,8 @@ impl Gpu {
         }
         let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
         let (w0, w1, w2) = (w[0], w[1], w[2]);
-        let (r0, r1, r2) = (
-            i32_of(rows[0], "rows")?,
-            i32_of(rows[1], "rows")?,
-            i32_of(rows[2], "rows")?,
-        );
-        let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
+        let ([r0, r1, r2], c) = qkv_ints(rows, cols)?;
+        let pf = self.mvr_flags();
         let total = rows[0] + rows[1] + rows[2];
         let (qs, ds, px, pw, eps) = act.args();
         if let Some(v) = self.mvpq_form(ty, tv, &act, rows, cols) {
@@ -2848,12 +2856,8 @@ impl Gpu {
         }
         let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
         let (w0, w1, w2) = (w[0], w[1], w[2]);
-        let (r0, r1, r2) = (
-            i32_of(rows[0], "rows")?,
-            i32_of(rows[1], "rows")?,
-            i32_of(rows[2], "rows")?,
-        );
-        let (c, pf) = (i32_of(cols, "cols")?, self.mvr_flags());
+        let ([r0, r1, r2], c) = qkv_ints(rows, cols)?;
+        let pf = self.mvr_flags();
         let total = rows[0] + rows[1] + rows[2];
         let id = self.kernel_id(&format!("mvr4n_rope2_q4_k_{v}"))?;
         let act = ActIn::Quantized { qs: 0, ds: 0 };
