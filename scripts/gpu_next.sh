@@ -9,10 +9,10 @@
 # removed; its code is in commit 0c2962e); session 35's with AB=--ab-small (AB_SMALL_MODES
 # picks the early-launch masks and warp forms alternated). AB_S caps the A/B's seconds (default
 # 150). Session 38 ran AB="--ab-mvph --ab-mvpd6 --ab-skip" (both forms removed after it,
-# code in commit cbd68b0). Session 39: KTESTS="norm_inside_swiglu norm_inside_qkv"
-# MTESTS="norm_inside_swiglu norm_inside_qkv" AB=--ab-norms AB_S=240 (both norms inside the
-# launch after them, each alone and both). Only 8 files under $OUT come back: the greps below
-# print what counts.
+# code in commit cbd68b0). Session 40 ran session 39's KTESTS="norm_inside_swiglu
+# norm_inside_qkv" MTESTS="norm_inside_swiglu norm_inside_qkv" AB=--ab-norms AB_S=240 (both
+# norms inside the launch after them; slower, removed after it, code in commit 8a5cee4). Only
+# 8 files under $OUT come back: the greps below print what counts.
 # Build machine: bash scripts/gpu_prepare.sh (NO_LLAMA_SRC=1 without llama.cpp), the NVRTC
 # kernel cache in .gpu/kcache (cargo run --release -p cuda --example kernel_cache -- sm_90 with
 # CROSSOVER_CUDA_CACHE=$PWD/.gpu/kcache and LD_LIBRARY_PATH at the nvidia-cuda-nvrtc wheel's

@@ -362,7 +362,7 @@ fn profile(b: &mut CudaBackend, r: &mut rand_chacha::ChaCha8Rng, depth: usize, s
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--ab-mvpsn] [--ab-norms] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
+        eprintln!("usage: cuda_bench MODEL.gguf [--depth N] [--par a,b,c] [--no-graphs] [--quick] [--profile] [--profile-only] [--ab] [--ab-prep] [--ab-one] [--ab-v9] [--ab-v10] [--ab-v11] [--ab-skip] [--ncu N] [--ab-mmq] [--ab-mmf] [--ab-mmk] [--ab-lt] [--ab-merge] [--ab-side] [--side-cfgs K:B:T:C[:MiB];...] [--ab-wp] [--roofline] [--ab-ss] [--ab-ss-mq] [--ab-mvr] [--ab-fq] [--ab-adapt] [--ab-mvqp] [--ab-wave] [--ab-host] [--ab-s18] [--ab-downss] [--ab-mvsm] [--ab-q6u] [--ab-mvsm-prep] [--ab-downcl] [--ab-tiles] [--ab-mvp] [--ab-mvqe] [--ab-mvps] [--ab-mvpq] [--ab-mvpd] [--launches] [--ab-hop] [--ab-small] [--ab-rms1s] [--ab-kvpf]");
         std::process::exit(2);
     };
     let get = |k: &str| {
@@ -1177,64 +1177,18 @@ fn main() {
         b.gpu().mvqw.set(w0);
         b.reset_graphs();
     }
-    // --ab-mvpsn (session 38): the FFN RMSNorm inside the SwiGLU product (`mvpsn<S>`, one
-    // launch) against `rms_norm1s` then `mvps<S>`, four rounds alternating off/on then on/off
-    // in one process.
-    if args.iter().any(|a| a == "--ab-mvpsn") {
-        let n0 = b.gpu().mvpsn.get();
-        for round in 0..4 {
-            let order = if round % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
-            };
-            for on in order {
-                b.gpu().mvpsn.set(on);
-                b.reset_graphs();
-                let label = format!("mvpsn={on} (round {round})");
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
+    // --launches (session 39): the kernels one tg128 run at depth 0 issues, each with its
+    // count (its prompt and eager steps launch by launch, the captured step once, not its
+    // replays), so a form switched on is seen to be taken.
+    if args.iter().any(|a| a == "--launches") {
+        *b.gpu().launch_log.borrow_mut() = Some(Default::default());
+        b.reset_graphs();
+        ab_tg(&mut b, &power, &mut toks, &mut seq, &[0], "launches");
+        if let Some(log) = b.gpu().launch_log.borrow_mut().take() {
+            for (k, n) in &log {
+                println!("launches: {k} x{n}");
             }
         }
-        b.gpu().mvpsn.set(n0);
-        b.reset_graphs();
-    }
-    // --ab-norms (session 39): both RMSNorms of a layer inside the launch after them (the
-    // FFN norm in the SwiGLU product, `mvpsn<S>`; the attention norm in the Q/K/V launch,
-    // `mvr4n_rope2_*`), each alone and both, against neither: three rounds in one process,
-    // the order turned each round.
-    if args.iter().any(|a| a == "--ab-norms") {
-        let saved = (b.gpu().mvpsn.get(), b.gpu().mvrn.get());
-        let modes = [(false, false), (true, false), (false, true), (true, true)];
-        for round in 0..3 {
-            for k in 0..modes.len() {
-                let (glu, qkv) = modes[(k + round) % modes.len()];
-                b.gpu().mvpsn.set(glu);
-                b.gpu().mvrn.set(qkv);
-                b.reset_graphs();
-                let label = format!("mvpsn={glu} mvrn={qkv} (round {round})");
-                if round == 0 {
-                    // Which norm and product kernels the run launched (its prompt and the
-                    // captured step): the forms are taken.
-                    *b.gpu().launch_log.borrow_mut() = Some(Default::default());
-                }
-                ab_tg(&mut b, &power, &mut toks, &mut seq, &[0, depth], &label);
-                if let Some(log) = b.gpu().launch_log.borrow_mut().take() {
-                    let names: Vec<String> = log
-                        .iter()
-                        .filter(|(k, _)| {
-                            ["rms_norm", "mvps", "mvr4", "mvr_rope"]
-                                .iter()
-                                .any(|p| k.starts_with(p))
-                        })
-                        .map(|(k, n)| format!("{k} x{n}"))
-                        .collect();
-                    println!("a/b {label}: launches {}", names.join(", "));
-                }
-            }
-        }
-        b.gpu().mvpsn.set(saved.0);
-        b.gpu().mvrn.set(saved.1);
-        b.reset_graphs();
     }
     // --ab-mvpq (session 33): the one-token Q/K/V launch as a warp per Q4_K rotation pair
     // with its weights in registers before the wait (`mvpq3`) against the mvr kernels, five

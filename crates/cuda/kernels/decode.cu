@@ -149,24 +149,6 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1(const float* x, const
 // other slot set `ssz` (may be null) for the next product, as rms_norm's block (0, 0) does.
 // The lane's 8 norm weights (a constant) are loaded before the wait. n: a multiple of 256.
 // grid = n / 256, blockDim.x = 32.
-// One warp's 256-element group at c0 (lane l: elements c0 + 8 l .. + 7 of the row; wa, wb: its
-// norm weights) from the slot sums `ss`: the scale, `out` (may be null) and the quantized
-// values (rms1_tail); zeroes the slot set `ssz` when not null. rms_norm1s's body, also the
-// preparation inside `mvpsn` (session 38), so both form the same bytes.
-__device__ __forceinline__ void rms1s_group(const float* x, float4 wa, float4 wb, int n,
-                                            float eps, const double* ss, double* ssz, int c0,
-                                            float* out, int fmt, i8* qs, float2* ds) {
-    int lane = threadIdx.x & 31;
-    double p[RMS_SLOTS / 32];
-    ss_load(ss, p);
-    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
-    float scale = ss_scale(p, n, eps);
-    if (ssz) {
-#pragma unroll
-        for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
-    }
-    rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
-}
 extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, const float* w, int n,
                                                             float eps, float* out, int fmt,
                                                             i8* qs, float2* ds, const double* ss,
@@ -175,119 +157,16 @@ extern "C" __global__ void __launch_bounds__(32) rms_norm1s(const float* x, cons
     int c0 = blockIdx.x * 256 + lane * 8;
     float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
     PDL_ENTRY_SMALL((fmt & ACT_PERM) ? PDL_RMS_FFN : PDL_RMS);
-    rms1s_group(x, wa, wb, n, eps, ss, blockIdx.x == 0 ? ssz : (double*)0, c0, out, fmt, qs, ds);
+    double p[RMS_SLOTS / 32];
+    ss_load(ss, p);
+    float4 xa = *(const float4*)(x + c0), xb = *(const float4*)(x + c0 + 4);
+    float scale = ss_scale(p, n, eps);
+    if (ssz && blockIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < RMS_SLOTS / 32; k++) ssz[lane + 32 * k] = 0.0;
+    }
+    rms1_tail(xa, xb, wa, wb, c0, scale, out, (u16*)0, fmt, qs, ds);
 }
-
-// Session 38 (`mvpsn<S>_swiglu_q4_k`, `Gpu::mvpsn`): the FFN RMSNorm inside the SwiGLU product,
-// so one launch and one link of the chain fewer per layer. The grid is one block of MVPSN_WARPS
-// warps per multiprocessor (24, up to 80 registers: at 28, `mvps<S>`'s warps per SM, the cap of
-// 72 registers made mvpsn3 spill 72 bytes). Each warp loads its first
-// gate/up row pair and headers before the PDL wait (mvps_pair); after it, every block forms the
-// whole normalized row once, quantized to Q8_K in the permuted layout in shared memory, a warp
-// per 256-element group with rms_norm1s's body (rms1s_group: the same bytes); block 0 also
-// writes the f32 row `out` (may be null) and zeroes the next slot set `ssz` (may be null), as
-// rms_norm1s does. Then each warp takes row pairs row, row + stride, ... with
-// mvps_pair's arithmetic (its later waits return at once), so the outputs are rms_norm1s then
-// `mvps<S>`'s bits. cols = 1024 S (at most 4096, so every group has a warp).
-#define MVPSN_WARPS 24
-template <int S>
-__device__ __forceinline__ void mvpsn_impl(const u8* __restrict__ wg, const u8* __restrict__ wu,
-                                           int rows, const float* x, const float* w, float eps,
-                                           const double* ss, double* ssz, float* out, float* y) {
-    constexpr int COLS = 1024 * S;
-    constexpr long long RB = 4LL * S * 144;
-    __shared__ __align__(16) i8 sq[COLS];
-    __shared__ __align__(16) float2 sd[COLS / 32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    auto prep = [&]() {
-        if (warp < COLS / 256) {
-            int c0 = warp * 256 + lane * 8;
-            float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
-            bool first = blockIdx.x == 0;
-            rms1s_group(x, wa, wb, COLS, eps, ss, first && warp == 0 ? ssz : (double*)0, c0,
-                        first ? out : (float*)0, ACT_Q8_K | ACT_PERM, sq, sd);
-        }
-        __syncthreads();
-    };
-    int row = blockIdx.x * nw + warp, stride = gridDim.x * nw;
-    if (row >= rows) {
-        // No row for this warp, but its block's activation still needs it.
-        pdl_wait();
-        pdl_launch();
-        prep();
-        return;
-    }
-    float accg, accu;
-    mvps_pair<S, true>(wg + (long long)row * RB, wu + (long long)row * RB, sq, sd, &accg, &accu,
-                       prep);
-    float g = warp_sum(accg), u = warp_sum(accu);
-    if (lane == 0) y[row] = ggml_swiglu(g, u);
-    for (row += stride; row < rows; row += stride) {
-        mvps_pair<S, true>(wg + (long long)row * RB, wu + (long long)row * RB, sq, sd, &accg,
-                           &accu);
-        g = warp_sum(accg);
-        u = warp_sum(accu);
-        if (lane == 0) y[row] = ggml_swiglu(g, u);
-    }
-}
-#define DEF_MVPSN(S) \
-    extern "C" __global__ void __launch_bounds__(32 * MVPSN_WARPS, 1) mvpsn##S##_swiglu_q4_k( \
-        const u8* __restrict__ wg, const u8* __restrict__ wu, int rows, const float* x, \
-        const float* w, float eps, const double* ss, double* ssz, float* out, float* y) { \
-        mvpsn_impl<S>(wg, wu, rows, x, w, eps, ss, ssz, out, y); \
-    }
-DEF_MVPSN(1)
-DEF_MVPSN(2)
-DEF_MVPSN(3)
-DEF_MVPSN(4)
-
-// Session 39 (`mvr4n_rope2_<a>_<b>`, `Gpu::mvrn`): the attention RMSNorm inside the one-token
-// Q/K/V launch (mvr4_rope2's grid and rows), so one launch and one link of the chain fewer per
-// layer. After the PDL wait every block forms the normalized row, quantized in the products'
-// format (Q8_K for the K-quants, not permuted), in shared memory: its warps take the
-// 256-element groups in turn with rms_norm1s's body (rms1s_group, the same bytes); block 0
-// also writes the f32 row `out` (may be null) and zeroes the next slot set `ssz` (may be null)
-// as rms_norm1s does. Then the warps take their row pairs as mvr4_rope2 does, so the outputs
-// are rms_norm1s then mvr4_rope2's (or, with V of Q's type, mvr_rope's) bits. Unlike v7's
-// mvrp, which summed the squares of the row in every block, the scale comes from the slot sums
-// the down projection left. cols: a multiple of 256, at most MVR_PREP_MAX.
-template <int TQ, int TV>
-__device__ __forceinline__ void mvrn_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
-                                          const u8* __restrict__ w2, int r0, int r1, int r2,
-                                          int cols, float* yq, int prefetch, const RopeArgs* rp,
-                                          int loops, const float* x, const float* w, float eps,
-                                          const double* ss, double* ssz, float* out) {
-    __shared__ __align__(16) i8 sq[MVR_PREP_MAX];
-    __shared__ __align__(16) float2 sd[MVR_PREP_MAX / 32];
-    constexpr int fmt = Q<TQ>::BE == 256 ? ACT_Q8_K : ACT_Q8_32;
-    auto prep = [&](const i8*& aq, const float2*& ad) {
-        int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-        bool first = blockIdx.x == 0;
-        for (int g = threadIdx.x >> 5; g * 256 < cols; g += nw) {
-            int c0 = g * 256 + lane * 8;
-            float4 wa = *(const float4*)(w + c0), wb = *(const float4*)(w + c0 + 4);
-            rms1s_group(x, wa, wb, cols, eps, ss, first && g == 0 ? ssz : (double*)0, c0,
-                        first ? out : (float*)0, fmt, sq, sd);
-        }
-        __syncthreads();
-        aq = sq;
-        ad = sd;
-    };
-    mvr_rope2_impl<TQ, TV>(w0, w1, w2, r0, r1, r2, cols, (const i8*)0, (const float2*)0, yq,
-                           prefetch, rp, loops, prep);
-}
-#define DEF_MVRN(a, TA, b, TB) \
-    extern "C" __global__ void __launch_bounds__(256, 4) mvr4n_rope2_##a##_##b( \
-        const u8* w0, const u8* w1, const u8* w2, int r0, int r1, int r2, int cols, float* yq, \
-        int prefetch, RopeArgs rp, int loops, const float* x, const float* w, float eps, \
-        const double* ss, double* ssz, float* out) { \
-        mvrn_impl<TA, TB>(w0, w1, w2, r0, r1, r2, cols, yq, prefetch, &rp, loops, x, w, eps, ss, \
-                          ssz, out); \
-    }
-DEF_MVRN(q4_k, T_Q4_K, q4_k, T_Q4_K)
-DEF_MVRN(q4_k, T_Q4_K, q6_k, T_Q6_K)
-DEF_MVRN(q4_k, T_Q4_K, q6_ku, T_Q6_KU)
-DEF_MVRN(q4_k, T_Q4_K, q6_ku4, T_Q6_KU4)
 
 // Session 35: quantize_act of one row as one warp per 256-element group (quant8_warp: the same
 // bytes, shuffles instead of quant_act_elem's three block barriers), so the launch's body is

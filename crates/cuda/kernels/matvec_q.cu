@@ -954,17 +954,11 @@ FOR_EACH_QTYPE(DEF_MVRP)
 // join the launch instead of taking a second one that waits for the first. One row pair per
 // warp (r0 and r1 even, so no pair spans two matrices); each warp runs mvr_rows of its rows'
 // type, so every output takes the operations of the single-type launches: the same bits.
-// Session 39: `prep(aq, ad)` runs after the PDL wait and may point the activation elsewhere
-// (mvr4n_rope2_*, decode.cu: the attention RMSNorm formed in shared memory by every block).
-struct NoActPrep {
-    __device__ __forceinline__ void operator()(const i8*&, const float2*&) const {}
-};
-template <int TQ, int TV, class Prep = NoActPrep>
+template <int TQ, int TV>
 __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const u8* __restrict__ w2, int r0, int r1, int r2, int cols,
                                const i8* __restrict__ aq, const float2* __restrict__ ad,
-                               float* yq, int prefetch, const RopeArgs* rp, int loops,
-                               Prep prep = Prep()) {
+                               float* yq, int prefetch, const RopeArgs* rp, int loops) {
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int units = cols / 32;
     long long rbq = (long long)(cols / Q<TQ>::BE) * Q<TQ>::BB;
@@ -987,13 +981,6 @@ __device__ void mvr_rope2_impl(const u8* __restrict__ w0, const u8* __restrict__
     }
     pdl_wait();
     pdl_launch();
-    {
-        const i8* pa = aq;
-        const float2* pd = ad;
-        prep(pa, pd);
-        aq = pa;
-        ad = pd;
-    }
     for (int k = 0; k < loops; k++) {
         int row = first + (warp + k * nw) * 2;
         if (row >= total) return;
@@ -1580,15 +1567,11 @@ __device__ __forceinline__ float mvps_sub(const uint4& w, K4Pre hp, int4 alo, in
 // rows in *acc0, *acc1 (the caller's warp sums finish them). PERM: the activation in the
 // permuted layout (ACT_PERM: lane (c, h) reads elements 32c + 16h and 128 + 32c + 16h of each
 // super-block's permuted bytes), else the plain one (64c + 16h and 64c + 32 + 16h): the same
-// values either way. `prep` runs after the wait, before the activation is read (session 38:
-// `mvpsn`'s block forms the activation there; by default nothing).
-struct NoPrep {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <int S, bool PERM, class Prep = NoPrep>
+// values either way.
+template <int S, bool PERM>
 __device__ __forceinline__ void mvps_pair(const u8* p0, const u8* p1, const i8* __restrict__ aq,
                                           const float2* __restrict__ ad, float* acc0,
-                                          float* acc1, Prep prep = Prep()) {
+                                          float* acc1) {
     int lane = threadIdx.x & 31;
     int c = (lane & 7) >> 1, h = lane & 1, slot = lane >> 3;
     int j = 2 * c + h, qoff = 16 + 32 * c + 16 * h;
@@ -1610,7 +1593,6 @@ __device__ __forceinline__ void mvps_pair(const u8* p0, const u8* p1, const i8* 
     }
     pdl_wait();
     pdl_launch();
-    prep();
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int k = 0; k < S; k++) {

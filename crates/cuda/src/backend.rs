@@ -2417,59 +2417,7 @@ impl CudaBackend {
             let mut o_from_f32 = false;
             let ss_in = std::mem::take(&mut ss_full);
             let mut ss_clear = 0u64;
-            // Session 20: V from its aligned copy where one was made.
-            let vcopy =
-                l.wv.q6a
-                    .as_ref()
-                    .filter(|_| gpu.q6u.get() && gpu.q6a_group(l.wv.cols) == l.wv.q6a_group);
-            // Session 39: the attention norm inside the Q/K/V launch (one launch), where the
-            // norm would be rms_norm1s on the slot sums and the launch mvr(4)_rope(2).
-            let v_copy = l.wv.ty != l.wq.ty && vcopy.is_some();
-            let norm_in_qkv = rope_ok
-                && !prep_qkv
-                && int_path
-                && ss_in != 0
-                && gpu.rms1s.get()
-                && !gpu.rms1.get()
-                && Gpu::rms1_fits(e)
-                && l.wq.cols == e
-                && qf == Some(kernels::ActFormat::Q8K)
-                && !mmk_for(gpu, &l.wq, n)
-                && (l.wv.ty == l.wq.ty
-                    || (self.qkv_mixed && Gpu::qkv_mixed_fits(l.wq.ty, l.wv.ty)))
-                && gpu.mvrn_form(l.wq.ty, l.wv.ty, v_copy, e).is_some();
-            if norm_in_qkv {
-                qc = Acts::default();
-                let zero = ss_set(SS_FFN);
-                gpu.matvec_q_qkv_rope_norm(
-                    (l.wv.ty, v_copy),
-                    [
-                        l.wq.q.ptr(),
-                        l.wk.q.ptr(),
-                        if v_copy {
-                            vcopy.map_or(l.wv.q.ptr(), DevBuf::ptr)
-                        } else {
-                            l.wv.q.ptr()
-                        },
-                    ],
-                    [l.wq.rows, l.wk.rows, l.wv.rows],
-                    e,
-                    (s.x.ptr(), l.attn_norm.ptr(), cfg.rms_norm_eps),
-                    (ss_in, zero),
-                    s.xn.ptr(),
-                    s.q.ptr(),
-                    &self.rope,
-                    (mp.pos, mp.slot),
-                    (hd, kvd),
-                    (self.kc[li].ptr(), self.vc[li].ptr()),
-                )
-                .map_err(|e| match e {
-                    CudaError::Arg(a) => CudaError::Arg(format!("{}: {a}", l.wq.name)),
-                    o => o,
-                })?;
-                ss_clear = zero;
-            }
-            if !prep_qkv && !norm_in_qkv {
+            if !prep_qkv {
                 let raw = !int_path && mmk_for(gpu, &l.wq, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.wq, int_path, raw, s.xn.ptr(), &mut qc);
                 let zero = ss_set(SS_FFN);
@@ -2492,9 +2440,7 @@ impl CudaBackend {
                 }
                 Self::trace_point(gpu, tr, s, &mut qc, ("attn_norm", li, 0), &s.xn, n, e)?;
             }
-            // Whether the Q/K/V launch rotates and stores K and V itself.
-            let fused_rope =
-                norm_in_qkv || rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
+            let fused_rope = rope_ok && (prep_qkv || qc.q == qf.map(|f| (s.xn.ptr(), f)));
             let qkv_w = l.qkv16.as_ref().filter(|_| {
                 wide_gemm
                     && !fused_rope
@@ -2504,9 +2450,7 @@ impl CudaBackend {
                         .all(|m| kernels::act_format(m.ty) == qf)
             });
             let qkv_width = qd + 2 * kvd;
-            if norm_in_qkv {
-                // Launched above, with its norm.
-            } else if fused_rope {
+            if fused_rope {
                 // V joins the launch when it has Q's type, else takes its own.
                 let same = l.wv.ty == l.wq.ty;
                 let mut launches = vec![(
@@ -2532,6 +2476,11 @@ impl CudaBackend {
                     launches.clear();
                 }
                 if launches.is_empty() {
+                    // Session 20: V from its aligned copy where one was made.
+                    let vcopy =
+                        l.wv.q6a.as_ref().filter(|_| {
+                            gpu.q6u.get() && gpu.q6a_group(l.wv.cols) == l.wv.q6a_group
+                        });
                     gpu.matvec_q_qkv_rope_mixed(
                         l.wq.ty,
                         l.wv.ty,
@@ -2982,23 +2931,7 @@ impl CudaBackend {
                     ..Acts::default()
                 });
             let mut perm_used = false;
-            // Session 38: the norm inside the SwiGLU product (one launch), where the norm
-            // would be rms_norm1s on the slot sums in the permuted layout and the product mvps.
-            let norm_in_glu = perm_ffn
-                && !fq
-                && ss_in != 0
-                && n == 1
-                && gpu.rms1s.get()
-                && !gpu.rms1.get()
-                && Gpu::rms1_fits(e)
-                && l.gate.cols == e
-                && gf == Some(kernels::ActFormat::Q8K)
-                && gpu.mvp_fits(l.gate.ty, l.gate.cols)
-                && gpu.mvpsn_fits(l.gate.ty, l.gate.cols);
-            if norm_in_glu {
-                qc = Acts::default();
-            }
-            if !prep_ffn && !norm_in_glu {
+            if !prep_ffn {
                 let raw = !int_path && mmk_for(gpu, &l.gate, n);
                 let (nh16, nq) = Self::norm_outputs(s, &l.gate, int_path, raw, s.xn.ptr(), &mut qc);
                 let zero = ss_set(SS_ATTN);
@@ -3087,21 +3020,7 @@ impl CudaBackend {
                 qc = Acts::default();
                 continue;
             }
-            if norm_in_glu {
-                let zero = ss_set(SS_ATTN);
-                gpu.matvec_q_swiglu_norm(
-                    l.gate.q.ptr(),
-                    l.up.q.ptr(),
-                    ff,
-                    l.gate.cols,
-                    (s.x.ptr(), l.ffn_norm.ptr(), cfg.rms_norm_eps),
-                    (ss_in, zero),
-                    s.xn.ptr(),
-                    s.g.ptr(),
-                )?;
-                ss_clear = zero;
-                qc = Acts::default();
-            } else if perm_used {
+            if perm_used {
                 // Session 29: the half-unit product without the fused quantization (pipelined
                 // where switched on); the down projection below quantizes its row as usual.
                 if gpu.mvp_fits(l.gate.ty, l.gate.cols) {

@@ -186,7 +186,7 @@ pub struct Gpu {
     /// [`crate::CudaBackend::set_skip`].
     pub(crate) skip: RefCell<Vec<String>>,
     /// Session 39: when set, every launch (eager or captured) adds one to its kernel's count
-    /// here (`cuda_bench --ab-norms`: which kernels a step takes).
+    /// here (`cuda_bench --launches`: which kernels a step takes).
     pub launch_log: RefCell<Option<std::collections::BTreeMap<String, u64>>>,
     /// Resident blocks per SM of each kernel at the block size asked last
     /// ([`Gpu::blocks_per_sm`]; 0 = not asked yet).
@@ -446,19 +446,6 @@ pub struct Gpu {
     /// while every norm waited first; its shorter body pays where the attention norm launches
     /// its successor early, session 35).
     pub rms1s: std::cell::Cell<bool>,
-    /// Session 38: the one-token FFN RMSNorm (`rms_norm1s` on the slot sums, the permuted
-    /// Q8_K row) and the SwiGLU product after it (`mvps<S>`) as one launch,
-    /// `mvpsn<S>_swiglu_q4_k`: one block per SM forms the activation once in shared memory,
-    /// then its warps take the row pairs (the same bits, one launch and link fewer per layer):
-    /// off unless `CROSSOVER_CUDA_MVPSN=1` (built, not yet measured; docs/perf/cuda.md
-    /// "Session 38").
-    pub mvpsn: std::cell::Cell<bool>,
-    /// Session 39: the one-token attention RMSNorm (`rms_norm1s` on the slot sums, the Q8_K
-    /// row) inside the Q/K/V launch after it (`mvr4n_rope2_q4_k_<v>`, Q/K of Q4_K): every block
-    /// forms the activation in shared memory after the PDL wait, then takes its row pairs as
-    /// `mvr4_rope2` does (the same bits, one launch and link fewer per layer): off unless
-    /// `CROSSOVER_CUDA_MVRN=1` (docs/perf/cuda.md "Session 39").
-    pub mvrn: std::cell::Cell<bool>,
     /// Session 35: one-row activation quantizations without an f16 operand (the down
     /// projection's, one token) run as one warp per 256-element group (`quantize_act1`:
     /// quantize_act's bytes, no block barrier): on unless `CROSSOVER_CUDA_QUANT1=0`.
@@ -708,10 +695,6 @@ impl Gpu {
             rms1s: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_RMS1S").as_deref() != Ok("0"),
             ),
-            mvpsn: std::cell::Cell::new(
-                std::env::var("CROSSOVER_CUDA_MVPSN").as_deref() == Ok("1"),
-            ),
-            mvrn: std::cell::Cell::new(std::env::var("CROSSOVER_CUDA_MVRN").as_deref() == Ok("1")),
             quant1: std::cell::Cell::new(
                 std::env::var("CROSSOVER_CUDA_QUANT1").as_deref() != Ok("0"),
             ),

@@ -211,14 +211,6 @@ pub const MVQE_UNITS: usize = 2;
 /// projection `mvpd<S>_q4_k` is built for (session 36, [`Gpu::mvpd`]): the rows `mvqe` runs at
 /// 128 threads.
 pub const MVPD_STEPS: std::ops::RangeInclusive<usize> = 4..=8;
-/// Warps per block of `mvpsn<S>_swiglu_q4_k` (decode.cu's `MVPSN_WARPS`; session 38, one
-/// block per SM: 24 x 32 threads at up to 80 registers each; at 28 warps, capped at 72,
-/// `mvpsn3` spilled 72 bytes).
-pub const MVPSN_WARPS: u32 = 24;
-/// V kernel name parts of the Q/K/V launches with the attention RMSNorm inside
-/// (`mvr4n_rope2_q4_k_<v>`, session 39, [`Gpu::mvrn`]): V of Q4_K, of Q6_K, or its aligned
-/// copies read with Q6_KU's decoding.
-pub const MVRN_V: [&str; 4] = ["q4_k", "q6_k", "q6_ku", "q6_ku4"];
 /// Kernel name parts of the warp-per-row `mvqw_*` products (session 36, [`Gpu::mvqw`]): the
 /// K-quants `mvqe` runs on, and the aligned Q6_K copies.
 pub const MVQW_TYPES: [&str; 7] = ["q4_k", "q5_k", "q6_k", "q6_ka", "q6_ku", "q6_ka4", "q6_ku4"];
@@ -362,12 +354,8 @@ pub fn all_kernel_names() -> Vec<String> {
     for t in MVQW_TYPES {
         v.push(format!("mvqw_{t}"));
     }
-    for vt in MVRN_V {
-        v.push(format!("mvr4n_rope2_q4_k_{vt}"));
-    }
     for st in 1..=4 {
         v.push(format!("mvps{st}_swiglu_q4_k"));
-        v.push(format!("mvpsn{st}_swiglu_q4_k"));
         for vt in ["q4_k", "q6_k", "q6_ku", "q6_ku4"] {
             v.push(format!("mvpq{st}_q4_k_{vt}"));
         }
@@ -2722,152 +2710,6 @@ impl Gpu {
             (u32_of(rows.div_ceil(NW * rpw), "rows")?, 1, 1),
             (32 * NW as u32, 1, 1),
             kargs![wg, wu, r, c, qs, ds, y, pf, rw],
-        )
-    }
-
-    /// Whether [`Gpu::matvec_q_swiglu_norm`] takes a one-token SwiGLU product of type `ty` on
-    /// rows `cols` wide: [`Gpu::mvpsn`] on, where `mvps<S>` would run (Q4_K, one row per warp,
-    /// rows of 1024 to 4096 columns in whole four-super-block steps).
-    pub fn mvpsn_fits(&self, ty: GgmlType, cols: usize) -> bool {
-        self.mvpsn.get()
-            && self.mvps.get()
-            && self.mvp.get() == 1
-            && ty == GgmlType::Q4K
-            && cols.is_multiple_of(1024)
-            && (1024..=4096).contains(&cols)
-    }
-
-    /// One token's FFN RMSNorm and SwiGLU product in one launch (session 38,
-    /// `mvpsn<S>_swiglu_q4_k`): `y = silu(Wg x') * (Wu x')` for Q4_K `wg`, `wu` (`rows` x
-    /// `cols`), where `x'` is the row `x` normalized with the sum of squares the products
-    /// before left in the slots `ss` and the weight `w`, then quantized to Q8_K in the
-    /// permuted layout, exactly as [`Gpu::rms_norm1s`] with `perm` would (so the bits of that
-    /// launch then [`Gpu::matvec_q_swiglu_pipe`]); `out` (0: none) gets the f32 normalized
-    /// row, `ssz` (0: none) the zeroed next slot set. One block per SM forms `x'` once in
-    /// shared memory; its warps take the row pairs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_swiglu_norm(
-        &self,
-        wg: u64,
-        wu: u64,
-        rows: usize,
-        cols: usize,
-        (x, w, eps): (u64, u64, f32),
-        (ss, ssz): (u64, u64),
-        out: u64,
-        y: u64,
-    ) -> Result<(), CudaError> {
-        if !cols.is_multiple_of(1024) || !(1024..=4096).contains(&cols) || ss == 0 {
-            return Err(CudaError::Arg(format!(
-                "SwiGLU product with its RMSNorm: {cols} columns (1024 to 4096, a multiple of \
-                 1024), slot sums at {ss:#x}"
-            )));
-        }
-        let id = self.kernel_id(&format!("mvpsn{}_swiglu_q4_k", cols / 1024))?;
-        let threads = 32 * MVPSN_WARPS;
-        let per_sm = self.blocks_per_sm(id, threads)?;
-        if per_sm == 0 {
-            return Err(CudaError::Arg(format!(
-                "SwiGLU product with its RMSNorm: a block of {threads} threads does not fit"
-            )));
-        }
-        let r = i32_of(rows, "rows")?;
-        self.launch_id(
-            id,
-            (u32_of(per_sm * self.sms as usize, "blocks")?, 1, 1),
-            (threads, 1, 1),
-            kargs![wg, wu, r, x, w, eps, ss, ssz, out, y],
-        )
-    }
-
-    /// The V part of the `mvr4n_rope2_q4_k_<v>` kernel name where [`Gpu::matvec_q_qkv_rope_norm`]
-    /// takes a one-token Q/K/V launch: [`Gpu::mvrn`] on, Q/K of Q4_K, V of Q4_K, of Q6_K or its
-    /// aligned copy (`v_copy`), rows of at most [`MVR_PREP_MAX`] columns in whole super-blocks,
-    /// and not where the pipelined `mvpq` form would run.
-    pub fn mvrn_form(
-        &self,
-        ty: GgmlType,
-        tv: GgmlType,
-        v_copy: bool,
-        cols: usize,
-    ) -> Option<&'static str> {
-        if !self.mvrn.get()
-            || ty != GgmlType::Q4K
-            || cols == 0
-            || !cols.is_multiple_of(256)
-            || cols > MVR_PREP_MAX
-            || !self.mvr_fits(cols)
-        {
-            return None;
-        }
-        let act = ActIn::Quantized { qs: 0, ds: 0 };
-        let tvo = (tv != ty).then_some((tv, v_copy));
-        if self.mvpq_form(ty, tvo, &act, [2, 2, 2], cols).is_some() {
-            return None;
-        }
-        match (tv, v_copy) {
-            (GgmlType::Q4K, false) => Some("q4_k"),
-            (GgmlType::Q6K, false) => Some("q6_k"),
-            (GgmlType::Q6K, true) => Some(self.q6a_name(cols, true)),
-            _ => None,
-        }
-    }
-
-    /// One token's attention RMSNorm and Q/K/V launch in one (session 39,
-    /// `mvr4n_rope2_q4_k_<v>`): [`Gpu::matvec_q_qkv_rope_mixed`]'s work (or, with V of Q4_K,
-    /// [`Gpu::matvec_q_qkv_rope`]'s) on the row `x` normalized with the sum of squares the
-    /// products before left in the slots `ss` and the weight `w`, then quantized to Q8_K,
-    /// exactly as [`Gpu::rms_norm1s`] would (so the bits of that launch then the product);
-    /// `out` (0: none) gets the f32 normalized row, `ssz` (0: none) the zeroed next slot set.
-    /// Every block forms the row in shared memory after the PDL wait; the grid and rows are
-    /// `mvr4_rope2`'s. Only where [`Gpu::mvrn_form`] names a kernel.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_q_qkv_rope_norm(
-        &self,
-        (tv, v_copy): (GgmlType, bool),
-        w: [u64; 3],
-        rows: [usize; 3],
-        cols: usize,
-        (x, nw, eps): (u64, u64, f32),
-        (ss, ssz): (u64, u64),
-        out: u64,
-        yq: u64,
-        rope: &RopeParams,
-        (pos, slot): (u64, u64),
-        (hd, kv_row): (usize, usize),
-        (kc, vc): (u64, u64),
-    ) -> Result<(), CudaError> {
-        let Some(v) = self.mvrn_form(GgmlType::Q4K, tv, v_copy, cols) else {
-            return Err(CudaError::Arg(format!(
-                "Q/K/V launch with its RMSNorm: no kernel for V of {tv} (copy {v_copy}) on \
-                 {cols} columns"
-            )));
-        };
-        if ss == 0 || !(rows[0] + rows[1]).is_multiple_of(2) {
-            return Err(CudaError::Arg(format!(
-                "Q/K/V launch with its RMSNorm: rows {rows:?}, slot sums at {ss:#x}"
-            )));
-        }
-        if v_copy && !w[2].is_multiple_of(16) {
-            return Err(CudaError::Arg(format!(
-                "Q/K/V launch with its RMSNorm: V at {:#x} is not a 16-byte aligned Q6_KA copy",
-                w[2]
-            )));
-        }
-        let rp = rope_args(rope, rows, pos, slot, hd, kv_row, kc, vc)?;
-        let (w0, w1, w2) = (w[0], w[1], w[2]);
-        let ([r0, r1, r2], c) = qkv_ints(rows, cols)?;
-        let pf = self.mvr_flags();
-        let total = rows[0] + rows[1] + rows[2];
-        let id = self.kernel_id(&format!("mvr4n_rope2_q4_k_{v}"))?;
-        let act = ActIn::Quantized { qs: 0, ds: 0 };
-        let nwarps = self.mvr_block(&act, false);
-        let (blocks, loops) = self.mvr_grid(id, total.div_ceil(2 * nwarps), &act, nwarps)?;
-        self.launch_id(
-            id,
-            (u32_of(blocks, "rows")?, 1, 1),
-            (32 * nwarps as u32, 1, 1),
-            kargs![w0, w1, w2, r0, r1, r2, c, yq, pf, rp, loops, x, nw, eps, ss, ssz, out],
         )
     }
 

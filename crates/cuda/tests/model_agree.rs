@@ -1117,32 +1117,6 @@ fn output_projection_quantizing_its_rows_leaves_logits_unchanged() {
     );
 }
 
-/// Session 38: the FFN RMSNorm inside the SwiGLU product (`Gpu::mvpsn`,
-/// `mvpsn<S>_swiglu_q4_k`: one launch for `rms_norm1s` and `mvps<S>`) gives the bits of the
-/// two launches, one sequence and three, decode steps from graphs.
-#[test]
-fn norm_inside_swiglu_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "norm_inside_swiglu_leaves_logits_unchanged",
-        &[20],
-        "the FFN norm inside the SwiGLU product",
-        |g| &g.mvpsn,
-    );
-}
-
-/// Session 39: the attention RMSNorm inside the Q/K/V launch (`Gpu::mvrn`,
-/// `mvr4n_rope2_q4_k_<v>`: one launch for `rms_norm1s` and the `mvr` Q/K/V launch) gives the
-/// bits of the two launches, one sequence and three, decode steps from graphs.
-#[test]
-fn norm_inside_qkv_leaves_logits_unchanged() {
-    gpu_switch_keeps_bits(
-        "norm_inside_qkv_leaves_logits_unchanged",
-        &[20],
-        "the attention norm inside the Q/K/V launch",
-        |g| &g.mvrn,
-    );
-}
-
 /// Session 21: the down projection quantizing the SwiGLU output itself on thread block
 /// clusters (`Gpu::down_cl`: no quantize_act launch before it) gives the bits of quantize_act
 /// then the block-per-row product.
