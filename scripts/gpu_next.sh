@@ -19,6 +19,11 @@
 # lib); to fit 64 MiB, conformance, cuda_trace and the starcoder vocabulary may be left out.
 # Device: bash scripts/gpu_next.sh with carry [".gpu"].
 set -u
+# CARD=H200: run nothing unless the card's name holds it (a call that asks for an H200 may be
+# served by an H100; session 40 spent its last requests this way, about 30 s each if served).
+if [ -n "${CARD:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$CARD"; then
+  echo "not a $CARD ($(nvidia-smi --query-gpu=name --format=csv,noheader)): nothing run"; exit 0
+fi
 mkdir -p /tmp/cuda-cache && cp -r .gpu/kcache/. /tmp/cuda-cache/
 export CROSSOVER_CUDA_CACHE=/tmp/cuda-cache
 T0=$(date +%s)
