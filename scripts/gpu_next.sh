@@ -20,7 +20,7 @@
 # Device: bash scripts/gpu_next.sh with carry [".gpu"].
 set -u
 # CARD=H200: run nothing unless the card's name holds it (a call that asks for an H200 may be
-# served by an H100; session 40 spent its last requests this way, about 30 s each if served).
+# served by an H100, where the standing figures would repeat the last H100 call's).
 if [ -n "${CARD:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$CARD"; then
   echo "not a $CARD ($(nvidia-smi --query-gpu=name --format=csv,noheader)): nothing run"; exit 0
 fi
