@@ -23,9 +23,11 @@
 #![cfg(unix)]
 
 use std::cell::Cell;
-use std::io::Write;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+mod common;
+
+use common::inputs::{run_seed, WEIGHT_TYPES};
 use gguf::GgmlType;
 use half::f16;
 use quant::dot::{self, f32ops, ggml, ActBuf, Isa, PackedMat, Pool, SumOrder};
@@ -239,24 +241,6 @@ fn install_fault_handler() {
 
 // ---- inputs ---------------------------------------------------------------------------------
 
-/// A seed for this run (fresh inputs every run; `CROSSOVER_TEST_SEED` replays a printed one).
-/// Written straight to stderr, not through the harness's capture, so it survives a crash.
-fn run_seed(test: &str) -> u64 {
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    let _ = writeln!(
-        std::io::stderr(),
-        "{test}: seed {seed} (CROSSOVER_TEST_SEED={seed} replays it)"
-    );
-    seed
-}
-
 /// xorshift64* on a splitmix-scrambled seed: plenty for test data.
 struct Rng(u64);
 
@@ -297,22 +281,6 @@ impl Rng {
             .collect()
     }
 }
-
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
 
 /// Scalar first, then every SIMD level this CPU has.
 fn levels() -> Vec<Isa> {

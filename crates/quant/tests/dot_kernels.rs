@@ -11,6 +11,9 @@
 //! - f32 helpers: `1e-6 * M` for dots, `1e-6 * |y|` per element for axpy, 2 ulp (relative 2.4e-7)
 //!   for exp.
 
+mod common;
+
+use common::inputs::{run_seed, WEIGHT_TYPES};
 use gguf::GgmlType;
 use half::f16;
 use quant::dot::{self, f32ops, ActBuf, DotError, Isa, Pool};
@@ -58,22 +61,6 @@ impl Rng {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
-
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
 
 /// The SIMD levels this machine has; prints the ones it lacks.
 fn simd_levels() -> Vec<Isa> {
@@ -787,20 +774,6 @@ fn dot_simd_matmul_is_bit_identical_to_scalar() {
             println!("skipping {}: not available on this CPU", isa.name());
         }
     }
-}
-
-/// A seed for this run (fresh inputs every run; `CROSSOVER_TEST_SEED` replays a printed one).
-fn run_seed(test: &str) -> u64 {
-    let seed = std::env::var("CROSSOVER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("{test}: seed {seed} (CROSSOVER_TEST_SEED={seed} replays it)");
-    seed
 }
 
 fn matmul_is_bit_identical_to_scalar(isa: Isa) {

@@ -1,5 +1,8 @@
-//! Loading the fixtures written by `scripts/gen_quant_fixtures.py`.
+//! Loading the fixtures written by `scripts/gen_quant_fixtures.py`; [`inputs`]: what the kernel
+//! tests share about their random inputs.
 #![allow(dead_code)]
+
+pub mod inputs;
 
 use std::path::{Path, PathBuf};
 
